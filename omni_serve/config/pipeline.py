@@ -1,0 +1,123 @@
+"""The pipeline schema: one served model as stages, the edges between them, and its API."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from omni_serve.config.deployment import DeploymentSettings
+
+StageKind = Literal[
+    "encoder", "thinker", "talker", "code2wav", "text_encoder", "dit", "vae", "ingress"
+]
+EngineKind = Literal["vllm", "torch", "diffusers"]
+ChannelBackend = Literal["auto", "inline", "object_store", "shared_memory", "direct"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSettings(_Strict):
+    kind: EngineKind = Field(description="Which engine implementation runs the stage.")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Engine arguments passed through (e.g. vLLM AsyncEngineArgs fields).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights and activations dtype (float32 on CPU)."
+    )
+    max_batch_size: int = Field(
+        8, ge=1, description="Most requests the engine steps together (continuous batching)."
+    )
+
+
+class StageConfig(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="Unique stage name in the graph.")
+    kind: StageKind = Field(description="What the stage does; picks its deployment class.")
+    engine: EngineSettings | None = Field(
+        None, description="Engine for the stage; none for stages without a model (ingress)."
+    )
+    deployment: DeploymentSettings = Field(
+        default_factory=DeploymentSettings, description="Serve deployment settings."
+    )
+
+
+class ChannelSettings(_Strict):
+    backend: ChannelBackend = Field(
+        "auto", description="Tensor channel backend; auto picks by payload size and locality."
+    )
+    inline_max_bytes: int = Field(
+        64 * 1024, ge=0, description="Payloads up to this size ride the handle call itself."
+    )
+
+
+class EdgeConfig(_Strict):
+    source: str = Field(description="Stage that produces the payload.")
+    target: str = Field(description="Stage that consumes it.")
+    payload: str = Field(description="What flows (e.g. 'thinker_rows', 'codec_frames').")
+    channel: ChannelSettings = Field(
+        default_factory=ChannelSettings, description="How heavy tensors on this edge travel."
+    )
+
+
+class ApiSettings(_Strict):
+    host: str = Field("127.0.0.1", description="Address the HTTP proxy binds.")
+    port: int = Field(8000, ge=1, le=65535, description="Port the HTTP proxy binds.")
+    served_model_name: str | None = Field(
+        None, description="Model id clients send; defaults to the pipeline name."
+    )
+    max_tokens_limit: int = Field(
+        2048, ge=1, description="Largest max_tokens a request may ask for."
+    )
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request omits it.")
+    max_audio_bytes: int = Field(
+        10 * 1024 * 1024, ge=1, description="Largest decoded input audio file accepted."
+    )
+    max_audio_seconds: float = Field(60.0, gt=0, description="Longest input audio accepted.")
+    allow_remote_urls: bool = Field(
+        False, description="Whether image/audio URLs other than data: URLs may be fetched."
+    )
+    api_key: str | None = Field(
+        None, description="If set, requests must send 'Authorization: Bearer <api_key>'."
+    )
+
+
+class PipelineConfig(_Strict):
+    name: str = Field(description="Pipeline (and default served model) name.")
+    family: Literal["qwen3_omni", "qwen_image"] = Field(
+        description="Model family; names the glue code in omni_serve/models/<family>/."
+    )
+    model: str = Field(
+        description="A preset (e.g. tiny-qwen3-omni, built on first use) or a checkpoint dir."
+    )
+    stages: list[StageConfig] = Field(min_length=1, description="The graph's stages.")
+    edges: list[EdgeConfig] = Field(
+        default_factory=list, description="Payload flows between stages."
+    )
+    api: ApiSettings = Field(default_factory=ApiSettings, description="HTTP API settings.")
+
+    @model_validator(mode="after")
+    def _graph_is_consistent(self) -> PipelineConfig:
+        names = [s.name for s in self.stages]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate stage names: {duplicates}")
+        for i, edge in enumerate(self.edges):
+            for end in ("source", "target"):
+                if getattr(edge, end) not in names:
+                    raise ValueError(
+                        f"edges[{i}].{end}: unknown stage {getattr(edge, end)!r} (stages: {names})"
+                    )
+        return self
+
+    def stage(self, name: str) -> StageConfig:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"pipeline {self.name!r} has no stage {name!r}")
+
+    @property
+    def served_model_name(self) -> str:
+        return self.api.served_model_name or self.name

