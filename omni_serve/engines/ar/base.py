@@ -39,6 +39,8 @@ class ARRequest:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # Decoder layers whose per-token hidden states the caller wants back (0 = input embeddings).
     capture_layers: tuple[int, ...] = ()
+    # Model-specific inputs a StepRunner reads (e.g. the Talker's M-RoPE positions).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt_embeds is None):
@@ -57,6 +59,8 @@ class ARChunk:
     # layer -> rows [n, H] for positions not yet returned (prompt rows come with the first chunk)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     num_prompt_tokens: int = 0
+    # Per-step model outputs beside the token (e.g. the Talker's 16 codec codes of a frame).
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class AREngine(Protocol):

@@ -1,0 +1,43 @@
+"""Token sampling for the torch engine, matching transformers' logits processors in order:
+repetition penalty, suppressed tokens, temperature, top-k, top-p, then argmax or a draw."""
+
+from __future__ import annotations
+
+import torch
+
+from omni_serve.engines.ar.base import SamplingConfig
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: list[int], penalty: float) -> None:
+    if penalty == 1.0 or not seen:
+        return
+    idx = torch.tensor(sorted(set(seen)), dtype=torch.long)
+    scores = logits[idx]
+    logits[idx] = torch.where(scores < 0, scores * penalty, scores / penalty)
+
+
+def sample_one(
+    logits: torch.Tensor,
+    config: SamplingConfig,
+    seen: list[int],
+    suppress: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> int:
+    """Pick one token from a [V] row of logits (float32)."""
+    logits = logits.float().clone()
+    apply_repetition_penalty(logits, seen, config.repetition_penalty)
+    if suppress is not None and suppress.numel():
+        logits[suppress] = float("-inf")
+    if config.greedy:
+        return int(torch.argmax(logits))
+    logits = logits / config.temperature
+    if config.top_k > 0:
+        kth = torch.topk(logits, min(config.top_k, logits.numel())).values[-1]
+        logits[logits < kth] = float("-inf")
+    if config.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) > config.top_p
+        logits[order[drop]] = float("-inf")
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))

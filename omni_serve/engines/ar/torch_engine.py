@@ -1,0 +1,207 @@
+"""The torch reference AR engine: continuous batching over a slot KV cache.
+
+Used where vLLM has no model (the Qwen3-Omni Talker with its code predictor) and in fast
+tests. The engine owns scheduling (admission, batching, stop conditions, cancellation,
+streaming); a model-specific ``StepRunner`` owns the math. Steps run on one worker thread so
+the event loop stays free for I/O while torch computes.
+
+A request may be fed inputs while it runs (``feed``): its runner says when it is ``ready`` for
+the next step, which is how the Talker follows a Thinker that is still generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from omni_serve.engines.ar.base import ARChunk, ARRequest
+from omni_serve.engines.ar.sampling import sample_one
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepOutput:
+    """One request's result of a prefill or decode step."""
+
+    logits: torch.Tensor  # [V] for the next token
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. {"codes": [16]}
+
+
+class StepRunner(Protocol):
+    max_batch_size: int
+
+    def new_state(self, request: ARRequest) -> Any:
+        """Validate a request and build its per-request state (raises ValueError if bad)."""
+
+    def can_admit(self) -> bool:
+        """Whether there is room (a KV slot) to prefill one more request."""
+
+    def feed(self, state: Any, item: Any) -> None:
+        """Give a running request more input."""
+
+    def ready(self, state: Any) -> bool:
+        """Whether the request has the input its next decode step needs."""
+
+    def prefill(self, state: Any) -> StepOutput: ...
+
+    def decode(self, states: list[Any], last_tokens: list[int]) -> list[StepOutput]: ...
+
+    def release(self, state: Any) -> None: ...
+
+    def suppress_tokens(self, state: Any) -> torch.Tensor | None: ...
+
+
+@dataclass
+class _Sequence:
+    request: ARRequest
+    state: Any
+    queue: asyncio.Queue
+    generated: list[int] = field(default_factory=list)
+    prefilled: bool = False
+    done: bool = False
+    generator: torch.Generator | None = None
+
+
+_FINISHED = object()
+
+
+class TorchAREngine:
+    def __init__(self, runner: StepRunner, stop_token_ids: tuple[int, ...] = ()) -> None:
+        self.runner = runner
+        self.stop_token_ids = set(stop_token_ids)
+        self._sequences: dict[str, _Sequence] = {}
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torch-ar")
+        self.steps = 0
+        self.batch_sizes: list[int] = []  # decode batch size of every step (observability)
+
+    async def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    @property
+    def num_running(self) -> int:
+        return len(self._sequences)
+
+    async def generate(self, request: ARRequest) -> AsyncIterator[ARChunk]:
+        if request.request_id in self._sequences:
+            raise ValueError(f"request id {request.request_id!r} is already running")
+        seq = _Sequence(request, self.runner.new_state(request), asyncio.Queue())
+        if request.sampling.seed is not None:
+            seq.generator = torch.Generator().manual_seed(request.sampling.seed)
+        self._sequences[request.request_id] = seq
+        self._wake.set()
+        try:
+            while True:
+                item = await seq.queue.get()
+                if item is _FINISHED:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self._drop(seq)
+
+    def feed(self, request_id: str, item: Any) -> None:
+        seq = self._sequences.get(request_id)
+        if seq is None:
+            raise KeyError(f"no running request {request_id!r}")
+        self.runner.feed(seq.state, item)
+        self._wake.set()
+
+    async def abort(self, request_id: str) -> None:
+        seq = self._sequences.get(request_id)
+        if seq is not None:
+            self._drop(seq)
+            seq.queue.put_nowait(_FINISHED)
+
+    async def shutdown(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            self._loop_task = None
+        for seq in list(self._sequences.values()):
+            self._drop(seq)
+            seq.queue.put_nowait(RuntimeError("engine shut down"))
+        self._executor.shutdown(wait=False)
+
+    # -- scheduling ----------------------------------------------------------------------
+
+    def _drop(self, seq: _Sequence) -> None:
+        if self._sequences.get(seq.request.request_id) is seq:
+            del self._sequences[seq.request.request_id]
+            self.runner.release(seq.state)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            pending = [s for s in self._sequences.values() if not s.prefilled]
+            if not self.runner.can_admit():
+                pending = []
+            runnable = [
+                s for s in self._sequences.values() if s.prefilled and self.runner.ready(s.state)
+            ][: self.runner.max_batch_size]
+            if not pending and not runnable:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                if pending:
+                    seq = pending[0]
+                    out = await loop.run_in_executor(self._executor, self.runner.prefill, seq.state)
+                    seq.prefilled = True
+                    self._emit(seq, out)
+                if runnable:
+                    runnable = [s for s in runnable if s.request.request_id in self._sequences]
+                    last = [s.generated[-1] for s in runnable]
+                    states = [s.state for s in runnable]
+                    outs = await loop.run_in_executor(
+                        self._executor, self.runner.decode, states, last
+                    )
+                    self.steps += 1
+                    self.batch_sizes.append(len(runnable))
+                    for seq, out in zip(runnable, outs, strict=True):
+                        self._emit(seq, out)
+            except Exception as exc:  # fail the affected requests, keep the engine alive
+                log.exception("torch engine step failed")
+                for seq in (pending[:1] if pending else []) + runnable:
+                    self._drop(seq)
+                    seq.queue.put_nowait(exc)
+            await asyncio.sleep(0)
+
+    def _emit(self, seq: _Sequence, out: StepOutput) -> None:
+        if seq.request.request_id not in self._sequences:
+            return  # aborted while the step ran
+        sampling = seq.request.sampling
+        token = sample_one(
+            out.logits,
+            sampling,
+            seq.generated,
+            self.runner.suppress_tokens(seq.state),
+            seq.generator,
+        )
+        seq.generated.append(token)
+        stop_ids = self.stop_token_ids | set(sampling.stop_token_ids)
+        reason = None
+        if token in stop_ids:
+            reason = "stop"
+        elif len(seq.generated) >= sampling.max_tokens:
+            reason = "length"
+        chunk = ARChunk(
+            request_id=seq.request.request_id,
+            token_ids=[token],
+            finished=reason is not None,
+            finish_reason=reason,
+            outputs=dict(out.outputs),
+        )
+        seq.queue.put_nowait(chunk)
+        if reason is not None:
+            self._drop(seq)
+            seq.queue.put_nowait(_FINISHED)

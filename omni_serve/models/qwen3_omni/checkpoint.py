@@ -1,0 +1,122 @@
+"""Load one Qwen3-Omni sub-model (talker, code2wav, ...) from a checkpoint without the rest.
+
+A stage only needs its own weights: the Talker stage of the real 30B model must not load the
+thinker's. Reads only the tensors under the sub-model's prefix, from a single or sharded
+safetensors checkpoint, exactly as ``from_pretrained`` lays them out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+
+def load_config(checkpoint: str | Path):
+    from transformers import Qwen3OmniMoeConfig
+
+    return Qwen3OmniMoeConfig.from_pretrained(checkpoint)
+
+
+def _shards(checkpoint: Path, prefix: str) -> dict[Path, list[str]]:
+    index = checkpoint / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        by_file: dict[Path, list[str]] = {}
+        for name, file in weight_map.items():
+            if name.startswith(prefix):
+                by_file.setdefault(checkpoint / file, []).append(name)
+        return by_file
+    single = checkpoint / "model.safetensors"
+    with safe_open(single, "pt") as f:
+        return {single: [k for k in f.keys() if k.startswith(prefix)]}
+
+
+def load_tensors(checkpoint: str | Path, prefix: str) -> dict[str, torch.Tensor]:
+    """Tensors whose names start with ``prefix``, with the prefix stripped."""
+    tensors = {}
+    for file, names in _shards(Path(checkpoint), prefix).items():
+        with safe_open(file, "pt") as f:
+            for name in names:
+                tensors[name[len(prefix) :]] = f.get_tensor(name)
+    if not tensors:
+        raise KeyError(f"no tensors under {prefix!r} in {checkpoint}")
+    return tensors
+
+
+_EXPERT_KEY = re.compile(
+    r"^(?P<base>.*\.experts)\.(?P<idx>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
+
+
+def fuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert checkpoint tensors -> transformers 5's fused 3-D expert parameters.
+
+    Checkpoints store MoE experts one Linear at a time (``experts.3.gate_proj.weight``);
+    transformers 5 modules hold ``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj``
+    [E, H, I]. ``from_pretrained`` converts on load; this does the same for a sub-model.
+    """
+    out: dict[str, torch.Tensor] = {}
+    groups: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    for name, tensor in state.items():
+        match = _EXPERT_KEY.match(name)
+        if match is None:
+            out[name] = tensor
+            continue
+        groups.setdefault(match["base"], {}).setdefault(match["proj"], {})[int(match["idx"])] = (
+            tensor
+        )
+    for base, projs in groups.items():
+        n = len(projs["down_proj"])
+        gate = [projs["gate_proj"][i] for i in range(n)]
+        up = [projs["up_proj"][i] for i in range(n)]
+        out[f"{base}.gate_up_proj"] = torch.stack(
+            [torch.cat(gu) for gu in zip(gate, up, strict=True)]
+        )
+        out[f"{base}.down_proj"] = torch.stack([projs["down_proj"][i] for i in range(n)])
+    return out
+
+
+def load_submodule(module: nn.Module, checkpoint: str | Path, prefix: str) -> nn.Module:
+    state = fuse_experts(load_tensors(checkpoint, prefix))
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    # Tied weights are stored once; anything else missing is a real error.
+    missing = [m for m in missing if not _is_tied(module, m)]
+    if missing or unexpected:
+        raise RuntimeError(f"{prefix}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return module.eval()
+
+
+def _is_tied(module: nn.Module, name: str) -> bool:
+    tied = getattr(module, "_tied_weights_keys", None) or {}
+    return name in tied
+
+
+def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32):
+    from transformers import Qwen3OmniMoeTalkerForConditionalGeneration
+
+    from omni_serve.compat.transformers import qwen3_omni_talker_audio_config
+
+    config = load_config(checkpoint)
+    talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config)
+    load_submodule(talker, checkpoint, "talker.")
+    qwen3_omni_talker_audio_config(talker, config.thinker_config)
+    return talker.to(dtype), config
+
+
+def load_code2wav(checkpoint: str | Path, dtype: torch.dtype = torch.float32):
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+    config = load_config(checkpoint)
+    code2wav = Qwen3OmniMoeCode2Wav._from_config(config.code2wav_config)
+    load_submodule(code2wav, checkpoint, "code2wav.")
+    return code2wav.to(dtype), config
+
+
+def load_thinker_embeddings(checkpoint: str | Path) -> torch.Tensor:
+    """The thinker's token embedding matrix [V, H] (the Talker embeds text tokens with it)."""
+    return load_tensors(checkpoint, "thinker.model.embed_tokens.")["weight"]

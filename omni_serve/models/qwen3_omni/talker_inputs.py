@@ -1,0 +1,130 @@
+"""Thinker → Talker glue: the Talker's prompt and its per-step text rows.
+
+Mirrors ``Qwen3OmniMoeForConditionalGeneration.generate`` (transformers 5.19) but in streaming
+form: the prompt needs only the Thinker's prompt rows and its FIRST generated token, and every
+later Thinker token becomes one "trailing" row the Talker adds to one decode step. The last
+Thinker token is replaced by ``tts_eos``; after it the Talker gets ``tts_pad``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TalkerPrompt:
+    embeds: torch.Tensor  # [T, H_talker]
+    position_ids: torch.Tensor  # [3, T]
+    rope_delta: int
+
+
+class TalkerInputBuilder:
+    def __init__(self, talker, config, thinker_embed_tokens: torch.Tensor) -> None:
+        self.talker = talker
+        self.config = config
+        self.thinker_embed = thinker_embed_tokens  # [V, H_thinker]
+        ids = torch.tensor(
+            [config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]
+        )
+        with torch.no_grad():
+            self.tts_bos, self.tts_eos, self.tts_pad = self._text_rows(ids)
+
+    # -- rows ------------------------------------------------------------------------------
+
+    def _text_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.talker.text_projection(self.thinker_embed[token_ids].to(self._dtype))
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.talker.codec_head.weight.dtype
+
+    @torch.no_grad()
+    def trailing_row(self, token_id: int, is_last: bool) -> torch.Tensor:
+        """The row one later Thinker token contributes to one Talker step."""
+        if is_last:
+            return self.tts_eos
+        return self._text_rows(torch.tensor([token_id]))[0]
+
+    # -- prompt ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def build_prompt(
+        self,
+        prompt_ids: list[int],
+        embed_rows: torch.Tensor,
+        accept_rows: torch.Tensor,
+        first_token: int,
+        speaker: str,
+        image_grid_thw: torch.Tensor | None = None,
+        video_grid_thw: torch.Tensor | None = None,
+        audio_seqlens: torch.Tensor | None = None,
+    ) -> TalkerPrompt:
+        """``embed_rows``/``accept_rows``: Thinker layer-0 and ``accept_hidden_layer`` rows of
+        the prompt positions ([T, H_thinker]); the prompt must end with the generation prompt
+        ``<|im_start|>assistant\\n``."""
+        cfg = self.config
+        talker_cfg = cfg.talker_config
+        speaker_id = talker_cfg.speaker_id.get(speaker.lower())
+        if speaker_id is None:
+            raise ValueError(f"unknown voice {speaker!r}; voices: {sorted(talker_cfg.speaker_id)}")
+        ids = torch.tensor(prompt_ids)
+        if embed_rows.shape[0] != len(prompt_ids) or accept_rows.shape[0] != len(prompt_ids):
+            raise ValueError("thinker rows do not cover the prompt")
+        user_idx = self._user_positions(ids)
+        mm_ids = (cfg.thinker_config.audio_token_id, cfg.thinker_config.image_token_id,
+                  cfg.thinker_config.video_token_id)  # fmt: skip
+        multimodal = torch.isin(ids, torch.tensor(mm_ids))
+        dtype = self._dtype
+        user = torch.empty(len(user_idx), talker_cfg.text_config.hidden_size, dtype=dtype)
+        mm = multimodal[user_idx]
+        if mm.any():
+            user[mm] = self.talker.hidden_projection(accept_rows[user_idx][mm].to(dtype))
+        user[~mm] = self.talker.text_projection(embed_rows[user_idx][~mm].to(dtype))
+
+        start = self._assistant_start(ids)
+        role_rows = self.talker.text_projection(embed_rows[start : start + 3].to(dtype))
+        first = self._text_rows(torch.tensor([first_token]))
+        text_part = torch.cat([role_rows, self.tts_pad.expand(4, -1), self.tts_bos[None], first])
+        codec_ids = torch.tensor(
+            [talker_cfg.codec_nothink_id, talker_cfg.codec_think_bos_id,
+             talker_cfg.codec_think_eos_id, speaker_id, talker_cfg.codec_pad_id,
+             talker_cfg.codec_bos_id]
+        )  # fmt: skip
+        codec_part = torch.cat(
+            [
+                torch.zeros(3, user.shape[1], dtype=dtype),
+                self.talker.get_input_embeddings()(codec_ids),
+            ]
+        )
+        embeds = torch.cat([user, text_part + codec_part])
+
+        talker_ids = torch.cat([ids[user_idx], torch.full((9,), cfg.tts_pad_token_id)])
+        has_mm = audio_seqlens is not None or any(
+            g is not None and g.numel() > 0 for g in (image_grid_thw, video_grid_thw)
+        )
+        if has_mm:
+            positions, delta = self.talker.get_rope_index(
+                talker_ids[None], image_grid_thw, video_grid_thw,
+                torch.ones(1, len(talker_ids), dtype=torch.long), False, audio_seqlens, None,
+            )  # fmt: skip
+            return TalkerPrompt(embeds, positions[:, 0], int(delta.flatten()[0]))
+        positions = torch.arange(len(talker_ids)).expand(3, -1)
+        return TalkerPrompt(embeds, positions, 0)
+
+    def _user_positions(self, ids: torch.Tensor) -> torch.Tensor:
+        """Positions in user turns (their <|im_start|>user ... <|im_end|>\\n), in order."""
+        cfg = self.config
+        pos = torch.arange(len(ids))
+        im_start = torch.where(ids == cfg.im_start_token_id, pos, torch.full_like(pos, -1))
+        previous = torch.cummax(im_start, dim=0).values.clamp_min(0)
+        roles = ids[(previous + 1).clamp_max(len(ids) - 1)]
+        return pos[roles == cfg.user_token_id]
+
+    def _assistant_start(self, ids: torch.Tensor) -> int:
+        cfg = self.config
+        hits = ((ids[:-1] == cfg.im_start_token_id) & (ids[1:] == cfg.assistant_token_id)).nonzero()
+        if len(hits) == 0 or int(hits[-1]) + 3 != len(ids):
+            raise ValueError("prompt must end with the generation prompt <|im_start|>assistant\\n")
+        return int(hits[-1])

@@ -1,0 +1,200 @@
+"""The Qwen3-Omni Talker + code predictor as a ``StepRunner`` for the torch AR engine.
+
+vLLM has no Talker, so this runs transformers' own Talker modules (their weights and
+sub-layers) with a slot KV cache, so that concurrent requests decode in one batch. One decode
+step = the code predictor fills codebooks 1..15 for the current frame (batched, in lockstep
+across requests), then the Talker consumes the frame's summed code embeddings plus one
+trailing text row and predicts the next frame's codebook 0.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.cache_utils import DynamicCache
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
+
+from omni_serve.engines.ar.base import ARRequest, SamplingConfig
+from omni_serve.engines.ar.kv_cache import SlotKVCache
+from omni_serve.engines.ar.sampling import sample_one
+from omni_serve.engines.ar.torch_engine import StepOutput
+
+# transformers' code predictor draws with these when sampling (its generate() call).
+CODE_PREDICTOR_SAMPLING = SamplingConfig(temperature=1.0, top_k=50, top_p=0.8)
+
+
+@dataclass
+class TalkerState:
+    """Inputs: ``extra`` of the ARRequest carries ``position_ids`` [3, T], ``rope_delta``,
+    ``trailing`` (rows [H]) and ``text_done``; more rows arrive through ``feed``."""
+
+    prompt_embeds: torch.Tensor
+    position_ids: torch.Tensor
+    rope_delta: int
+    greedy: bool
+    trailing: deque = field(default_factory=deque)
+    text_done: bool = False
+    step: int = 0
+    slot: int | None = None
+    last_hidden: torch.Tensor | None = None
+    generator: torch.Generator | None = None
+
+
+class TalkerRunner:
+    def __init__(self, talker, tts_pad: torch.Tensor, max_batch_size: int = 8, max_len: int = 4096):
+        self.talker = talker.eval()
+        self.model = talker.model
+        self.predictor = talker.code_predictor
+        self.tts_pad = tts_pad
+        self.max_batch_size = max_batch_size
+        text_cfg = talker.config.text_config
+        head_dim = (
+            getattr(text_cfg, "head_dim", None)
+            or text_cfg.hidden_size // text_cfg.num_attention_heads
+        )
+        self.cache = SlotKVCache(
+            num_layers=text_cfg.num_hidden_layers,
+            num_slots=max_batch_size,
+            num_kv_heads=text_cfg.num_key_value_heads,
+            head_dim=head_dim,
+            max_len=max_len,
+            dtype=talker.codec_head.weight.dtype,
+        )
+        vocab = text_cfg.vocab_size
+        eos = talker.config.codec_eos_token_id
+        # transformers suppresses the top 1024 ids (special codec tokens) except EOS.
+        self._suppress = torch.tensor([i for i in range(vocab - 1024, vocab) if i != eos])
+        self.codec_eos_token_id = eos
+
+    # -- StepRunner protocol ---------------------------------------------------------------
+
+    def new_state(self, request: ARRequest) -> TalkerState:
+        if request.prompt_embeds is None:
+            raise ValueError("the Talker takes prompt_embeds (built by TalkerInputBuilder)")
+        extra = request.extra
+        state = TalkerState(
+            prompt_embeds=request.prompt_embeds,
+            position_ids=extra.get(
+                "position_ids", torch.arange(len(request.prompt_embeds)).expand(3, -1)
+            ),
+            rope_delta=int(extra.get("rope_delta", 0)),
+            greedy=request.sampling.greedy,
+            trailing=deque(extra.get("trailing", ())),
+            text_done=bool(extra.get("text_done", False)),
+        )
+        if request.sampling.seed is not None:
+            state.generator = torch.Generator().manual_seed(request.sampling.seed + 1)
+        return state
+
+    def feed(self, state: TalkerState, item: Any) -> None:
+        """``item``: a trailing text row [H], or None when the Thinker's text has ended."""
+        if item is None:
+            state.text_done = True
+        else:
+            state.trailing.append(item)
+
+    def ready(self, state: TalkerState) -> bool:
+        return bool(state.trailing) or state.text_done
+
+    def can_admit(self) -> bool:
+        return self.cache.free_slots > 0
+
+    def suppress_tokens(self, state: TalkerState) -> torch.Tensor:
+        return self._suppress
+
+    def release(self, state: TalkerState) -> None:
+        if state.slot is not None:
+            self.cache.release(state.slot)
+            state.slot = None
+
+    @torch.no_grad()
+    def prefill(self, state: TalkerState) -> StepOutput:
+        state.slot = self.cache.allocate()
+        embeds = state.prompt_embeds.to(self.tts_pad.dtype)[None]
+        hidden = self._forward([state.slot], embeds, state.position_ids[:, None, :])
+        state.last_hidden = hidden[0, -1]
+        return StepOutput(logits=self.talker.codec_head(hidden[0, -1]))
+
+    @torch.no_grad()
+    def decode(self, states: list[TalkerState], last_tokens: list[int]) -> list[StepOutput]:
+        c0 = torch.tensor(last_tokens)
+        c0_embed = self.model.get_input_embeddings()(c0)[:, None]  # [b, 1, H]
+        past_hidden = torch.stack([s.last_hidden for s in states])[:, None]
+        residual_codes, residual_sum = self._predict_residuals(states, past_hidden, c0_embed)
+        text = torch.stack([s.trailing.popleft() if s.trailing else self.tts_pad for s in states])
+        inputs = c0_embed + residual_sum + text[:, None]
+        slots = [s.slot for s in states]
+        positions = (
+            torch.tensor([self.cache.lengths[s.slot] + s.rope_delta for s in states])
+            .view(1, -1, 1)
+            .expand(3, -1, 1)
+        )
+        hidden = self._forward(slots, inputs, positions)[:, -1]
+        logits = self.talker.codec_head(hidden)
+        outs = []
+        for i, state in enumerate(states):
+            state.last_hidden = hidden[i]
+            state.step += 1
+            codes = torch.cat([c0[i : i + 1], residual_codes[i]])
+            outs.append(StepOutput(logits=logits[i], outputs={"codes": codes}))
+        return outs
+
+    # -- math ------------------------------------------------------------------------------
+
+    def _predict_residuals(
+        self, states: list[TalkerState], past_hidden: torch.Tensor, c0_embed: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codebooks 1..15 for each row's frame, and the sum of their embeddings."""
+        model = self.predictor.model
+        cache = DynamicCache(config=self.predictor.config)
+        x = torch.cat([past_hidden, c0_embed], dim=1)
+        codes, embed_sum = [], torch.zeros_like(c0_embed)
+        for j in range(self.predictor.config.num_code_groups - 1):
+            hidden = model(inputs_embeds=x, past_key_values=cache, use_cache=True).last_hidden_state
+            logits = self.predictor.lm_head[j](hidden[:, -1])
+            token = torch.tensor([
+                sample_one(logits[i], _predictor_sampling(s), [], None, s.generator)
+                for i, s in enumerate(states)
+            ])  # fmt: skip
+            codes.append(token)
+            x = model.get_input_embeddings()[j](token)[:, None]
+            embed_sum = embed_sum + x
+        return torch.stack(codes, dim=1), embed_sum
+
+    def _forward(
+        self, slots: list[int], embeds: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Run the Talker decoder over [b, L, H] new inputs at the slots' offsets."""
+        cos, sin = self.model.rotary_emb(embeds, positions)
+        hidden = embeds
+        for i, layer in enumerate(self.model.layers):
+            residual = hidden
+            hidden = residual + self._attention(
+                layer.self_attn, i, slots, layer.input_layernorm(hidden), cos, sin
+            )
+            residual = hidden
+            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+        self.cache.advance(slots, embeds.shape[1])
+        return self.model.norm(hidden)
+
+    def _attention(
+        self, attn, layer_idx: int, slots: list[int], x: torch.Tensor, cos, sin
+    ) -> torch.Tensor:
+        b, length, _ = x.shape
+        shape = (b, length, -1, attn.head_dim)
+        q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)
+        v = attn.v_proj(x).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys, values, mask = self.cache.append(layer_idx, slots, k, v)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True
+        )
+        return attn.o_proj(out.transpose(1, 2).reshape(b, length, -1))
+
+
+def _predictor_sampling(state: TalkerState) -> SamplingConfig:
+    return SamplingConfig() if state.greedy else CODE_PREDICTOR_SAMPLING
