@@ -1,0 +1,129 @@
+"""Chunked streaming decode for causal neural codecs (Qwen3-Omni's Code2wav and the like).
+
+A stream's frames are cut into chunks: a small first chunk (first audio fast), then steady
+chunks. Each chunk is decoded with ``left_context`` earlier frames and ``lookahead`` later
+frames, and exactly ``len(chunk) * samples_per_frame`` samples are kept, so the chunks
+concatenate to the full decode. The last chunk has no look-ahead and keeps everything up to
+the full decode's end (a causal codec's transposed convs drop a fixed tail of samples).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DecodeJob:
+    codes: torch.Tensor  # [Q, n]: left context + chunk + look-ahead frames
+    skip_samples: int  # samples of the left context to drop
+    keep_samples: int | None  # samples to keep; None = to the end of an unpadded decode
+    first_frame: int  # index of the chunk's first frame in the stream
+    num_frames: int  # frames the chunk covers
+
+
+class ChunkPlanner:
+    """Per-stream bookkeeping: which frames are decoded, and with what context."""
+
+    def __init__(
+        self,
+        samples_per_frame: int,
+        first_chunk: int = 4,
+        chunk: int = 25,
+        left_context: int = 72,
+        lookahead: int = 1,
+    ) -> None:
+        if first_chunk < 1 or chunk < 1 or left_context < 0 or lookahead < 0:
+            raise ValueError("chunk sizes must be >= 1 and context/look-ahead >= 0")
+        self.samples_per_frame = samples_per_frame
+        self.first_chunk = first_chunk
+        self.chunk = chunk
+        self.left_context = left_context
+        self.lookahead = lookahead
+        self._frames: list[torch.Tensor] = []  # [Q, k] pieces
+        self._num_frames = 0
+        self._emitted = 0  # frames already covered by a job
+        self._finished = False
+
+    def _codes(self) -> torch.Tensor:
+        if len(self._frames) > 1:
+            self._frames = [torch.cat(self._frames, dim=1)]
+        return self._frames[0]
+
+    def _job(self, end: int, last: bool) -> DecodeJob:
+        start = self._emitted
+        ctx_start = max(0, start - self.left_context)
+        stop = end if last else end + self.lookahead
+        job = DecodeJob(
+            codes=self._codes()[:, ctx_start:stop],
+            skip_samples=(start - ctx_start) * self.samples_per_frame,
+            keep_samples=None if last else (end - start) * self.samples_per_frame,
+            first_frame=start,
+            num_frames=end - start,
+        )
+        self._emitted = end
+        return job
+
+    def push(self, frames: torch.Tensor) -> list[DecodeJob]:
+        """Add frames [Q, k]; return the jobs that became decodable."""
+        if self._finished:
+            raise RuntimeError("stream already finished")
+        if frames.shape[1] == 0:
+            return []
+        self._frames.append(frames)
+        self._num_frames += frames.shape[1]
+        jobs = []
+        while True:
+            size = self.first_chunk if self._emitted == 0 else self.chunk
+            end = self._emitted + size
+            if end + self.lookahead > self._num_frames:
+                return jobs
+            jobs.append(self._job(end, last=False))
+
+    def finish(self) -> DecodeJob | None:
+        """The final job (everything not yet decoded), or None if nothing is left."""
+        self._finished = True
+        if self._emitted >= self._num_frames:
+            return None
+        return self._job(self._num_frames, last=True)
+
+
+class CodecDecoder:
+    """Batched execution of decode jobs with a causal codec ``decode_fn``.
+
+    Jobs of different lengths are right-padded into one batch: a causal decoder's output for
+    the real frames does not depend on padding after them.
+    """
+
+    def __init__(self, decode_fn, samples_per_frame: int, pad_code: int = 0) -> None:
+        self.decode_fn = decode_fn  # [B, Q, T] long -> [B, samples]
+        self.samples_per_frame = samples_per_frame
+        self.pad_code = pad_code
+        with torch.no_grad():
+            probe = decode_fn(torch.zeros(1, 16, 2, dtype=torch.long))
+        self.tail_loss = 2 * samples_per_frame - probe.shape[-1]
+
+    def full_length(self, num_frames: int) -> int:
+        return num_frames * self.samples_per_frame - self.tail_loss
+
+    @torch.no_grad()
+    def run(self, jobs: list[DecodeJob]) -> list[torch.Tensor]:
+        if not jobs:
+            return []
+        width = max(job.codes.shape[1] for job in jobs)
+        batch = torch.full(
+            (len(jobs), jobs[0].codes.shape[0], width), self.pad_code, dtype=torch.long
+        )
+        for i, job in enumerate(jobs):
+            batch[i, :, : job.codes.shape[1]] = job.codes
+        wav = self.decode_fn(batch)
+        out = []
+        for i, job in enumerate(jobs):
+            end = (
+                self.full_length(job.codes.shape[1])
+                if job.keep_samples is None
+                else job.skip_samples + job.keep_samples
+            )
+            out.append(wav[i, job.skip_samples : end])
+        return out
