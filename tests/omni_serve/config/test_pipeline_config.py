@@ -1,0 +1,104 @@
+"""The pipeline schema: shipped configs load; bad ones fail with the field path and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from omni_serve.config import (
+    ConfigError,
+    DeploymentSettings,
+    PipelineConfig,
+    load_pipeline_config,
+    parse_pipeline_config,
+)
+
+CONFIGS = sorted((Path(__file__).parents[3] / "configs" / "pipelines").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_pipeline_configs_are_valid(path):
+    config = load_pipeline_config(path)
+    assert config.stages and config.served_model_name
+
+
+def minimal(**overrides) -> dict:
+    data = {
+        "name": "m",
+        "family": "qwen3_omni",
+        "model": "tiny-qwen3-omni",
+        "stages": [{"name": "thinker", "kind": "thinker", "engine": {"kind": "vllm"}}],
+    }
+    data.update(overrides)
+    return data
+
+
+def test_defaults_fill_in():
+    config = parse_pipeline_config(minimal())
+    stage = config.stage("thinker")
+    assert stage.deployment.num_replicas == 1
+    assert config.api.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("data", "where", "reason"),
+    [
+        (minimal(stages=[{"name": "t", "kind": "thinkr"}]), "stages.0.kind", "Input should be"),
+        (
+            minimal(stages=[{"name": "t", "kind": "thinker", "deployment": {"num_replicas": 0}}]),
+            "stages.0.deployment.num_replicas",
+            "greater than or equal to 1",
+        ),
+        (minimal(api={"port": 70000}), "api.port", "less than or equal to 65535"),
+        (minimal(bogus=1), "bogus", "Extra inputs are not permitted"),
+        (
+            minimal(edges=[{"source": "thinker", "target": "talker", "payload": "x"}]),
+            "<root>",
+            "edges[0].target: unknown stage 'talker'",
+        ),
+    ],
+)
+def test_bad_configs_name_the_field_and_reason(data, where, reason):
+    with pytest.raises(ConfigError) as err:
+        parse_pipeline_config(data)
+    message = str(err.value)
+    assert f"{where}:" in message and reason in message
+
+
+def test_replicas_and_autoscaling_are_exclusive():
+    with pytest.raises(ValueError, match="not both"):
+        DeploymentSettings(num_replicas=2, autoscaling_config={"max_replicas": 3})
+    auto = DeploymentSettings(autoscaling_config={"min_replicas": 1, "max_replicas": 3})
+    opts = auto.serve_options()
+    assert "num_replicas" not in opts and opts["autoscaling_config"]["max_replicas"] == 3
+    with pytest.raises(ValueError, match="min_replicas"):
+        DeploymentSettings(autoscaling_config={"min_replicas": 4, "max_replicas": 3})
+
+
+def test_yaml_errors_are_config_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_pipeline_config(bad)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_pipeline_config(tmp_path / "missing.yaml")
+    nested = tmp_path / "serve.yaml"
+    nested.write_text(yaml.safe_dump({"pipeline": minimal()}))
+    assert load_pipeline_config(nested).name == "m"
+
+
+def test_every_field_has_a_description():
+    def walk(model):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+            annotation = field.annotation
+            for candidate in getattr(annotation, "__args__", (annotation,)):
+                if isinstance(candidate, type) and hasattr(candidate, "model_fields"):
+                    walk(candidate)
+                for inner in getattr(candidate, "__args__", ()):
+                    if isinstance(inner, type) and hasattr(inner, "model_fields"):
+                        walk(inner)
+
+    walk(PipelineConfig)

@@ -1,0 +1,47 @@
+"""The standalone encoders give exactly what the monolithic thinker computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_serve.engines.encoders.base import TorchEncoderEngine
+from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+from tests.reference import processor_inputs
+
+
+@pytest.fixture(scope="module")
+def encoders(tiny_omni_path):
+    return Qwen3OmniEncoders(tiny_omni_path)
+
+
+async def test_audio_encoder_matches_thinker(encoders, hf_omni, omni_processor):
+    inputs = processor_inputs(omni_processor, "audio")
+    mask = inputs["feature_attention_mask"]
+    with torch.no_grad():
+        ref = hf_omni.thinker.get_audio_features(
+            inputs["input_features"], feature_attention_mask=mask
+        ).last_hidden_state
+    engine = TorchEncoderEngine(encoders.encode_audio)
+    valid = mask[0].bool()
+    out = await engine.encode(
+        input_features=inputs["input_features"][0][:, valid], feature_lens=valid.sum()[None]
+    )
+    engine.shutdown()
+    assert out.embeds.shape[0] == int((inputs["input_ids"] == 332).sum())  # one row per pad
+    torch.testing.assert_close(out.embeds, ref, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_vision_encoder_matches_thinker(encoders, hf_omni, omni_processor):
+    inputs = processor_inputs(omni_processor, "image")
+    ref = hf_omni.thinker.get_image_features(
+        inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]
+    )
+    out = TorchEncoderEngine(encoders.encode_image).encode_sync(
+        pixel_values=inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]
+    )
+    torch.testing.assert_close(out.embeds, ref.pooler_output[0], atol=1e-5, rtol=0)
+    assert len(out.deepstack) == len(ref.deepstack_features) > 0
+    for mine, theirs in zip(out.deepstack, ref.deepstack_features, strict=True):
+        torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)

@@ -1,0 +1,101 @@
+"""Reference runs of transformers' Qwen3-Omni used by golden tests (unit and integration)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+THINKER_MAX_TOKENS = 16
+TALKER_MAX_TOKENS = 40
+SPEAKER = "ethan"
+
+
+def prompt_messages(kind: str) -> list[dict]:
+    if kind == "text":
+        content = [{"type": "text", "text": "Say hello to the world."}]
+    elif kind == "audio":
+        content = [{"type": "audio"}, {"type": "text", "text": "What is this?"}]
+    elif kind == "image":
+        content = [{"type": "image"}, {"type": "text", "text": "Describe it."}]
+    else:
+        raise ValueError(kind)
+    return [{"role": "user", "content": content}]
+
+
+def test_audio() -> np.ndarray:
+    t = np.arange(int(16000 * 1.5)) / 16000
+    return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+
+def test_image() -> Image.Image:
+    pixels = (np.random.RandomState(0).rand(64, 96, 3) * 255).astype(np.uint8)
+    return Image.fromarray(pixels)
+
+
+def processor_inputs(processor, kind: str) -> dict:
+    text = processor.apply_chat_template(
+        prompt_messages(kind), add_generation_prompt=True, tokenize=False
+    )
+    kwargs = {}
+    if kind == "audio":
+        kwargs["audio"] = [test_audio()]
+    if kind == "image":
+        kwargs["images"] = [test_image()]
+    return dict(processor(text=text, return_tensors="pt", **kwargs))
+
+
+@dataclass
+class ReferenceRun:
+    inputs: dict
+    prompt_ids: list[int]
+    generated: list[int]  # thinker tokens
+    hidden: dict[int, torch.Tensor]  # layer -> [prompt + generated - 1, H]
+    codes: torch.Tensor  # [16, T]
+    waveform: torch.Tensor  # [samples]
+
+
+@torch.no_grad()
+def reference_run(model, processor, kind: str) -> ReferenceRun:
+    inputs = processor_inputs(processor, kind)
+    seen: list[torch.Tensor] = []
+    decode = model.code2wav.chunked_decode
+
+    def spy(codes, **kwargs):
+        seen.append(codes.clone())
+        return decode(codes, **kwargs)
+
+    model.code2wav.chunked_decode = spy
+    try:
+        _, wav = model.generate(
+            **inputs,
+            thinker_max_new_tokens=THINKER_MAX_TOKENS,
+            thinker_do_sample=False,
+            talker_do_sample=False,
+            talker_max_new_tokens=TALKER_MAX_TOKENS,
+            speaker=SPEAKER,
+            thinker_eos_token_id=model.config.im_end_token_id,
+        )
+    finally:
+        model.code2wav.chunked_decode = decode
+    out = model.thinker.generate(
+        **inputs,
+        max_new_tokens=THINKER_MAX_TOKENS,
+        do_sample=False,
+        output_hidden_states=True,
+        return_dict_in_generate=True,
+        eos_token_id=model.config.im_end_token_id,
+    )
+    n = inputs["input_ids"].shape[1]
+    accept = model.config.talker_config.accept_hidden_layer
+    hidden = {k: torch.cat([step[k] for step in out.hidden_states], dim=1)[0] for k in (0, accept)}
+    return ReferenceRun(
+        inputs=inputs,
+        prompt_ids=inputs["input_ids"][0].tolist(),
+        generated=out.sequences[0, n:].tolist(),
+        hidden=hidden,
+        codes=seen[0][0],
+        waveform=wav[0, 0],
+    )
