@@ -8,8 +8,11 @@ schemas it expects the library to have defined.
 
 Fix: define the schemas of those ops with ``torch.library`` before torchvision is imported. Only
 the compiled kernels stay missing (nothing here calls nms or the other detection ops). This has
-to run in every process that may import torchvision, including vLLM's spawned workers, which is
-why ``omni_serve.compat.vllm_plugin`` calls it from a ``vllm.general_plugins`` entry point.
+to run in every process that may import torchvision, including the engine-core processes vLLM
+spawns, whose imports reach torchvision before any vLLM plugin runs. So ``autoload`` is a
+``torch.backends`` entry point (PyTorch calls those at the end of ``import torch``, in every
+process), and ``import omni_serve`` calls ``install`` too, for environments that disable
+autoloading (TORCH_DEVICE_BACKEND_AUTOLOAD=0).
 """
 
 from __future__ import annotations
@@ -71,6 +74,16 @@ _OP_SCHEMAS = {
 }
 
 _library = None  # keep the Library object alive: dropping it unregisters the schemas
+
+
+def autoload() -> None:
+    """``torch.backends`` entry point: never raise (an error here would break ``import torch``)."""
+    try:
+        install()
+    except Exception as exc:  # pragma: no cover - defensive
+        import warnings
+
+        warnings.warn(f"omni_serve torchvision compat failed: {exc!r}", stacklevel=1)
 
 
 def install() -> None:

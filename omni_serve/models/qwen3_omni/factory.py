@@ -15,7 +15,7 @@ from typing import Any
 
 PRESETS = {"tiny-qwen3-omni": "tiny.json", "small-qwen3-omni": "small.json"}
 SEED = 0
-FACTORY_VERSION = 1  # bump when the bytes a preset builds change
+FACTORY_VERSION = 2  # bump when the bytes a preset builds change
 
 
 def preset_config(preset: str) -> dict[str, Any]:
@@ -84,10 +84,18 @@ def _calibrate_code2wav_loudness(code2wav) -> None:
     out_conv = code2wav.decoder[-1].conv
     captured: list[torch.Tensor] = []
     handle = out_conv.register_forward_hook(lambda _m, _i, out: captured.append(out))
-    with torch.no_grad():
-        code2wav(codes)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the measured rms must not depend on the thread count
+    try:
+        with torch.no_grad():
+            code2wav(codes)
+    finally:
         handle.remove()
-        rms = captured[0].float().pow(2).mean().sqrt().item()
-        out_conv.weight.mul_(TARGET_AUDIO_RMS / max(rms, 1e-8))
+        torch.set_num_threads(threads)
+    rms = captured[0].double().pow(2).mean().sqrt().item()
+    # Rounded so float noise in the measurement cannot change the checkpoint's bytes.
+    scale = float(f"{TARGET_AUDIO_RMS / max(rms, 1e-8):.3g}")
+    with torch.no_grad():
+        out_conv.weight.mul_(scale)
         if out_conv.bias is not None:
-            out_conv.bias.mul_(TARGET_AUDIO_RMS / max(rms, 1e-8))
+            out_conv.bias.mul_(scale)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -10,9 +11,22 @@ def run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
 
 
-def test_torchvision_imports_after_omni_serve():
-    out = run("import omni_serve, torchvision, torchvision.ops; print('ok')")
+def test_torchvision_imports_in_a_bare_process():
+    """No omni_serve import: torch's backend autoload entry point applies the fix."""
+    out = run("import torchvision, torchvision.ops; import transformers.image_utils")
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_without_the_fix_torchvision_fails():
+    """Guards the test above: with autoloading off and no omni_serve import, it breaks."""
+    code = "import os; import torch; import torchvision"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+    )
+    assert out.returncode != 0 and "torchvision::nms" in out.stderr
 
 
 def test_vllm_plugin_is_registered_and_works_without_omni_serve_import():
