@@ -17,8 +17,6 @@ autoloading (TORCH_DEVICE_BACKEND_AUTOLOAD=0).
 
 from __future__ import annotations
 
-import sys
-
 # Schemas of torchvision's C++ ops that its Python modules reference at import time
 # (torchvision/_meta_registrations.py registers fake kernels for them).
 _OP_SCHEMAS = {
@@ -92,7 +90,9 @@ def install() -> None:
     Idempotent, and a no-op where torchvision imports on its own (a matching GPU build).
     """
     global _library
-    if _library is not None or "torchvision" in sys.modules:
+    # Not keyed on sys.modules: `import torchvision` itself imports torch first, and this runs
+    # (from torch's autoload) while torchvision is only half imported.
+    if _library is not None:
         return
     import torch
 
