@@ -35,7 +35,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) scripts/check_install.py
 	@touch $(STAMP)
 
 run: setup
-	$(VENV)/bin/python -m omni_serve.cli serve --host $(HOST) --port $(PORT)
+	$(PY) -m omni_serve.models build tiny-qwen3-omni
+	RAY_ADDRESS=local $(VENV)/bin/serve run graphs.qwen3_omni:app
 
 test: setup
 	$(PY) -m pytest -m "not integration" -q

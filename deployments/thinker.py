@@ -1,0 +1,70 @@
+"""Thinker stage: vLLM AsyncLLM, streaming tokens; the prompt's hidden rows go to the object
+store and only their reference rides the stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+import torch
+from ray import serve
+
+from deployments.common import stage_setup
+from omni_serve.engines.ar.base import ARRequest, SamplingConfig
+from omni_serve.engines.ar.vllm_engine import VLLMEngine
+
+
+@serve.deployment
+class ThinkerDeployment:
+    async def __init__(self, pipeline: dict[str, Any], stage_name: str = "thinker") -> None:
+        config, stage, model_path = stage_setup(pipeline, stage_name)
+        from omni_serve.models.qwen3_omni.checkpoint import load_config
+
+        self.accept_layer = load_config(model_path).talker_config.accept_hidden_layer
+        self.engine = VLLMEngine(
+            str(model_path),
+            stage.engine.args,
+            capture_hidden=True,
+            cpu_cores=stage.deployment.cpu_cores,
+        )
+        await self.engine.start()
+        self.eos = self.engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        sampling = SamplingConfig(**request["sampling"], stop_token_ids=[self.eos])
+        layers = (0, self.accept_layer) if request.get("capture") else ()
+        ar = ARRequest(
+            request["request_id"],
+            prompt_token_ids=request["prompt_ids"],
+            multi_modal_data=request.get("multi_modal_data") or None,
+            sampling=sampling,
+            capture_layers=layers,
+        )
+        n_prompt = len(request["prompt_ids"])
+        rows: dict[int, list[torch.Tensor]] = {k: [] for k in layers}
+        sent_rows = False
+        async for chunk in self.engine.generate(ar):
+            out = {
+                "token_ids": chunk.token_ids,
+                "text": chunk.text,
+                "finished": chunk.finished,
+                "finish_reason": chunk.finish_reason,
+                "num_prompt_tokens": chunk.num_prompt_tokens,
+            }
+            for k, v in chunk.hidden.items():
+                rows[k].append(v)
+            if layers and not sent_rows:
+                have = sum(v.shape[0] for v in rows[0])
+                if have >= chunk.num_prompt_tokens or chunk.finished:
+                    full = {
+                        k: torch.cat(v)[: chunk.num_prompt_tokens or n_prompt]
+                        for k, v in rows.items()
+                    }
+                    out["prompt_rows"] = ray.put(full)
+                    sent_rows = True
+            yield out
+
+    async def check_health(self) -> None:
+        if self.engine._llm is None or self.engine._llm.errored:
+            raise RuntimeError("vLLM engine is not running")

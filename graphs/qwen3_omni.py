@@ -1,0 +1,43 @@
+"""Qwen3-Omni as a graph of Serve deployments: Ingress → Thinker → Talker → Code2wav.
+
+``serve run graphs.qwen3_omni:app`` serves the tiny model from the default pipeline config;
+``build_app({"pipeline_config": path})`` is the builder a Serve config YAML points at.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ray.serve import Application
+
+from deployments.code2wav import Code2WavDeployment
+from deployments.ingress import Ingress
+from deployments.talker import TalkerDeployment
+from deployments.thinker import ThinkerDeployment
+from omni_serve.config import PipelineConfig, load_pipeline_config
+
+DEFAULT_PIPELINE = Path(__file__).parents[1] / "configs" / "pipelines" / "qwen3_omni_tiny.yaml"
+STAGE_CLASSES = {
+    "thinker": ThinkerDeployment,
+    "talker": TalkerDeployment,
+    "code2wav": Code2WavDeployment,
+}
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    args = args or {}
+    config: PipelineConfig = load_pipeline_config(args.get("pipeline_config", DEFAULT_PIPELINE))
+    data = config.model_dump(mode="json")
+    bound = {}
+    for kind, cls in STAGE_CLASSES.items():
+        stage = next(s for s in config.stages if s.kind == kind)
+        options = stage.deployment.serve_options()
+        bound[kind] = cls.options(name=stage.name, **options).bind(data, stage.name)
+    ingress = next(s for s in config.stages if s.kind == "ingress")
+    return Ingress.options(name=ingress.name, **ingress.deployment.serve_options()).bind(
+        data, bound["thinker"], bound["talker"], bound["code2wav"]
+    )
+
+
+app = build_app()

@@ -1,0 +1,45 @@
+"""Encoding PCM to the response formats and decoding uploaded audio (soundfile/libsndfile)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import soundfile as sf
+
+_SOUNDFILE_FORMATS = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "mp3": ("MP3", None)}
+
+
+class AudioDecodeError(ValueError):
+    """An uploaded audio file that cannot be read."""
+
+
+def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+    samples = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0)
+    if fmt == "pcm16":
+        return (samples * 32767.0).astype("<i2").tobytes()
+    if fmt == "opus":
+        import soxr
+
+        buf = io.BytesIO()  # libsndfile's Opus needs 48 kHz
+        sf.write(buf, soxr.resample(samples, sample_rate, 48000), 48000, format="OGG",
+                 subtype="OPUS")  # fmt: skip
+        return buf.getvalue()
+    container, subtype = _SOUNDFILE_FORMATS[fmt]
+    buf = io.BytesIO()
+    sf.write(buf, samples, sample_rate, format=container, subtype=subtype)
+    return buf.getvalue()
+
+
+def decode_audio(data: bytes, target_rate: int) -> np.ndarray:
+    """Mono float32 at ``target_rate`` from any file libsndfile reads."""
+    import soxr
+
+    try:
+        samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except Exception as exc:  # libsndfile raises several types for corrupt input
+        raise AudioDecodeError(f"could not decode audio: {exc}") from None
+    mono = samples.mean(axis=1)
+    if rate != target_rate:
+        mono = soxr.resample(mono, rate, target_rate).astype(np.float32)
+    return mono

@@ -1,0 +1,90 @@
+"""OpenAI-compatible request/response models (the subset served so far)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TextPart(BaseModel):
+    type: Literal["text"] = Field(description="Content part type.")
+    text: str = Field(description="The text.")
+
+
+class InputAudio(BaseModel):
+    data: str = Field(description="Base64-encoded audio file bytes.")
+    format: str = Field("wav", description="Container format of the audio (wav, mp3, flac).")
+
+
+class AudioPart(BaseModel):
+    type: Literal["input_audio"] = Field(description="Content part type.")
+    input_audio: InputAudio = Field(description="The audio clip.")
+
+
+class ImageUrl(BaseModel):
+    url: str = Field(description="A data: URL (remote URLs only if the config allows them).")
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"] = Field(description="Content part type.")
+    image_url: ImageUrl = Field(description="The image.")
+
+
+ContentPart = TextPart | AudioPart | ImagePart
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"] = Field(description="Who wrote the message.")
+    content: str | list[ContentPart] = Field(description="Text, or a list of content parts.")
+
+
+class AudioOptions(BaseModel):
+    voice: str = Field("ethan", description="Speaker voice.")
+    format: Literal["wav", "pcm16", "flac", "mp3", "opus"] = Field(
+        "wav", description="Encoding of the returned audio."
+    )
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(description="Served model id (see GET /v1/models).")
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
+    modalities: list[Literal["text", "audio"]] = Field(
+        default_factory=lambda: ["text"], description="Output modalities."
+    )
+    audio: AudioOptions | None = Field(None, description="Audio output options.")
+    max_tokens: int | None = Field(None, ge=1, description="Most text tokens to generate.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="Alias of max_tokens.")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature (0=greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int | None = Field(None, description="Sampling seed.")
+    stream: bool = Field(False, description="Stream the response as server-sent events.")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def chat_completion_response(
+    model: str, text: str, audio: dict[str, Any] | None, finish_reason: str, usage: dict
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if audio is not None:
+        message["audio"] = audio
+    return {
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "usage": usage,
+    }
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

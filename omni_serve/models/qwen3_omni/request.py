@@ -1,0 +1,65 @@
+"""OpenAI chat messages → the Thinker's prompt, media and the Talker's M-RoPE metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omni_serve.api.media import load_audio, load_image
+from omni_serve.api.protocol import AudioPart, ChatMessage, ImagePart, TextPart
+from omni_serve.config import ApiSettings
+from omni_serve.models.qwen3_omni.thinker_inputs import thinker_prompt
+
+
+@dataclass
+class PreparedPrompt:
+    prompt_ids: list[int]
+    multi_modal_data: dict[str, Any]
+    # For the Talker's 3-D positions on multimodal prompts.
+    image_grid_thw: torch.Tensor | None = None
+    audio_seqlens: torch.Tensor | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> PreparedPrompt:
+    rate = processor.feature_extractor.sampling_rate
+    audios, images, template_messages = [], [], []
+    for m_idx, message in enumerate(messages):
+        if isinstance(message.content, str):
+            template_messages.append({"role": message.role, "content": message.content})
+            continue
+        parts = []
+        for p_idx, part in enumerate(message.content):
+            param = f"messages[{m_idx}].content[{p_idx}]"
+            if isinstance(part, TextPart):
+                parts.append({"type": "text", "text": part.text})
+            elif isinstance(part, AudioPart):
+                audios.append(
+                    load_audio(
+                        part.input_audio.data,
+                        rate,
+                        api.max_audio_bytes,
+                        api.max_audio_seconds,
+                        param,
+                    )  # fmt: skip
+                )
+                parts.append({"type": "audio"})
+            elif isinstance(part, ImagePart):
+                images.append(load_image(part.image_url.url, api.allow_remote_urls, param))
+                parts.append({"type": "image"})
+        template_messages.append({"role": message.role, "content": parts})
+    ids, mm = thinker_prompt(processor, template_messages, audios=audios, images=images)
+    prepared = PreparedPrompt(ids, mm, counts={"audio": len(audios), "image": len(images)})
+    if images:
+        prepared.image_grid_thw = processor.image_processor(images=images, return_tensors="pt")[
+            "image_grid_thw"
+        ]
+    if audios:
+        features = processor.feature_extractor(
+            audios, sampling_rate=rate, return_attention_mask=True, padding=True,
+            truncation=False, return_tensors="pt",
+        )  # fmt: skip
+        prepared.audio_seqlens = features["attention_mask"].sum(-1)
+    return prepared
