@@ -1,0 +1,72 @@
+"""Start ``serve run`` the way a user does, and stop it cleanly (SIGINT, then wait).
+
+A background process started by a non-interactive shell ignores SIGINT, so the child restores
+the default handler before exec (CPU_STACK.md, Ray 2.60).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).parents[2]
+
+
+def _restore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.setsid()
+
+
+class ServeProcess:
+    def __init__(self, target: str, base_url: str = "http://127.0.0.1:8000") -> None:
+        self.target = target
+        self.base_url = base_url
+        self.proc: subprocess.Popen | None = None
+        self.log_path = REPO / ".serve_run.log"
+
+    def start(self, timeout_s: float = 240.0) -> None:
+        env = {**os.environ, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled"}
+        self.log_path.parent.mkdir(exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
+        serve_bin = Path(sys.executable).parent / "serve"
+        self.proc = subprocess.Popen(
+            [str(serve_bin), "run", self.target], cwd=REPO, env=env, stdout=log,
+            stderr=subprocess.STDOUT, preexec_fn=_restore_sigint,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve run exited early:\n{self.tail()}")
+            if self._answers():
+                return
+            time.sleep(2)
+        self.stop()
+        raise TimeoutError(f"serve run not ready in {timeout_s}s:\n{self.tail()}")
+
+    def _answers(self) -> bool:
+        body = {"model": "qwen3-omni", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 1}  # fmt: skip
+        try:
+            r = httpx.post(f"{self.base_url}/v1/chat/completions", json=body, timeout=60)
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)

@@ -1,0 +1,81 @@
+"""User story: from the repo root, `serve run graphs.qwen3_omni:app` serves the tiny
+Qwen3-Omni graph, and the official openai client gets text plus a 24 kHz WAV back."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import openai
+import pytest
+import soundfile as sf
+
+from tests.integration.serve_process import ServeProcess
+
+pytestmark = pytest.mark.integration
+URL = "http://127.0.0.1:8000"
+
+
+@pytest.fixture(scope="module")
+def served():
+    server = ServeProcess("graphs.qwen3_omni:app", URL)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{URL}/v1", api_key="unused")
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list().data] == ["qwen3-omni"]
+
+
+def test_chat_returns_text_and_wav_audio(client):
+    response = client.chat.completions.create(
+        model="qwen3-omni",
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=8,
+        modalities=["text", "audio"],
+        audio={"voice": "ethan", "format": "wav"},
+    )
+    message = response.choices[0].message
+    assert message.content and response.usage.completion_tokens == 8
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(message.audio.data)))
+    assert rate == 24000 and len(samples) > 24000 // 2
+    assert message.audio.transcript == message.content
+
+
+def test_greedy_is_deterministic(client):
+    ask = dict(model="qwen3-omni", messages=[{"role": "user", "content": "Hi"}], max_tokens=6)
+    first = client.chat.completions.create(**ask).choices[0].message.content
+    assert client.chat.completions.create(**ask).choices[0].message.content == first
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        ("{not json", 400, "not valid JSON"),
+        ({"model": "qwen3-omni", "messages": []}, 400, "messages"),
+        ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404, "does not exist"),
+        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "x"}],
+          "max_tokens": 10**6}, 400, "max_tokens"),
+        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "bm90IGF1ZGlv", "format": "wav"}}]}]},
+         400, "could not decode audio"),
+        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "x"}],
+          "modalities": ["text", "audio"], "audio": {"voice": "nobody"}}, 400, "unknown voice"),
+    ],
+)  # fmt: skip
+def test_bad_input_gets_a_4xx_with_a_reason(served, body, status, fragment):
+    kwargs = {"content": body, "headers": {"content-type": "application/json"}}
+    if not isinstance(body, str):
+        kwargs = {"json": body}
+    r = httpx.post(f"{URL}/v1/chat/completions", timeout=60, **kwargs)
+    assert r.status_code == status, r.text
+    assert fragment in r.json()["error"]["message"]
+    # and the server still answers afterwards
+    assert httpx.get(f"{URL}/v1/models", timeout=30).status_code == 200
