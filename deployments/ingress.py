@@ -30,8 +30,14 @@ log = logging.getLogger("ray.serve")
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error", code: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.body = status, error_body(message, type_, param, code)
 
@@ -102,8 +108,9 @@ class Ingress:
     async def chat_completions(self, body: ChatCompletionRequest) -> JSONResponse:
         api = self.config.api
         if body.model != self.config.served_model_name:
-            raise ApiError(404, f"model {body.model!r} does not exist; this server serves "
-                                f"{self.config.served_model_name!r}", "model", code="model_not_found")  # fmt: skip
+            served = self.config.served_model_name
+            message = f"model {body.model!r} does not exist; this server serves {served!r}"
+            raise ApiError(404, message, "model", code="model_not_found")
         if body.stream:
             raise ApiError(400, "stream=true is not supported yet", "stream")
         max_tokens = body.max_completion_tokens or body.max_tokens or api.default_max_tokens

@@ -46,9 +46,14 @@ class TalkerDeployment:
         layers = sorted(rows)
         tokens = request["tokens"]
         prompt = self.builder.build_prompt(
-            request["prompt_ids"], rows[layers[0]], rows[layers[-1]], tokens[0], request["voice"],
-            image_grid_thw=request.get("image_grid_thw"), audio_seqlens=request.get("audio_seqlens"),
-        )  # fmt: skip
+            request["prompt_ids"],
+            rows[layers[0]],
+            rows[layers[-1]],
+            tokens[0],
+            request["voice"],
+            image_grid_thw=request.get("image_grid_thw"),
+            audio_seqlens=request.get("audio_seqlens"),
+        )
         last = len(tokens) - 1
         trailing = [self.builder.trailing_row(t, i == last) for i, t in enumerate(tokens) if i]
         ar = ARRequest(

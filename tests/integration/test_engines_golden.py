@@ -95,3 +95,32 @@ async def test_thinker_talker_code2wav_chain_equals_transformers_audio(
     waveform = torch.cat(audio)
     assert waveform.shape == ref.waveform.shape
     torch.testing.assert_close(waveform, ref.waveform, atol=1e-4, rtol=0)
+
+
+async def test_prompt_embeds_input_matches_token_ids(vllm_thinker, omni_processor, hf_omni):
+    """The Thinker takes precomputed input embeddings (the path an encoder stage feeds)."""
+    ids, tokens, _ = await run_thinker(vllm_thinker, omni_processor, "text", layers=())
+    with torch.no_grad():
+        embeds = hf_omni.thinker.get_input_embeddings()(torch.tensor(ids))
+    request = ARRequest(
+        "embeds", prompt_embeds=embeds,
+        sampling=SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[302]),
+    )  # fmt: skip
+    from_embeds = [t async for chunk in vllm_thinker.generate(request) for t in chunk.token_ids]
+    assert from_embeds == tokens
+
+
+async def test_cancelled_request_is_aborted_and_releases_rows(vllm_thinker, omni_processor):
+    media = {}
+    ids, mm = thinker_prompt(omni_processor, prompt_messages("text"), **media)
+    request = ARRequest(
+        "cancel-me", prompt_token_ids=ids, sampling=SamplingConfig(max_tokens=200),
+        capture_layers=(0, 1),
+    )  # fmt: skip
+    stream = vllm_thinker.generate(request)
+    await stream.__anext__()
+    await stream.aclose()  # the consumer went away mid-generation
+    assert await vllm_thinker.pending_captures() == 0
+    # the engine keeps serving
+    _, tokens, _ = await run_thinker(vllm_thinker, omni_processor, "text", layers=())
+    assert tokens

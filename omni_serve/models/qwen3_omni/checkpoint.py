@@ -33,7 +33,8 @@ def _shards(checkpoint: Path, prefix: str) -> dict[Path, list[str]]:
         return by_file
     single = checkpoint / "model.safetensors"
     with safe_open(single, "pt") as f:
-        return {single: [k for k in f.keys() if k.startswith(prefix)]}
+        names = [k for k in f.keys() if k.startswith(prefix)]  # noqa: SIM118 (no __iter__)
+        return {single: names}
 
 
 def load_tensors(checkpoint: str | Path, prefix: str) -> dict[str, torch.Tensor]:

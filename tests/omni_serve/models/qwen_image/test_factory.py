@@ -1,4 +1,4 @@
-"""The tiny Qwen-Image checkpoint loads in diffusers' real pipeline and makes images with structure."""
+"""The tiny Qwen-Image checkpoint loads in diffusers' real pipeline; images have structure."""
 
 from __future__ import annotations
 
