@@ -57,6 +57,13 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return JSONResponse(error_body(message, param=where), status_code=400)
 
 
+def _talker_overrides(body: ChatCompletionRequest) -> dict[str, Any]:
+    overrides = body.stage_overrides.talker if body.stage_overrides else None
+    if overrides is None:
+        return {}
+    return overrides.model_dump(exclude_none=True)
+
+
 class _HandleClients:
     """``StageClients`` over Serve handles."""
 
@@ -132,8 +139,9 @@ class Ingress:
                            "audio.voice")  # fmt: skip
         try:
             result = await run_chat(
-                self.clients, prompt, sampling, want_audio, voice, uuid.uuid4().hex
-            )
+                self.clients, prompt, sampling, want_audio, voice, uuid.uuid4().hex,
+                talker_sampling=_talker_overrides(body),
+            )  # fmt: skip
         except Exception as exc:  # a stage failed: say so, in the API's error shape
             log.exception("chat request failed in a stage")
             raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"[:500],

@@ -15,8 +15,8 @@ from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_em
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
 
-# transformers' Qwen3-Omni generate() defaults for the Talker.
-TALKER_REPETITION_PENALTY = 1.05
+# transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
+TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
 TALKER_MAX_TOKENS = 4096  # codec frames (12.5 per second of audio); engine args may lower it
 
 
@@ -56,10 +56,12 @@ class TalkerDeployment:
         )
         last = len(tokens) - 1
         trailing = [self.builder.trailing_row(t, i == last) for i, t in enumerate(tokens) if i]
+        wanted = {**TALKER_DEFAULTS, **(request.get("sampling") or {})}
+        budget = self._token_budget(len(prompt.embeds))
+        wanted["max_tokens"] = min(wanted.get("max_tokens") or budget, budget)
         ar = ARRequest(
             request["request_id"], prompt_embeds=prompt.embeds,
-            sampling=SamplingConfig(max_tokens=self._token_budget(len(prompt.embeds)),
-                                    repetition_penalty=TALKER_REPETITION_PENALTY),
+            sampling=SamplingConfig(**wanted),
             extra={"position_ids": prompt.position_ids, "rope_delta": prompt.rope_delta,
                    "trailing": trailing, "text_done": True},
         )  # fmt: skip

@@ -51,6 +51,7 @@ class ThinkerDeployment:
                 "finished": chunk.finished,
                 "finish_reason": chunk.finish_reason,
                 "num_prompt_tokens": chunk.num_prompt_tokens,
+                "prompt_token_ids": chunk.prompt_token_ids,
             }
             for k, v in chunk.hidden.items():
                 rows[k].append(v)

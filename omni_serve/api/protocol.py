@@ -48,6 +48,27 @@ class AudioOptions(BaseModel):
     )
 
 
+class TalkerOverrides(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int | None = Field(None, ge=1, description="Most codec frames (12.5 per second).")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 = greedy.")
+    top_k: int | None = Field(None, ge=-1, description="Top-k sampling; -1 or 0 = off.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    repetition_penalty: float | None = Field(None, gt=0.0, description="Penalty on repeats.")
+    seed: int | None = Field(None, description="Seed of the Talker's sampling.")
+
+
+class StageOverrides(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    talker: TalkerOverrides | None = Field(None, description="Talker (speech codes) sampling.")
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = Field(False, description="Send usage in the last chunk.")
+
+
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -63,6 +84,10 @@ class ChatCompletionRequest(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     seed: int | None = Field(None, description="Sampling seed.")
     stream: bool = Field(False, description="Stream the response as server-sent events.")
+    stream_options: StreamOptions | None = Field(None, description="Streaming options.")
+    stage_overrides: StageOverrides | None = Field(
+        None, description="omni-serve extension: per-stage settings (e.g. Talker sampling)."
+    )
 
 
 def new_id(prefix: str) -> str:

@@ -106,6 +106,7 @@ class VLLMEngine:
             raise ValueError("this engine was started without hidden-state capture")
         rows_sent = 0
         finished = False
+        first = True
         try:
             async for out in self._llm.generate(
                 self._prompt(request), self._sampling_params(request), request.request_id
@@ -124,7 +125,9 @@ class VLLMEngine:
                     finish_reason=completion.finish_reason if finished else None,
                     hidden=hidden,
                     num_prompt_tokens=len(out.prompt_token_ids or []),
+                    prompt_token_ids=list(out.prompt_token_ids or []) if first else None,
                 )
+                first = False
         finally:
             if not finished:
                 await self._llm.abort(request.request_id)

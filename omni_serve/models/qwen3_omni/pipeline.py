@@ -42,6 +42,7 @@ async def run_chat(
     want_audio: bool,
     voice: str,
     request_id: str,
+    talker_sampling: dict[str, Any] | None = None,
 ) -> ChatResult:
     start = time.perf_counter()
     thinker_request = {
@@ -52,7 +53,9 @@ async def run_chat(
         "capture": want_audio,
     }
     text, tokens, rows, reason, n_prompt = [], [], None, "stop", len(prompt.prompt_ids)
+    expanded_ids = prompt.prompt_ids  # media placeholders expanded by the Thinker's processor
     async for chunk in clients.thinker(thinker_request):
+        expanded_ids = chunk.get("prompt_token_ids") or expanded_ids
         text.append(chunk["text"])
         tokens += chunk["token_ids"]
         rows = chunk.get("prompt_rows") or rows
@@ -65,10 +68,11 @@ async def run_chat(
         return result
     talker_request = {
         "request_id": request_id,
-        "prompt_ids": prompt.prompt_ids,
+        "prompt_ids": expanded_ids,
         "prompt_rows": rows,
         "tokens": tokens,
         "voice": voice,
+        "sampling": talker_sampling or {},
         "image_grid_thw": prompt.image_grid_thw,
         "audio_seqlens": prompt.audio_seqlens,
     }
