@@ -1,4 +1,4 @@
-"""Code2wav stage: batched codec decode to 24 kHz PCM."""
+"""Code2wav stage: batched codec decode of chunk jobs to 24 kHz PCM."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from ray import serve
 
 from deployments.common import stage_setup
-from omni_serve.engines.codec.chunked import ChunkPlanner
+from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 
 
@@ -17,13 +17,36 @@ from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 class Code2WavDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "code2wav") -> None:
         torch.set_num_threads(1)
-        _, _, model_path = stage_setup(pipeline, stage_name)
+        _, stage, model_path = stage_setup(pipeline, stage_name)
         self.codec, self.left_context = load_code2wav_decoder(model_path)
+        self.decode_batched.set_max_batch_size(stage.engine.max_batch_size)
+        self.batches = 0
+        self.max_batch = 0
 
-    async def decode(self, frames: list[torch.Tensor]) -> np.ndarray:
-        codes = torch.stack(frames, dim=1)  # [Q, T]
-        planner = ChunkPlanner(self.codec.samples_per_frame, left_context=self.left_context)
-        jobs = planner.push(codes)
-        last = planner.finish()
-        audio = self.codec.run(jobs + ([last] if last else []))
-        return torch.cat(audio).numpy()
+    def codec_info(self) -> dict[str, int]:
+        return {
+            "samples_per_frame": self.codec.samples_per_frame,
+            "left_context": self.left_context,
+        }
+
+    async def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
+        return list(await self.decode_batched(jobs))
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
+    async def decode_batched(self, requests: list[list[DecodeJob]]) -> list[list[np.ndarray]]:
+        """Jobs of concurrent callers decode as one padded batch (causal codec: exact)."""
+        flat = [job for jobs in requests for job in jobs]
+        self.batches += 1
+        self.max_batch = max(self.max_batch, len(requests))
+        audio = [a.numpy() for a in self.codec.run(flat)]
+        out, i = [], 0
+        for jobs in requests:
+            out.append(audio[i : i + len(jobs)])
+            i += len(jobs)
+        return out
+
+    async def ready(self) -> bool:
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return {"steps": self.batches, "max_batch": self.max_batch, "running": 0}

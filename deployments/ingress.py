@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import time
@@ -12,21 +13,31 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from omni_serve.api.audio_codec import encode_audio
+from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio
 from omni_serve.api.media import MediaError
-from omni_serve.api.protocol import ChatCompletionRequest, chat_completion_response, error_body
+from omni_serve.api.metrics import ApiMetrics
+from omni_serve.api.protocol import (
+    ChatCompletionRequest,
+    chat_completion_response,
+    error_body,
+    new_id,
+    usage_dict,
+)
+from omni_serve.api.sse import DONE, ChunkWriter
 from omni_serve.config import PipelineConfig
+from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models import resolve_model
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.pipeline import run_chat
+from omni_serve.models.qwen3_omni.pipeline import ChatOptions, run_chat, stream_chat
 from omni_serve.models.qwen3_omni.request import prepare_prompt
 
 app = FastAPI(title="omni-serve", version="0.1.0")
 log = logging.getLogger("ray.serve")
+HEALTH_TIMEOUT_S = 2.0
 
 
 class ApiError(Exception):
@@ -67,11 +78,11 @@ def _talker_overrides(body: ChatCompletionRequest) -> dict[str, Any]:
 class _HandleClients:
     """``StageClients`` over Serve handles."""
 
-    def __init__(self, thinker: DeploymentHandle, talker: DeploymentHandle,
-                 code2wav: DeploymentHandle) -> None:  # fmt: skip
-        self._thinker = thinker.options(stream=True)
-        self._talker = talker.options(stream=True)
-        self._code2wav = code2wav
+    def __init__(self, handles: dict[str, DeploymentHandle]) -> None:
+        self._thinker = handles["thinker"].options(stream=True)
+        self._talker = handles["talker"].options(stream=True)
+        self._code2wav = handles["code2wav"]
+        self._codec_info: dict[str, int] | None = None
 
     def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self._thinker.generate.remote(request)
@@ -79,83 +90,157 @@ class _HandleClients:
     def talker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self._talker.generate.remote(request)
 
-    async def code2wav(self, codes: Any) -> np.ndarray:
-        return await self._code2wav.decode.remote(codes)
+    async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
+        return await self._code2wav.decode.remote(jobs)
+
+    async def codec_info(self) -> dict[str, int]:
+        if self._codec_info is None:
+            self._codec_info = await self._code2wav.codec_info.remote()
+        return self._codec_info
 
 
+# Keep module-level helpers ABOVE this class: Serve pickles the class by value when the
+# decorator runs, so a global defined below it is missing in the replica (NameError).
 @serve.deployment
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, pipeline: dict[str, Any], thinker: DeploymentHandle,
-                 talker: DeploymentHandle, code2wav: DeploymentHandle) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pipeline: dict[str, Any],
+        thinker: DeploymentHandle,
+        talker: DeploymentHandle,
+        code2wav: DeploymentHandle,
+    ) -> None:
         from transformers import AutoProcessor
+
+        from omni_serve.models.qwen3_omni.checkpoint import load_config
 
         self.config = PipelineConfig.model_validate(pipeline)
         model_path = resolve_model(self.config.model)
         self.processor = AutoProcessor.from_pretrained(model_path)
-        from omni_serve.models.qwen3_omni.checkpoint import load_config
-
         self.voices = set(load_config(model_path).talker_config.speaker_id)
-        self.clients = _HandleClients(thinker, talker, code2wav)
-        self.stage_handles = {"thinker": thinker, "talker": talker, "code2wav": code2wav}
+        self.handles = {"thinker": thinker, "talker": talker, "code2wav": code2wav}
+        self.clients = _HandleClients(self.handles)
+        self.metrics = ApiMetrics()
         self.created = int(time.time())
 
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:
-        name = self.config.served_model_name
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": self.created, "owned_by": "omni-serve"}
-        ]}  # fmt: skip
+        card = {"id": self.config.served_model_name, "object": "model",
+                "created": self.created, "owned_by": "omni-serve"}  # fmt: skip
+        return {"object": "list", "data": [card]}
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        return JSONResponse({"status": "ok", "stages": sorted(self.stage_handles)})
+        """200 when every stage answers; 503 naming the stages that do not (yet)."""
+
+        async def ping(name: str) -> str | None:
+            try:
+                await asyncio.wait_for(self.handles[name].ready.remote(), HEALTH_TIMEOUT_S)
+            except Exception as exc:
+                return f"{name}: {type(exc).__name__}"
+            return None
+
+        problems = [p for p in await asyncio.gather(*map(ping, self.handles)) if p]
+        if problems:
+            return JSONResponse({"status": "unavailable", "stages": problems}, status_code=503)
+        return JSONResponse({"status": "ok", "stages": sorted(self.handles)})
+
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        for name in ("talker", "code2wav"):
+            try:
+                stats = await asyncio.wait_for(self.handles[name].stats.remote(), 2.0)
+                self.metrics.observe_stage_stats(name, stats)
+            except Exception:  # a stage that does not answer keeps its last values
+                log.warning("no stats from stage %s", name)
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(self, body: ChatCompletionRequest) -> JSONResponse:
+    async def chat_completions(self, body: ChatCompletionRequest) -> Response:
+        prompt, options = self._validate(body)
+        request_id = uuid.uuid4().hex
+        if body.stream:
+            return StreamingResponse(
+                self._sse(body, prompt, options, request_id), media_type="text/event-stream"
+            )
+        self.metrics.in_flight.inc()
+        try:
+            result = await run_chat(self.clients, prompt, options, request_id)
+        except Exception as exc:  # a stage failed: say so, in the API's error shape
+            log.exception("chat request failed in a stage")
+            self.metrics.requests.labels("error").inc()
+            raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"[:500],
+                           type_="server_error") from None  # fmt: skip
+        finally:
+            self.metrics.in_flight.dec()
+        audio = None
+        audio_s = 0.0
+        if options.want_audio and result.audio is not None:
+            audio_s = len(result.audio) / SAMPLE_RATE
+            data = encode_audio(result.audio, SAMPLE_RATE, body.audio.format)
+            audio = {"id": new_id("audio"), "data": base64.b64encode(data).decode(),
+                     "expires_at": int(time.time()) + 3600, "transcript": result.text}  # fmt: skip
+        self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
+        self.metrics.requests.labels("ok").inc()
+        usage = usage_dict(result.prompt_tokens, len(result.token_ids))
+        response = chat_completion_response(
+            self.config.served_model_name, result.text, audio, result.finish_reason, usage
+        )
+        response["timings"] = result.timings
+        return JSONResponse(response)
+
+    def _validate(self, body: ChatCompletionRequest):
         api = self.config.api
         if body.model != self.config.served_model_name:
             served = self.config.served_model_name
             message = f"model {body.model!r} does not exist; this server serves {served!r}"
             raise ApiError(404, message, "model", code="model_not_found")
-        if body.stream:
-            raise ApiError(400, "stream=true is not supported yet", "stream")
         max_tokens = body.max_completion_tokens or body.max_tokens or api.default_max_tokens
         if max_tokens > api.max_tokens_limit:
             raise ApiError(400, f"max_tokens must be <= {api.max_tokens_limit}", "max_tokens")
         want_audio = "audio" in body.modalities
-        audio_opts = body.audio
-        if want_audio and audio_opts is None:
+        if want_audio and body.audio is None:
             raise ApiError(400, "modalities includes 'audio': give audio {voice, format}", "audio")
+        voice = body.audio.voice if body.audio else "ethan"
+        if want_audio and voice.lower() not in self.voices:
+            message = f"unknown voice {voice!r}; voices: {sorted(self.voices)}"
+            raise ApiError(400, message, "audio.voice")
+        if want_audio and body.stream and body.audio.format not in STREAMABLE_FORMATS:
+            message = f"streamed audio must be one of {list(STREAMABLE_FORMATS)}"
+            raise ApiError(400, message, "audio.format")
         try:
             prompt = prepare_prompt(self.processor, body.messages, api)
         except MediaError as exc:
             raise ApiError(400, str(exc), exc.param) from None
         sampling = {"max_tokens": max_tokens, "temperature": body.temperature,
                     "top_p": body.top_p, "seed": body.seed}  # fmt: skip
-        voice = audio_opts.voice if audio_opts else "ethan"
-        if want_audio and voice.lower() not in self.voices:
-            raise ApiError(400, f"unknown voice {voice!r}; voices: {sorted(self.voices)}",
-                           "audio.voice")  # fmt: skip
+        options = ChatOptions(sampling, want_audio, voice, _talker_overrides(body))
+        return prompt, options
+
+    async def _sse(self, body, prompt, options, request_id) -> AsyncIterator[str]:
+        writer = ChunkWriter(new_id("chatcmpl"), self.config.served_model_name, new_id("audio"),
+                             SAMPLE_RATE, body.audio.format if body.audio else "pcm16")  # fmt: skip
+        self.metrics.in_flight.inc()
         try:
-            result = await run_chat(
-                self.clients, prompt, sampling, want_audio, voice, uuid.uuid4().hex,
-                talker_sampling=_talker_overrides(body),
-            )  # fmt: skip
-        except Exception as exc:  # a stage failed: say so, in the API's error shape
-            log.exception("chat request failed in a stage")
-            raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"[:500],
-                           type_="server_error") from None  # fmt: skip
-        audio = None
-        if want_audio and result.audio is not None:
-            data = encode_audio(result.audio, SAMPLE_RATE, audio_opts.format)
-            audio = {"id": f"audio-{uuid.uuid4().hex[:16]}",
-                     "data": base64.b64encode(data).decode(),
-                     "expires_at": int(time.time()) + 3600, "transcript": result.text}  # fmt: skip
-        usage = {"prompt_tokens": result.prompt_tokens,
-                 "completion_tokens": len(result.token_ids),
-                 "total_tokens": result.prompt_tokens + len(result.token_ids)}  # fmt: skip
-        response = chat_completion_response(
-            self.config.served_model_name, result.text, audio, result.finish_reason, usage
-        )
-        return JSONResponse(response)
+            yield writer.role()
+            async for event in stream_chat(self.clients, prompt, options, request_id):
+                if event.kind == "text":
+                    yield writer.text(event.text)
+                elif event.kind == "audio":
+                    yield writer.audio(event.audio)
+                else:
+                    result = event.result
+                    audio_s = len(result.audio) / SAMPLE_RATE if result.audio is not None else 0
+                    self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
+                    yield writer.finish(result.finish_reason)
+                    if body.stream_options and body.stream_options.include_usage:
+                        yield writer.usage(usage_dict(result.prompt_tokens, len(result.token_ids)))
+            self.metrics.requests.labels("ok").inc()
+        except Exception as exc:  # headers are sent: report in-band, then end the stream
+            log.exception("streamed chat request failed in a stage")
+            self.metrics.requests.labels("error").inc()
+            yield writer.error(f"generation failed: {type(exc).__name__}: {exc}"[:500])
+        finally:
+            self.metrics.in_flight.dec()
+        yield DONE

@@ -77,4 +77,11 @@ class TalkerDeployment:
 
     def stats(self) -> dict[str, Any]:
         sizes = self.engine.batch_sizes
-        return {"steps": self.engine.steps, "max_batch": max(sizes, default=0)}
+        return {
+            "steps": self.engine.steps,
+            "max_batch": max(sizes, default=0),
+            "running": self.engine.num_running,
+        }
+
+    async def ready(self) -> bool:
+        return True

@@ -69,3 +69,6 @@ class ThinkerDeployment:
     async def check_health(self) -> None:
         if self.engine._llm is None or self.engine._llm.errored:
             raise RuntimeError("vLLM engine is not running")
+
+    async def ready(self) -> bool:
+        return self.engine._llm is not None

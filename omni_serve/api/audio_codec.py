@@ -43,3 +43,17 @@ def decode_audio(data: bytes, target_rate: int) -> np.ndarray:
     if rate != target_rate:
         mono = soxr.resample(mono, rate, target_rate).astype(np.float32)
     return mono
+
+
+STREAMABLE_FORMATS = ("pcm16", "wav")
+
+
+def wav_stream_header(sample_rate: int, channels: int = 1) -> bytes:
+    """A 16-bit PCM WAV header for a stream of unknown length (sizes set to 0xFFFFFFFF, which
+    players and soundfile read as 'until the end of the data')."""
+    import struct
+
+    block = channels * 2
+    fmt = struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block, block, 16)
+    unknown = struct.pack("<I", 0xFFFFFFFF)
+    return b"RIFF" + unknown + b"WAVE" + b"fmt " + fmt + b"data" + unknown

@@ -113,3 +113,11 @@ def chat_completion_response(
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:  # fmt: skip
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -129,3 +129,94 @@ def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_p
     expected = ref.waveform.numpy()
     assert samples.shape == expected.shape
     assert abs(samples - expected).max() <= 1e-4 + 1 / 32767  # 16-bit WAV quantisation
+
+
+def _chat_body(**extra) -> dict:
+    body = {
+        "model": "qwen3-omni",
+        "messages": [{"role": "user", "content": "Tell me something."}],
+        "max_tokens": 10,
+        "temperature": 0,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "ethan", "format": "wav"},
+        "stage_overrides": {"talker": {"temperature": 0, "max_tokens": 60}},
+    }
+    body.update(extra)
+    return body
+
+
+def test_streaming_concatenates_to_the_non_streamed_response(served):
+    """SSE: text deltas and audio deltas join up to exactly the non-streamed answer."""
+    whole = httpx.post(f"{URL}/v1/chat/completions", json=_chat_body(), timeout=120).json()
+    whole_audio, _ = sf.read(
+        io.BytesIO(base64.b64decode(whole["choices"][0]["message"]["audio"]["data"]))
+    )
+    body = _chat_body(stream=True, stream_options={"include_usage": True})
+    events = []
+    with httpx.stream("POST", f"{URL}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[len("data: ") :])
+    assert events[-1] == "[DONE]"
+    import json
+
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    audio_bytes = b"".join(
+        base64.b64decode(c["choices"][0]["delta"]["audio"]["data"])
+        for c in chunks
+        if c["choices"] and "audio" in c["choices"][0]["delta"]
+    )
+    assert text == whole["choices"][0]["message"]["content"]
+    streamed, rate = sf.read(io.BytesIO(audio_bytes))
+    assert rate == 24000 and streamed.shape == whole_audio.shape
+    assert abs(streamed - whole_audio).max() <= 2 / 32767
+    audio_chunks = [c for c in chunks if c["choices"] and "audio" in c["choices"][0]["delta"]]
+    assert len(audio_chunks) > 1  # audio arrives in pieces, the first one small
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 10
+    assert any(c["choices"] and c["choices"][0]["finish_reason"] for c in chunks)
+
+
+def test_openai_client_streams(client):
+    ask = dict(model="qwen3-omni", messages=[{"role": "user", "content": "Hi"}], max_tokens=12)
+    whole = client.chat.completions.create(**ask).choices[0].message.content
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_streaming_rejects_unstreamable_audio_formats(served):
+    body = _chat_body(stream=True, audio={"voice": "ethan", "format": "mp3"})
+    r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and "streamed audio" in r.json()["error"]["message"]
+
+
+def test_health_reports_every_stage(served):
+    r = httpx.get(f"{URL}/health", timeout=30)
+    assert r.status_code == 200
+    assert r.json()["stages"] == ["code2wav", "talker", "thinker"]
+
+
+def test_eight_concurrent_requests_complete_and_batch(served):
+    """8 concurrent speech requests all finish, and the Talker decodes them together."""
+    import concurrent.futures
+
+    def one(i: int) -> httpx.Response:
+        return httpx.post(f"{URL}/v1/chat/completions", json=_chat_body(seed=i), timeout=300)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(one, range(8)))
+    assert [r.status_code for r in responses] == [200] * 8
+    for r in responses:
+        assert r.json()["choices"][0]["message"]["audio"]["data"]
+    metrics = httpx.get(f"{URL}/metrics", timeout=30).text
+    talker_batch = next(
+        float(line.split()[-1]) for line in metrics.splitlines()
+        if line.startswith('omni_stage_max_batch_size{stage="talker"}')
+    )  # fmt: skip
+    assert talker_batch > 1
+    assert "omni_stage_latency_seconds_bucket" in metrics
+    assert "omni_audio_seconds_total" in metrics

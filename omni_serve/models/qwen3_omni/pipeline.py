@@ -1,8 +1,10 @@
 """One Qwen3-Omni chat request across the stages: Thinker → (Talker → Code2wav).
 
-Stage access is abstract (``StageClients``) so the flow runs the same over Serve handles and
-over in-process engines in tests. Heavy tensors (the Thinker's prompt rows) travel as opaque
-references the Talker resolves; the orchestrator never touches their bytes.
+Streaming is the path: ``stream_chat`` yields text deltas as the Thinker makes them and audio
+chunks as Code2wav decodes them (a small first chunk of codec frames, then steady chunks);
+``run_chat`` collects it for non-streaming responses. Stage access is abstract
+(``StageClients``) so the flow runs the same over Serve handles and over in-process engines.
+Heavy tensors (the Thinker's prompt rows) travel as opaque references the Talker resolves.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from omni_serve.engines.codec.chunked import ChunkPlanner, DecodeJob
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
 
 
@@ -22,7 +25,10 @@ class StageClients(Protocol):
 
     def talker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
 
-    async def code2wav(self, codes: Any) -> np.ndarray: ...
+    async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]: ...
+
+    async def codec_info(self) -> dict[str, int]:
+        """``samples_per_frame`` and ``left_context`` of the codec."""
 
 
 @dataclass
@@ -35,52 +41,96 @@ class ChatResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-async def run_chat(
-    clients: StageClients,
-    prompt: PreparedPrompt,
-    sampling: dict[str, Any],
-    want_audio: bool,
-    voice: str,
-    request_id: str,
-    talker_sampling: dict[str, Any] | None = None,
-) -> ChatResult:
+@dataclass
+class ChatEvent:
+    kind: Literal["text", "audio", "done"]
+    text: str = ""
+    audio: np.ndarray | None = None
+    result: ChatResult | None = None
+
+
+@dataclass
+class ChatOptions:
+    sampling: dict[str, Any]
+    want_audio: bool = False
+    voice: str = "ethan"
+    talker_sampling: dict[str, Any] = field(default_factory=dict)
+    first_chunk_frames: int = 4
+    chunk_frames: int = 25
+
+
+async def stream_chat(
+    clients: StageClients, prompt: PreparedPrompt, options: ChatOptions, request_id: str
+) -> AsyncIterator[ChatEvent]:
     start = time.perf_counter()
     thinker_request = {
         "request_id": request_id,
         "prompt_ids": prompt.prompt_ids,
         "multi_modal_data": prompt.multi_modal_data,
-        "sampling": sampling,
-        "capture": want_audio,
+        "sampling": options.sampling,
+        "capture": options.want_audio,
     }
-    text, tokens, rows, reason, n_prompt = [], [], None, "stop", len(prompt.prompt_ids)
+    text, tokens, rows, reason = [], [], None, "stop"
+    n_prompt = len(prompt.prompt_ids)
     expanded_ids = prompt.prompt_ids  # media placeholders expanded by the Thinker's processor
     async for chunk in clients.thinker(thinker_request):
         expanded_ids = chunk.get("prompt_token_ids") or expanded_ids
-        text.append(chunk["text"])
-        tokens += chunk["token_ids"]
         rows = chunk.get("prompt_rows") or rows
+        tokens += chunk["token_ids"]
+        if chunk["text"]:
+            text.append(chunk["text"])
+            yield ChatEvent("text", text=chunk["text"])
         if chunk["finished"]:
             reason = chunk["finish_reason"] or "stop"
             n_prompt = chunk["num_prompt_tokens"] or n_prompt
     result = ChatResult("".join(text), tokens, reason, n_prompt)
     result.timings["thinker_s"] = time.perf_counter() - start
-    if not want_audio or not tokens:
-        return result
+    if options.want_audio and tokens:
+        audio = []
+        async for piece in _speak(clients, prompt, options, request_id, expanded_ids, rows, tokens):
+            if not audio:
+                result.timings["first_audio_s"] = time.perf_counter() - start
+            audio.append(piece)
+            yield ChatEvent("audio", audio=piece)
+        result.audio = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
+    result.timings["total_s"] = time.perf_counter() - start
+    yield ChatEvent("done", result=result)
+
+
+async def _speak(clients, prompt, options, request_id, prompt_ids, rows, tokens):
+    info = await clients.codec_info()
+    planner = ChunkPlanner(
+        info["samples_per_frame"],
+        first_chunk=options.first_chunk_frames,
+        chunk=options.chunk_frames,
+        left_context=info["left_context"],
+    )
     talker_request = {
         "request_id": request_id,
-        "prompt_ids": expanded_ids,
+        "prompt_ids": prompt_ids,
         "prompt_rows": rows,
         "tokens": tokens,
-        "voice": voice,
-        "sampling": talker_sampling or {},
+        "voice": options.voice,
+        "sampling": options.talker_sampling,
         "image_grid_thw": prompt.image_grid_thw,
         "audio_seqlens": prompt.audio_seqlens,
     }
-    frames = []
     async for chunk in clients.talker(talker_request):
-        frames.append(chunk["codes"])
-    result.timings["talker_s"] = time.perf_counter() - start - result.timings["thinker_s"]
-    if frames:
-        result.audio = await clients.code2wav(frames)
-    result.timings["total_s"] = time.perf_counter() - start
-    return result
+        jobs = planner.push(chunk["codes"][:, None])
+        if jobs:
+            for piece in await clients.code2wav(jobs):
+                yield piece
+    last = planner.finish()
+    if last is not None:
+        for piece in await clients.code2wav([last]):
+            yield piece
+
+
+async def run_chat(
+    clients: StageClients, prompt: PreparedPrompt, options: ChatOptions, request_id: str
+) -> ChatResult:
+    """The streaming path, collected."""
+    async for event in stream_chat(clients, prompt, options, request_id):
+        if event.kind == "done":
+            return event.result
+    raise RuntimeError("chat stream ended without a result")

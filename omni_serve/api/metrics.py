@@ -1,0 +1,50 @@
+"""Prometheus metrics of the API layer (one registry per ingress replica)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class ApiMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "omni_requests", "Chat requests by outcome.", ["status"], registry=r
+        )
+        self.in_flight = Gauge("omni_requests_in_flight", "Requests being served.", registry=r)
+        self.stage_latency = Histogram(
+            "omni_stage_latency_seconds",
+            "Time from request start to the end of a stage (first_audio: first audio chunk).",
+            ["stage"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tokens = Counter("omni_text_tokens", "Text tokens generated.", registry=r)
+        self.audio_seconds = Counter("omni_audio_seconds", "Seconds of audio produced.", registry=r)
+        self.stage_queue = Gauge(
+            "omni_stage_running_requests", "Requests running in a stage's engine.", ["stage"],
+            registry=r,
+        )  # fmt: skip
+        self.stage_batch = Gauge(
+            "omni_stage_max_batch_size", "Largest batch a stage has run.", ["stage"], registry=r
+        )
+        self.stage_steps = Gauge(
+            "omni_stage_steps", "Batched steps a stage has run.", ["stage"], registry=r
+        )
+
+    def observe_result(self, timings: dict[str, float], tokens: int, audio_s: float) -> None:
+        for stage, key in (("thinker", "thinker_s"), ("first_audio", "first_audio_s"),
+                           ("total", "total_s")):  # fmt: skip
+            if key in timings:
+                self.stage_latency.labels(stage).observe(timings[key])
+        self.tokens.inc(tokens)
+        self.audio_seconds.inc(audio_s)
+
+    def observe_stage_stats(self, stage: str, stats: dict[str, int]) -> None:
+        self.stage_queue.labels(stage).set(stats.get("running", 0))
+        self.stage_batch.labels(stage).set(stats.get("max_batch", 0))
+        self.stage_steps.labels(stage).set(stats.get("steps", 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

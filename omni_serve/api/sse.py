@@ -1,0 +1,64 @@
+"""Server-sent events in the OpenAI chat.completion.chunk shape."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+from omni_serve.api.audio_codec import encode_audio, wav_stream_header
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+class ChunkWriter:
+    """Builds the chunks of one streamed chat completion."""
+
+    def __init__(self, completion_id: str, model: str, audio_id: str, sample_rate: int,
+                 audio_format: str) -> None:  # fmt: skip
+        self.completion_id, self.model = completion_id, model
+        self.audio_id, self.sample_rate, self.audio_format = audio_id, sample_rate, audio_format
+        self.created = int(time.time())
+        self._audio_started = False
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {
+            "id": self.completion_id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+
+    def role(self) -> str:
+        return sse(self._chunk({"role": "assistant", "content": ""}))
+
+    def text(self, delta: str) -> str:
+        return sse(self._chunk({"content": delta}))
+
+    def audio(self, samples, transcript: str = "") -> str:
+        data = encode_audio(samples, self.sample_rate, "pcm16")
+        if self.audio_format == "wav" and not self._audio_started:
+            data = wav_stream_header(self.sample_rate) + data
+        self._audio_started = True
+        audio = {"id": self.audio_id, "data": base64.b64encode(data).decode(),
+                 "expires_at": self.created + 3600, "transcript": transcript}  # fmt: skip
+        return sse(self._chunk({"audio": audio}))
+
+    def finish(self, reason: str) -> str:
+        return sse(self._chunk({}, finish_reason=reason))
+
+    def usage(self, usage: dict[str, int]) -> str:
+        chunk = self._chunk({})
+        chunk["choices"] = []
+        chunk["usage"] = usage
+        return sse(chunk)
+
+    def error(self, message: str) -> str:
+        return sse({"error": {"message": message, "type": "server_error", "param": None,
+                              "code": None}})  # fmt: skip
