@@ -14,3 +14,10 @@ def stage_setup(
 ) -> tuple[PipelineConfig, StageConfig, Path]:
     config = PipelineConfig.model_validate(pipeline)
     return config, config.stage(stage_name), resolve_model(config.model)
+
+
+def stage_dtype(stage: StageConfig):
+    """The torch dtype a stage's engine asks for (float32 on CPU by default)."""
+    import torch
+
+    return getattr(torch, stage.engine.dtype if stage.engine else "float32")

@@ -8,7 +8,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from deployments.common import stage_setup
+from deployments.common import stage_dtype, stage_setup
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
@@ -27,7 +27,7 @@ class TalkerDeployment:
 
         torch.set_num_threads(1)
         _, stage, model_path = stage_setup(pipeline, stage_name)
-        talker, config = load_talker(model_path)
+        talker, config = load_talker(model_path, dtype=stage_dtype(stage))
         self.builder = TalkerInputBuilder(talker, config, load_thinker_embeddings(model_path))
         args = stage.engine.args
         self.max_tokens = int(args.get("max_new_tokens", TALKER_MAX_TOKENS))

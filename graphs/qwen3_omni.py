@@ -1,7 +1,9 @@
 """Qwen3-Omni as a graph of Serve deployments: Ingress → Thinker → Talker → Code2wav.
 
 ``serve run graphs.qwen3_omni:app`` serves the tiny model from the default pipeline config;
-``build_app({"pipeline_config": path})`` is the builder a Serve config YAML points at.
+``build_app`` is the builder a Serve config YAML points at (``configs/qwen3_omni.yaml``), with
+``args: {pipeline_config: <path>}`` (relative paths resolve against the repo root as well as
+the working directory, so the same YAML works for ``serve run`` and ``serve deploy``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from deployments.talker import TalkerDeployment
 from deployments.thinker import ThinkerDeployment
 from omni_serve.config import PipelineConfig, load_pipeline_config
 
-DEFAULT_PIPELINE = Path(__file__).parents[1] / "configs" / "pipelines" / "qwen3_omni_tiny.yaml"
+REPO = Path(__file__).parents[1]
+DEFAULT_PIPELINE = REPO / "configs" / "pipelines" / "qwen3_omni_tiny.yaml"
 STAGE_CLASSES = {
     "thinker": ThinkerDeployment,
     "talker": TalkerDeployment,
@@ -25,9 +28,18 @@ STAGE_CLASSES = {
 }
 
 
+def _pipeline_path(value: str | Path) -> Path:
+    path = Path(value)
+    if not path.is_absolute() and not path.exists() and (REPO / path).exists():
+        return REPO / path
+    return path
+
+
 def build_app(args: dict[str, Any] | None = None) -> Application:
     args = args or {}
-    config: PipelineConfig = load_pipeline_config(args.get("pipeline_config", DEFAULT_PIPELINE))
+    config: PipelineConfig = load_pipeline_config(
+        _pipeline_path(args.get("pipeline_config", DEFAULT_PIPELINE))
+    )
     data = config.model_dump(mode="json")
     bound = {}
     for kind, cls in STAGE_CLASSES.items():

@@ -24,12 +24,14 @@ def exact_left_context(code2wav_config) -> int:
     return code2wav_config.num_hidden_layers * code2wav_config.sliding_window + _CONV_MARGIN_FRAMES
 
 
-def load_code2wav_decoder(checkpoint: str | Path) -> tuple[CodecDecoder, int]:
+def load_code2wav_decoder(
+    checkpoint: str | Path, dtype: torch.dtype = torch.float32
+) -> tuple[CodecDecoder, int]:
     """The batched decoder and its exact left context in frames."""
-    code2wav, config = load_code2wav(checkpoint)
+    code2wav, config = load_code2wav(checkpoint, dtype)
 
     def decode(codes: torch.Tensor) -> torch.Tensor:
-        return code2wav(codes)[:, 0]  # [B, 1, S] -> [B, S]
+        return code2wav(codes)[:, 0].float()  # [B, 1, S] -> [B, S]
 
     decoder = CodecDecoder(decode, samples_per_frame=int(code2wav.total_upsample))
     return decoder, exact_left_context(config.code2wav_config)

@@ -75,3 +75,13 @@ def test_planner_rejects_bad_sizes_and_push_after_finish():
     planner.finish()
     with pytest.raises(RuntimeError):
         planner.push(torch.zeros(16, 1, dtype=torch.long))
+
+
+def test_bfloat16_decoder_is_close_to_float32(tiny_omni_path, decoder):
+    codec32, _ = decoder
+    codec16, _ = load_code2wav_decoder(tiny_omni_path, torch.bfloat16)
+    codes = random_codes(12)
+    with torch.no_grad():
+        a, b = codec32.decode_fn(codes[None])[0], codec16.decode_fn(codes[None])[0]
+    assert b.dtype == torch.float32 and a.shape == b.shape
+    assert (a - b).pow(2).mean().sqrt() < 0.2 * a.pow(2).mean().sqrt()

@@ -119,3 +119,16 @@ def test_unknown_voice_is_a_value_error(talker_parts, reference_runs):
         talker_parts[1].build_prompt(
             run.prompt_ids, run.hidden[0][:n], run.hidden[0][:n], run.generated[0], "nobody"
         )
+
+
+async def test_bfloat16_talker_runs(tiny_omni_path, reference_runs):
+    """The dtype a GPU profile asks for (bf16) loads and decodes valid codec frames."""
+    talker, config = load_talker(tiny_omni_path, dtype=torch.bfloat16)
+    builder = TalkerInputBuilder(talker, config, load_thinker_embeddings(tiny_omni_path))
+    engine = new_engine((talker, builder))
+    await engine.start()
+    request, _ = talker_request(builder, reference_runs["text"], "bf16")
+    codes = await collect_codes(engine, request)
+    await engine.shutdown()
+    assert codes.shape[0] == 16 and codes.shape[1] >= 1
+    assert int(codes.min()) >= 0 and int(codes.max()) < 2048
