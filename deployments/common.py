@@ -7,6 +7,7 @@ from typing import Any
 
 from omni_serve.config import PipelineConfig, StageConfig
 from omni_serve.models import resolve_model
+from omni_serve.transport import Channel, make_channel
 
 
 def stage_setup(
@@ -21,3 +22,11 @@ def stage_dtype(stage: StageConfig):
     import torch
 
     return getattr(torch, stage.engine.dtype if stage.engine else "float32")
+
+
+def edge_channel(config: PipelineConfig, source: str) -> Channel:
+    """The tensor channel for what ``source`` sends downstream (its edge's settings)."""
+    for edge in config.edges:
+        if edge.source == source:
+            return make_channel(edge.channel.backend, edge.channel.inline_max_bytes)
+    return make_channel()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import ray
 from ray import serve
 
 from deployments.common import stage_dtype, stage_setup
@@ -14,6 +13,7 @@ from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
+from omni_serve.transport import backend_for
 
 # transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
@@ -40,9 +40,10 @@ class TalkerDeployment:
         await self.engine.start()
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        rows = request["prompt_rows"]
-        if isinstance(rows, ray.ObjectRef):
-            rows = await rows
+        ref = request["prompt_rows"]
+        channel = backend_for(ref)
+        rows = await channel.get(ref)
+        channel.free(ref)
         layers = sorted(rows)
         tokens = request["tokens"]
         prompt = self.builder.build_prompt(

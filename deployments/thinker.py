@@ -1,16 +1,15 @@
-"""Thinker stage: vLLM AsyncLLM, streaming tokens; the prompt's hidden rows go to the object
-store and only their reference rides the stream."""
+"""Thinker stage: vLLM AsyncLLM, streaming tokens; the prompt's hidden rows go on the tensor
+channel and only their reference rides the stream."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
 
-import ray
 import torch
 from ray import serve
 
-from deployments.common import stage_setup
+from deployments.common import edge_channel, stage_setup
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.vllm_engine import VLLMEngine
 
@@ -19,6 +18,7 @@ from omni_serve.engines.ar.vllm_engine import VLLMEngine
 class ThinkerDeployment:
     async def __init__(self, pipeline: dict[str, Any], stage_name: str = "thinker") -> None:
         config, stage, model_path = stage_setup(pipeline, stage_name)
+        self.channel = edge_channel(config, stage_name)
         from omni_serve.models.qwen3_omni.checkpoint import load_config
 
         self.accept_layer = load_config(model_path).talker_config.accept_hidden_layer
@@ -62,7 +62,7 @@ class ThinkerDeployment:
                         k: torch.cat(v)[: chunk.num_prompt_tokens or n_prompt]
                         for k, v in rows.items()
                     }
-                    out["prompt_rows"] = ray.put(full)
+                    out["prompt_rows"] = self.channel.put(full)
                     sent_rows = True
             yield out
 

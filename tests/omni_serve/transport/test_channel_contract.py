@@ -1,0 +1,83 @@
+"""Every channel backend passes the same contract."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from omni_serve.transport import AutoChannel, ChannelError, make_channel
+
+BACKENDS = [
+    "inline",
+    pytest.param("object_store", marks=pytest.mark.integration),
+    "auto",
+]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(params=BACKENDS)
+def channel(request):
+    if request.param == "object_store":
+        request.getfixturevalue("ray_local")
+    if request.param == "auto":
+        return AutoChannel(inline_max_bytes=1 << 30)  # stays inline: no Ray in the unit tier
+    return make_channel(request.param)
+
+
+def payloads():
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 8, generator=gen)
+    yield "float32", base
+    yield "bfloat16", base.to(torch.bfloat16)
+    yield "float16", base.half()
+    yield "int64", torch.randint(0, 2048, (16, 5), generator=gen)
+    yield "bool", base > 0
+    yield "empty", torch.empty(0, 64)
+    yield "non_contiguous", base.t()
+    yield "scalar", torch.tensor(3.5)
+    yield "dict", {0: base, 4: base[:2].to(torch.bfloat16)}
+
+
+@pytest.mark.parametrize(("name", "payload"), list(payloads()), ids=[n for n, _ in payloads()])
+async def test_round_trip(channel, name, payload):
+    ref = channel.put(payload)
+    wire = pickle.loads(pickle.dumps(ref)) if ref.backend == "inline" else ref
+    got = await channel.get(wire)
+    if isinstance(payload, dict):
+        assert set(got) == set(payload)
+        for k in payload:
+            assert got[k].dtype == payload[k].dtype and torch.equal(got[k], payload[k])
+    else:
+        assert got.dtype == payload.dtype and got.shape == payload.shape
+        assert torch.equal(got, payload)
+    assert ref.nbytes == sum(
+        t.numel() * t.element_size()
+        for t in (payload.values() if isinstance(payload, dict) else [payload])
+    )
+
+
+async def test_get_after_free_fails_and_double_free_is_harmless(channel):
+    ref = channel.put(torch.ones(3))
+    channel.free(ref)
+    channel.free(ref)
+    with pytest.raises(ChannelError, match="freed"):
+        await channel.get(ref)
+
+
+def test_auto_picks_inline_for_small_payloads():
+    auto = AutoChannel(inline_max_bytes=1024)
+    assert auto.put(torch.zeros(16)).backend == "inline"
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="not available"):
+        make_channel("carrier_pigeon")
