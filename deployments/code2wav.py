@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 from ray import serve
 
-from deployments.common import stage_dtype, stage_setup
+from deployments.common import pin_to_cores, stage_dtype, stage_setup
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 
@@ -16,8 +15,8 @@ from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 @serve.deployment
 class Code2WavDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "code2wav") -> None:
-        torch.set_num_threads(1)
         _, stage, model_path = stage_setup(pipeline, stage_name)
+        pin_to_cores(stage.deployment.cpu_cores)
         self.codec, self.left_context = load_code2wav_decoder(model_path, stage_dtype(stage))
         self.decode_batched.set_max_batch_size(stage.engine.max_batch_size)
         self.batches = 0

@@ -30,3 +30,18 @@ def edge_channel(config: PipelineConfig, source: str) -> Channel:
         if edge.source == source:
             return make_channel(edge.channel.backend, edge.channel.inline_max_bytes)
     return make_channel()
+
+
+def pin_to_cores(cores: list[int] | None) -> None:
+    """Keep a torch stage's threads on its configured cores (so stages do not share one),
+    with one intra-op thread per core (more threads than cores only thrash here)."""
+    import os
+
+    import torch
+
+    if cores:
+        available = os.sched_getaffinity(0)
+        wanted = {c for c in cores if c in available}
+        if wanted:
+            os.sched_setaffinity(0, wanted)
+    torch.set_num_threads(max(1, len(cores or [0])))

@@ -7,7 +7,7 @@ from typing import Any
 
 from ray import serve
 
-from deployments.common import stage_dtype, stage_setup
+from deployments.common import pin_to_cores, stage_dtype, stage_setup
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
@@ -23,10 +23,8 @@ TALKER_MAX_TOKENS = 4096  # codec frames (12.5 per second of audio); engine args
 @serve.deployment
 class TalkerDeployment:
     async def __init__(self, pipeline: dict[str, Any], stage_name: str = "talker") -> None:
-        import torch
-
-        torch.set_num_threads(1)
         _, stage, model_path = stage_setup(pipeline, stage_name)
+        pin_to_cores(stage.deployment.cpu_cores)
         talker, config = load_talker(model_path, dtype=stage_dtype(stage))
         self.builder = TalkerInputBuilder(talker, config, load_thinker_embeddings(model_path))
         args = stage.engine.args

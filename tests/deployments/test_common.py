@@ -1,0 +1,31 @@
+"""Stage plumbing shared by the deployments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from deployments.common import edge_channel
+from omni_serve.config import parse_pipeline_config
+
+
+def test_pin_to_cores_sets_affinity_and_threads():
+    code = (
+        "import os, torch; from deployments.common import pin_to_cores;"
+        "pin_to_cores([0]); print(sorted(os.sched_getaffinity(0)), torch.get_num_threads())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[-2] == "[0] 1"
+
+
+def test_edge_channel_follows_the_edge_settings():
+    config = parse_pipeline_config(
+        {
+            "name": "m", "family": "qwen3_omni", "model": "tiny-qwen3-omni",
+            "stages": [{"name": "a", "kind": "thinker"}, {"name": "b", "kind": "talker"}],
+            "edges": [{"source": "a", "target": "b", "payload": "rows",
+                       "channel": {"backend": "inline"}}],
+        }
+    )  # fmt: skip
+    assert edge_channel(config, "a").name == "inline"
+    assert edge_channel(config, "b").name == "auto"
