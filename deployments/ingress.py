@@ -82,6 +82,7 @@ class _HandleClients:
         self._thinker = handles["thinker"].options(stream=True)
         self._talker = handles["talker"].options(stream=True)
         self._code2wav = handles["code2wav"]
+        self._encoder = handles.get("encoder")
         self._codec_info: dict[str, int] | None = None
 
     def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -92,6 +93,11 @@ class _HandleClients:
 
     async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
         return await self._code2wav.decode.remote(jobs)
+
+    async def encode_audio(self, features: list[Any]) -> Any | None:
+        if self._encoder is None:
+            return None
+        return await self._encoder.encode_audio.remote(features)
 
     async def codec_info(self) -> dict[str, int]:
         if self._codec_info is None:
@@ -110,6 +116,7 @@ class Ingress:
         thinker: DeploymentHandle,
         talker: DeploymentHandle,
         code2wav: DeploymentHandle,
+        encoder: DeploymentHandle | None = None,
     ) -> None:
         from transformers import AutoProcessor
 
@@ -120,6 +127,8 @@ class Ingress:
         self.processor = AutoProcessor.from_pretrained(model_path)
         self.voices = set(load_config(model_path).talker_config.speaker_id)
         self.handles = {"thinker": thinker, "talker": talker, "code2wav": code2wav}
+        if encoder is not None:
+            self.handles["encoder"] = encoder
         self.clients = _HandleClients(self.handles)
         self.metrics = ApiMetrics()
         self.created = int(time.time())
@@ -148,7 +157,9 @@ class Ingress:
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        for name in ("talker", "code2wav"):
+        for name in ("encoder", "talker", "code2wav"):
+            if name not in self.handles:
+                continue
             try:
                 stats = await asyncio.wait_for(self.handles[name].stats.remote(), 2.0)
                 self.metrics.observe_stage_stats(name, stats)

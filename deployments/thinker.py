@@ -12,6 +12,8 @@ from ray import serve
 from deployments.common import edge_channel, stage_setup
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.vllm_engine import VLLMEngine
+from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
+from omni_serve.transport import backend_for
 
 
 @serve.deployment
@@ -19,9 +21,12 @@ class ThinkerDeployment:
     async def __init__(self, pipeline: dict[str, Any], stage_name: str = "thinker") -> None:
         config, stage, model_path = stage_setup(pipeline, stage_name)
         self.channel = edge_channel(config, stage_name)
-        from omni_serve.models.qwen3_omni.checkpoint import load_config
-
-        self.accept_layer = load_config(model_path).talker_config.accept_hidden_layer
+        model_config = load_config(model_path)
+        self.accept_layer = model_config.talker_config.accept_hidden_layer
+        self.audio_token_id = model_config.thinker_config.audio_token_id
+        # For prompts whose media an encoder stage already encoded: the Thinker then takes
+        # the prompt as embeddings (token embeddings with the encoder's rows spliced in).
+        self.embed_tokens = load_thinker_embeddings(model_path)
         self.engine = VLLMEngine(
             str(model_path),
             stage.engine.args,
@@ -34,9 +39,12 @@ class ThinkerDeployment:
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         sampling = SamplingConfig(**request["sampling"], stop_token_ids=[self.eos])
         layers = (0, self.accept_layer) if request.get("capture") else ()
+        prompt: dict[str, Any] = {"prompt_token_ids": request["prompt_ids"]}
+        if request.get("audio_rows") is not None:
+            prompt = {"prompt_embeds": await self._splice_audio(request)}
         ar = ARRequest(
             request["request_id"],
-            prompt_token_ids=request["prompt_ids"],
+            **prompt,
             multi_modal_data=request.get("multi_modal_data") or None,
             sampling=sampling,
             capture_layers=layers,
@@ -51,7 +59,8 @@ class ThinkerDeployment:
                 "finished": chunk.finished,
                 "finish_reason": chunk.finish_reason,
                 "num_prompt_tokens": chunk.num_prompt_tokens,
-                "prompt_token_ids": chunk.prompt_token_ids,
+                # vLLM has no real ids for an embeddings prompt; the caller's ids stand.
+                "prompt_token_ids": None if "prompt_embeds" in prompt else chunk.prompt_token_ids,
             }
             for k, v in chunk.hidden.items():
                 rows[k].append(v)
@@ -65,6 +74,19 @@ class ThinkerDeployment:
                     out["prompt_rows"] = self.channel.put(full)
                     sent_rows = True
             yield out
+
+    async def _splice_audio(self, request: dict[str, Any]) -> torch.Tensor:
+        ref = request["audio_rows"]
+        channel = backend_for(ref)
+        rows = await channel.get(ref)
+        channel.free(ref)
+        ids = torch.tensor(request["prompt_ids"])
+        slots = ids == self.audio_token_id
+        if int(slots.sum()) != rows.shape[0]:
+            raise ValueError(f"{int(slots.sum())} audio positions but {rows.shape[0]} encoder rows")
+        embeds = self.embed_tokens[ids].clone()
+        embeds[slots] = rows.to(embeds.dtype)
+        return embeds
 
     async def check_health(self) -> None:
         if self.engine._llm is None or self.engine._llm.errored:

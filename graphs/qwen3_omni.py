@@ -1,4 +1,4 @@
-"""Qwen3-Omni as a graph of Serve deployments: Ingress → Thinker → Talker → Code2wav.
+"""Qwen3-Omni as a graph of Serve deployments: Ingress → (Encoder) → Thinker → Talker → Code2wav.
 
 ``serve run graphs.qwen3_omni:app`` serves the tiny model from the default pipeline config;
 ``build_app`` is the builder a Serve config YAML points at (``configs/qwen3_omni.yaml``), with
@@ -14,6 +14,7 @@ from typing import Any
 from ray.serve import Application
 
 from deployments.code2wav import Code2WavDeployment
+from deployments.encoder import EncoderDeployment
 from deployments.ingress import Ingress
 from deployments.talker import TalkerDeployment
 from deployments.thinker import ThinkerDeployment
@@ -22,6 +23,7 @@ from omni_serve.config import PipelineConfig, load_pipeline_config
 REPO = Path(__file__).parents[1]
 DEFAULT_PIPELINE = REPO / "configs" / "pipelines" / "qwen3_omni_tiny.yaml"
 STAGE_CLASSES = {
+    "encoder": EncoderDeployment,  # optional: without it the Thinker encodes media itself
     "thinker": ThinkerDeployment,
     "talker": TalkerDeployment,
     "code2wav": Code2WavDeployment,
@@ -43,12 +45,16 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     data = config.model_dump(mode="json")
     bound = {}
     for kind, cls in STAGE_CLASSES.items():
-        stage = next(s for s in config.stages if s.kind == kind)
+        stage = next((s for s in config.stages if s.kind == kind), None)
+        if stage is None:
+            if kind == "encoder":
+                continue
+            raise ValueError(f"pipeline {config.name!r} has no {kind!r} stage")
         options = stage.deployment.serve_options()
         bound[kind] = cls.options(name=stage.name, **options).bind(data, stage.name)
     ingress = next(s for s in config.stages if s.kind == "ingress")
     return Ingress.options(name=ingress.name, **ingress.deployment.serve_options()).bind(
-        data, bound["thinker"], bound["talker"], bound["code2wav"]
+        data, bound["thinker"], bound["talker"], bound["code2wav"], bound.get("encoder")
     )
 
 

@@ -120,6 +120,8 @@ def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_p
     r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     message = r.json()["choices"][0]["message"]
+    # audio-only prompts are encoded by the encoder stage, then fed to vLLM as embeddings
+    assert ("encoder_s" in r.json()["timings"]) == (kind == "audio")
     expected_text = omni_processor.tokenizer.decode(ref.generated, skip_special_tokens=True)
     # vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 sequence, which
     # transformers' one-shot decode renders as U+FFFD; the tokens themselves are identical.
@@ -197,7 +199,7 @@ def test_streaming_rejects_unstreamable_audio_formats(served):
 def test_health_reports_every_stage(served):
     r = httpx.get(f"{URL}/health", timeout=30)
     assert r.status_code == 200
-    assert r.json()["stages"] == ["code2wav", "talker", "thinker"]
+    assert r.json()["stages"] == ["code2wav", "encoder", "talker", "thinker"]
 
 
 def test_eight_concurrent_requests_complete_and_batch(served):

@@ -30,6 +30,10 @@ class StageClients(Protocol):
     async def codec_info(self) -> dict[str, int]:
         """``samples_per_frame`` and ``left_context`` of the codec."""
 
+    async def encode_audio(self, features: list[Any]) -> Any | None:
+        """A channel ref to the audio tower's rows for these clips, or None without an
+        encoder stage (the Thinker then encodes the media itself)."""
+
 
 @dataclass
 class ChatResult:
@@ -70,9 +74,18 @@ async def stream_chat(
         "sampling": options.sampling,
         "capture": options.want_audio,
     }
-    text, tokens, rows, reason = [], [], None, "stop"
-    n_prompt = len(prompt.prompt_ids)
     expanded_ids = prompt.prompt_ids  # media placeholders expanded by the Thinker's processor
+    timings: dict[str, float] = {}
+    if prompt.audio_features:
+        audio_rows = await clients.encode_audio(prompt.audio_features)
+        if audio_rows is not None:
+            thinker_request.update(
+                prompt_ids=prompt.expanded_ids, multi_modal_data=None, audio_rows=audio_rows
+            )
+            expanded_ids = prompt.expanded_ids
+            timings["encoder_s"] = time.perf_counter() - start
+    text, tokens, rows, reason = [], [], None, "stop"
+    n_prompt = len(expanded_ids)
     async for chunk in clients.thinker(thinker_request):
         expanded_ids = chunk.get("prompt_token_ids") or expanded_ids
         rows = chunk.get("prompt_rows") or rows
@@ -83,7 +96,7 @@ async def stream_chat(
         if chunk["finished"]:
             reason = chunk["finish_reason"] or "stop"
             n_prompt = chunk["num_prompt_tokens"] or n_prompt
-    result = ChatResult("".join(text), tokens, reason, n_prompt)
+    result = ChatResult("".join(text), tokens, reason, n_prompt, timings=timings)
     result.timings["thinker_s"] = time.perf_counter() - start
     if options.want_audio and tokens:
         audio = []

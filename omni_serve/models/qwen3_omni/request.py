@@ -21,6 +21,10 @@ class PreparedPrompt:
     image_grid_thw: torch.Tensor | None = None
     audio_seqlens: torch.Tensor | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    # Audio-only prompts go through the encoder stage: the mel features of each clip
+    # ([128, frames], unpadded) and the prompt with audio placeholders already expanded.
+    audio_features: list[torch.Tensor] = field(default_factory=list)
+    expanded_ids: list[int] | None = None
 
 
 def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> PreparedPrompt:
@@ -62,4 +66,13 @@ def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> 
             truncation=False, return_tensors="pt",
         )  # fmt: skip
         prepared.audio_seqlens = features["attention_mask"].sum(-1)
+        if not images:
+            text = processor.tokenizer.decode(ids)
+            expanded = processor(text=text, audio=audios, return_tensors="pt")
+            prepared.expanded_ids = expanded["input_ids"][0].tolist()
+            mask = expanded["feature_attention_mask"].bool()
+            prepared.audio_features = [
+                feats[:, valid]
+                for feats, valid in zip(expanded["input_features"], mask, strict=True)
+            ]
     return prepared

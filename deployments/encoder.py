@@ -1,0 +1,44 @@
+"""Encoder stage: Qwen3-Omni's audio tower on its own replicas.
+
+The Thinker then takes the prompt as embeddings with these rows in the audio positions.
+Images stay encoded inside the Thinker: vLLM 0.32's Qwen3-Omni accepts precomputed embeddings
+for audio only ("Cannot parse 'image' embeddings").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ray import serve
+
+from deployments.common import edge_channel, pin_to_cores, stage_dtype, stage_setup
+from omni_serve.engines.encoders.base import TorchEncoderEngine
+from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+from omni_serve.transport import TensorRef
+
+
+@serve.deployment
+class EncoderDeployment:
+    def __init__(self, pipeline: dict[str, Any], stage_name: str = "encoder") -> None:
+        config, stage, model_path = stage_setup(pipeline, stage_name)
+        pin_to_cores(stage.deployment.cpu_cores)
+        encoders = Qwen3OmniEncoders(model_path, stage_dtype(stage))
+        self.audio = TorchEncoderEngine(encoders.encode_audio)
+        self.channel = edge_channel(config, stage_name)
+        self.clips = 0
+
+    async def encode_audio(self, features: list[torch.Tensor]) -> TensorRef:
+        """Rows for every clip, in prompt order, as one channel ref ([sum N_i, H])."""
+        lengths = torch.tensor([f.shape[1] for f in features])
+        out = await self.audio.encode(
+            input_features=torch.cat(features, dim=1), feature_lens=lengths
+        )
+        self.clips += len(features)
+        return self.channel.put(out.embeds.float())
+
+    async def ready(self) -> bool:
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return {"steps": self.clips, "max_batch": 0, "running": 0}
