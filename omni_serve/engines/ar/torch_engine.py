@@ -91,7 +91,8 @@ class TorchAREngine:
     def num_running(self) -> int:
         return len(self._sequences)
 
-    async def generate(self, request: ARRequest) -> AsyncIterator[ARChunk]:
+    def generate(self, request: ARRequest) -> AsyncIterator[ARChunk]:
+        """Register the request now (so ``feed`` works at once) and return its chunk stream."""
         if request.request_id in self._sequences:
             raise ValueError(f"request id {request.request_id!r} is already running")
         seq = _Sequence(request, self.runner.new_state(request), asyncio.Queue())
@@ -99,6 +100,9 @@ class TorchAREngine:
             seq.generator = torch.Generator().manual_seed(request.sampling.seed)
         self._sequences[request.request_id] = seq
         self._wake.set()
+        return self._stream(seq)
+
+    async def _stream(self, seq: _Sequence) -> AsyncIterator[ARChunk]:
         try:
             while True:
                 item = await seq.queue.get()

@@ -11,16 +11,10 @@ from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
-from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
+from tests.omni_serve.models.qwen3_omni.conftest import new_engine
 from tests.reference import SPEAKER, TALKER_MAX_TOKENS
 
 KINDS = ("text", "audio", "image")
-
-
-@pytest.fixture(scope="module")
-def talker_parts(tiny_omni_path):
-    talker, config = load_talker(tiny_omni_path)
-    return talker, TalkerInputBuilder(talker, config, load_thinker_embeddings(tiny_omni_path))
 
 
 def talker_request(builder, run, request_id: str, stream: bool = False) -> tuple[ARRequest, list]:
@@ -48,12 +42,6 @@ def talker_request(builder, run, request_id: str, stream: bool = False) -> tuple
 async def collect_codes(engine: TorchAREngine, request: ARRequest) -> torch.Tensor:
     frames = [c.outputs["codes"] async for c in engine.generate(request) if "codes" in c.outputs]
     return torch.stack(frames, dim=1)
-
-
-def new_engine(talker_parts, max_batch_size: int = 4) -> TorchAREngine:
-    talker, builder = talker_parts
-    runner = TalkerRunner(talker, builder.tts_pad, max_batch_size=max_batch_size, max_len=1024)
-    return TorchAREngine(runner, stop_token_ids=(runner.codec_eos_token_id,))
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -1,0 +1,114 @@
+"""One spoken reply: the Talker follows a Thinker that is still generating.
+
+Consumes the Thinker's chunk stream, builds the Talker prompt as soon as the prompt rows and
+the first token exist, feeds each later token as one trailing row, and merges the Thinker's
+text and the Talker's codec frames into one event stream. A token is fed one step late, so
+that the last token can be replaced by ``tts_eos`` even if the Thinker reports "finished" in
+a chunk of its own. Closing the stream cancels both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import torch
+
+from omni_serve.engines.ar.base import ARRequest, SamplingConfig
+from omni_serve.engines.ar.torch_engine import TorchAREngine
+from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
+
+_END = object()
+
+
+async def speak(
+    thinker_chunks: AsyncIterator[dict[str, Any]],
+    engine: TorchAREngine,
+    builder: TalkerInputBuilder,
+    request: dict[str, Any],
+    sampling: Callable[[int], SamplingConfig],
+    resolve_rows: Callable[[Any], Awaitable[dict[int, torch.Tensor]]],
+) -> AsyncIterator[dict[str, Any]]:
+    """Yields Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``).
+
+    ``sampling(prompt_len)`` gives the Talker's sampling; ``resolve_rows`` turns the Thinker's
+    prompt-rows reference into ``{layer: [T, H]}``.
+    """
+    out: asyncio.Queue = asyncio.Queue()
+    request_id = request["request_id"]
+
+    async def run_talker(stream: AsyncIterator) -> None:
+        try:
+            async for chunk in stream:
+                if "codes" in chunk.outputs:
+                    await out.put({"kind": "codes", "codes": chunk.outputs["codes"]})
+        except Exception as exc:
+            await out.put(exc)
+        finally:
+            await out.put(_END)
+
+    async def run_thinker() -> None:
+        talker_task = None
+        prompt_ids, rows, tokens, pending = request["prompt_ids"], None, [], None
+        try:
+            async for chunk in thinker_chunks:
+                await out.put({"kind": "text", **chunk})
+                prompt_ids = chunk.get("prompt_token_ids") or prompt_ids
+                rows = chunk.get("prompt_rows") or rows
+                for token in chunk["token_ids"]:
+                    tokens.append(token)
+                    if talker_task is None:
+                        continue  # the first token goes into the Talker prompt
+                    if pending is not None:
+                        engine.feed(request_id, builder.trailing_row(pending, is_last=False))
+                    pending = token
+                if talker_task is None and tokens and rows is not None:
+                    talker_task = await _start_talker(prompt_ids, rows, tokens)
+                    for token in tokens[1:]:  # tokens that arrived with the first chunk
+                        if pending is not None:
+                            engine.feed(request_id, builder.trailing_row(pending, False))
+                        pending = token
+        except Exception as exc:
+            await out.put(exc)
+        finally:
+            if talker_task is not None:
+                if pending is not None:
+                    engine.feed(request_id, builder.trailing_row(pending, is_last=True))
+                engine.feed(request_id, None)  # text is done
+            else:
+                await out.put(_END)  # no Talker ran: its end marker comes from here
+            await out.put(_END)
+
+    async def _start_talker(prompt_ids, rows_ref, tokens) -> asyncio.Task:
+        rows = await resolve_rows(rows_ref)
+        layers = sorted(rows)
+        prompt = builder.build_prompt(
+            prompt_ids, rows[layers[0]], rows[layers[-1]], tokens[0], request["voice"],
+            image_grid_thw=request.get("image_grid_thw"),
+            audio_seqlens=request.get("audio_seqlens"),
+        )  # fmt: skip
+        ar = ARRequest(
+            request_id, prompt_embeds=prompt.embeds, sampling=sampling(len(prompt.embeds)),
+            extra={"position_ids": prompt.position_ids, "rope_delta": prompt.rope_delta},
+        )  # fmt: skip
+        stream = engine.generate(ar)  # registered now: feed() is valid from here on
+        return asyncio.get_running_loop().create_task(run_talker(stream))
+
+    thinker_task = asyncio.get_running_loop().create_task(run_thinker())
+    ends = 0
+    try:
+        while ends < 2:
+            item = await out.get()
+            if item is _END:
+                ends += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        thinker_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await thinker_task
+        await engine.abort(request_id)

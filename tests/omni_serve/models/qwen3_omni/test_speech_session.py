@@ -1,0 +1,123 @@
+"""The Talker following a still-running Thinker gives exactly transformers' codes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from omni_serve.engines.ar.base import SamplingConfig
+from omni_serve.models.qwen3_omni.speech_session import speak
+from tests.omni_serve.models.qwen3_omni.conftest import new_engine
+from tests.reference import SPEAKER, TALKER_MAX_TOKENS
+
+
+async def thinker_stream(run, sizes, delay=0.0, empty_final=False):
+    """Replays a reference Thinker run in chunks of the given sizes, like the Thinker stage."""
+    n = len(run.prompt_ids)
+    rows = {0: run.hidden[0][:n], max(run.hidden): run.hidden[max(run.hidden)][:n]}
+    tokens, i, first = run.generated, 0, True
+    for size in sizes:
+        piece = tokens[i : i + size]
+        i += size
+        last = i >= len(tokens) and not empty_final
+        chunk = {
+            "token_ids": piece,
+            "text": "",
+            "finished": last,
+            "finish_reason": None,
+            "num_prompt_tokens": n,
+            "prompt_token_ids": run.prompt_ids if first else None,
+        }
+        if first:
+            chunk["prompt_rows"] = rows
+        first = False
+        await asyncio.sleep(delay)
+        yield chunk
+        if i >= len(tokens):
+            break
+    if empty_final:
+        yield {"token_ids": [], "text": "", "finished": True, "finish_reason": "stop",
+               "num_prompt_tokens": n}  # fmt: skip
+
+
+def session_request(run):
+    mask = run.inputs.get("feature_attention_mask")
+    return {
+        "request_id": "s",
+        "prompt_ids": run.prompt_ids,
+        "voice": SPEAKER,
+        "image_grid_thw": run.inputs.get("image_grid_thw"),
+        "audio_seqlens": mask.sum(-1) if mask is not None else None,
+    }
+
+
+def greedy(_prompt_len):
+    return SamplingConfig(max_tokens=TALKER_MAX_TOKENS, repetition_penalty=1.05)
+
+
+async def identity(rows):
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("kind", "sizes", "empty_final"),
+    [
+        ("text", [1] * 64, False),
+        ("text", [1] * 64, True),
+        ("text", [3, 5, 100], False),
+        ("audio", [2] * 64, True),
+        ("image", [100], False),
+    ],
+)
+async def test_codes_match_transformers(talker_parts, reference_runs, kind, sizes, empty_final):
+    run = reference_runs[kind]
+    engine = new_engine(talker_parts)
+    await engine.start()
+    events = [
+        e
+        async for e in speak(
+            thinker_stream(run, sizes, delay=0.002, empty_final=empty_final), engine,
+            talker_parts[1], session_request(run), greedy, identity,
+        )
+    ]  # fmt: skip
+    await engine.shutdown()
+    codes = torch.stack([e["codes"] for e in events if e["kind"] == "codes"], dim=1)
+    assert torch.equal(codes, run.codes)
+    text_tokens = [t for e in events if e["kind"] == "text" for t in e["token_ids"]]
+    assert text_tokens == run.generated
+
+
+async def test_talker_starts_before_the_thinker_finishes(talker_parts, reference_runs):
+    run = reference_runs["text"]
+    engine = new_engine(talker_parts)
+    await engine.start()
+    kinds = [
+        e["kind"]
+        async for e in speak(
+            thinker_stream(run, [1] * 64, delay=0.05), engine, talker_parts[1],
+            session_request(run), greedy, identity,
+        )
+    ]  # fmt: skip
+    await engine.shutdown()
+    last_text = max(i for i, k in enumerate(kinds) if k == "text")
+    first_codes = kinds.index("codes")
+    assert first_codes < last_text  # audio frames were made while text was still coming
+
+
+async def test_closing_the_stream_cancels_both_sides(talker_parts, reference_runs):
+    run = reference_runs["text"]
+    engine = new_engine(talker_parts)
+    await engine.start()
+    stream = speak(
+        thinker_stream(run, [1] * 64, delay=0.05), engine, talker_parts[1],
+        session_request(run), greedy, identity,
+    )  # fmt: skip
+    async for event in stream:
+        if event["kind"] == "codes":
+            break
+    await stream.aclose()
+    await asyncio.sleep(0.05)
+    assert engine.num_running == 0 and engine.runner.cache.free_slots == 4
+    await engine.shutdown()
