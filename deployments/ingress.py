@@ -88,8 +88,8 @@ class _HandleClients:
     def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self._thinker.generate.remote(request)
 
-    def talker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return self._talker.generate.remote(request)
+    def speak(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        return self._talker.speak.remote(request)
 
     async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
         return await self._code2wav.decode.remote(jobs)

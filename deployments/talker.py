@@ -1,4 +1,9 @@
-"""Talker stage: the torch engine with continuous batching across concurrent requests."""
+"""Talker stage: the torch engine with continuous batching across concurrent requests.
+
+It follows the Thinker token by token: ``speak`` consumes the Thinker's stream itself (a chain
+of streaming calls, so no replica affinity is needed) and yields its text chunks together with
+the codec frames it makes from them.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
 from deployments.common import pin_to_cores, stage_dtype, stage_setup
-from omni_serve.engines.ar.base import ARRequest, SamplingConfig
+from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
+from omni_serve.models.qwen3_omni.speech_session import speak
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
 from omni_serve.transport import backend_for
@@ -20,9 +27,18 @@ TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_pe
 TALKER_MAX_TOKENS = 4096  # codec frames (12.5 per second of audio); engine args may lower it
 
 
+async def _resolve_rows(ref: Any) -> dict[int, Any]:
+    channel = backend_for(ref)
+    rows = await channel.get(ref)
+    channel.free(ref)
+    return rows
+
+
 @serve.deployment
 class TalkerDeployment:
-    async def __init__(self, pipeline: dict[str, Any], stage_name: str = "talker") -> None:
+    async def __init__(
+        self, pipeline: dict[str, Any], stage_name: str, thinker: DeploymentHandle
+    ) -> None:
         _, stage, model_path = stage_setup(pipeline, stage_name)
         pin_to_cores(stage.deployment.cpu_cores)
         talker, config = load_talker(model_path, dtype=stage_dtype(stage))
@@ -36,43 +52,25 @@ class TalkerDeployment:
         )  # fmt: skip
         self.engine = TorchAREngine(runner, stop_token_ids=(runner.codec_eos_token_id,))
         await self.engine.start()
+        self.thinker = thinker.options(stream=True)
 
-    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        ref = request["prompt_rows"]
-        channel = backend_for(ref)
-        rows = await channel.get(ref)
-        channel.free(ref)
-        layers = sorted(rows)
-        tokens = request["tokens"]
-        prompt = self.builder.build_prompt(
-            request["prompt_ids"],
-            rows[layers[0]],
-            rows[layers[-1]],
-            tokens[0],
-            request["voice"],
-            image_grid_thw=request.get("image_grid_thw"),
-            audio_seqlens=request.get("audio_seqlens"),
-        )
-        last = len(tokens) - 1
-        trailing = [self.builder.trailing_row(t, i == last) for i, t in enumerate(tokens) if i]
+    async def speak(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         wanted = {**TALKER_DEFAULTS, **(request.get("sampling") or {})}
-        budget = self._token_budget(len(prompt.embeds))
-        wanted["max_tokens"] = min(wanted.get("max_tokens") or budget, budget)
-        ar = ARRequest(
-            request["request_id"], prompt_embeds=prompt.embeds,
-            sampling=SamplingConfig(**wanted),
-            extra={"position_ids": prompt.position_ids, "rope_delta": prompt.rope_delta,
-                   "trailing": trailing, "text_done": True},
-        )  # fmt: skip
-        async for chunk in self.engine.generate(ar):
-            if "codes" in chunk.outputs:
-                yield {"codes": chunk.outputs["codes"]}
 
-    def _token_budget(self, prompt_len: int) -> int:
-        budget = min(self.max_tokens, self.max_len - prompt_len)
-        if budget < 1:
-            raise ValueError(f"talker prompt of {prompt_len} rows does not fit max_model_len")
-        return budget
+        def sampling(prompt_len: int) -> SamplingConfig:
+            budget = self.max_len - prompt_len
+            if budget < 1:
+                raise ValueError(f"talker prompt of {prompt_len} rows does not fit max_model_len")
+            cap = min(wanted.get("max_tokens") or self.max_tokens, self.max_tokens, budget)
+            return SamplingConfig(**{**wanted, "max_tokens": cap})
+
+        chunks = self.thinker.generate.remote(request["thinker"])
+        async for event in speak(chunks, self.engine, self.builder, request, sampling,
+                                 _resolve_rows):  # fmt: skip
+            yield event
+
+    async def ready(self) -> bool:
+        return True
 
     def stats(self) -> dict[str, Any]:
         sizes = self.engine.batch_sizes
@@ -81,6 +79,3 @@ class TalkerDeployment:
             "max_batch": max(sizes, default=0),
             "running": self.engine.num_running,
         }
-
-    async def ready(self) -> bool:
-        return True

@@ -51,7 +51,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
                 continue
             raise ValueError(f"pipeline {config.name!r} has no {kind!r} stage")
         options = stage.deployment.serve_options()
-        bound[kind] = cls.options(name=stage.name, **options).bind(data, stage.name)
+        upstream = (bound["thinker"],) if kind == "talker" else ()  # the Talker pulls text
+        bound[kind] = cls.options(name=stage.name, **options).bind(data, stage.name, *upstream)
     ingress = next(s for s in config.stages if s.kind == "ingress")
     return Ingress.options(name=ingress.name, **ingress.deployment.serve_options()).bind(
         data, bound["thinker"], bound["talker"], bound["code2wav"], bound.get("encoder")

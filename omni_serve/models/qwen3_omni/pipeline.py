@@ -21,9 +21,12 @@ from omni_serve.models.qwen3_omni.request import PreparedPrompt
 
 
 class StageClients(Protocol):
-    def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+    def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The Thinker's chunks (text replies)."""
 
-    def talker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+    def speak(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``) of one
+        spoken reply, the Talker following the Thinker token by token."""
 
     async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]: ...
 
@@ -84,59 +87,60 @@ async def stream_chat(
             )
             expanded_ids = prompt.expanded_ids
             timings["encoder_s"] = time.perf_counter() - start
-    text, tokens, rows, reason = [], [], None, "stop"
+    text, tokens, reason = [], [], "stop"
     n_prompt = len(expanded_ids)
-    async for chunk in clients.thinker(thinker_request):
-        expanded_ids = chunk.get("prompt_token_ids") or expanded_ids
-        rows = chunk.get("prompt_rows") or rows
-        tokens += chunk["token_ids"]
-        if chunk["text"]:
-            text.append(chunk["text"])
-            yield ChatEvent("text", text=chunk["text"])
-        if chunk["finished"]:
-            reason = chunk["finish_reason"] or "stop"
-            n_prompt = chunk["num_prompt_tokens"] or n_prompt
-    result = ChatResult("".join(text), tokens, reason, n_prompt, timings=timings)
-    result.timings["thinker_s"] = time.perf_counter() - start
-    if options.want_audio and tokens:
-        audio = []
-        async for piece in _speak(clients, prompt, options, request_id, expanded_ids, rows, tokens):
-            if not audio:
-                result.timings["first_audio_s"] = time.perf_counter() - start
+    first_audio = True
+    if options.want_audio:
+        events = clients.speak(
+            {
+                "request_id": request_id,
+                "thinker": thinker_request,
+                "prompt_ids": expanded_ids,
+                "voice": options.voice,
+                "sampling": options.talker_sampling,
+                "image_grid_thw": prompt.image_grid_thw,
+                "audio_seqlens": prompt.audio_seqlens,
+            }
+        )
+        info = await clients.codec_info()
+        planner = ChunkPlanner(
+            info["samples_per_frame"], first_chunk=options.first_chunk_frames,
+            chunk=options.chunk_frames, left_context=info["left_context"],
+        )  # fmt: skip
+    else:
+        events = clients.thinker(thinker_request)
+    audio: list[np.ndarray] = []
+    async for event in events:
+        if event.get("kind", "text") == "codes":
+            jobs = planner.push(event["codes"][:, None])
+            pieces = await clients.code2wav(jobs) if jobs else []
+        else:
+            tokens += event["token_ids"]
+            if event["text"]:
+                text.append(event["text"])
+                yield ChatEvent("text", text=event["text"])
+            if event["finished"]:
+                reason = event["finish_reason"] or "stop"
+                n_prompt = event["num_prompt_tokens"] or n_prompt
+                timings["thinker_s"] = time.perf_counter() - start
+            pieces = []
+        for piece in pieces:
+            if first_audio:
+                timings["first_audio_s"] = time.perf_counter() - start
+                first_audio = False
             audio.append(piece)
             yield ChatEvent("audio", audio=piece)
+    if options.want_audio:
+        last = planner.finish()
+        for piece in await clients.code2wav([last]) if last is not None else []:
+            timings.setdefault("first_audio_s", time.perf_counter() - start)
+            audio.append(piece)
+            yield ChatEvent("audio", audio=piece)
+    result = ChatResult("".join(text), tokens, reason, n_prompt, timings=timings)
+    if options.want_audio:
         result.audio = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
     result.timings["total_s"] = time.perf_counter() - start
     yield ChatEvent("done", result=result)
-
-
-async def _speak(clients, prompt, options, request_id, prompt_ids, rows, tokens):
-    info = await clients.codec_info()
-    planner = ChunkPlanner(
-        info["samples_per_frame"],
-        first_chunk=options.first_chunk_frames,
-        chunk=options.chunk_frames,
-        left_context=info["left_context"],
-    )
-    talker_request = {
-        "request_id": request_id,
-        "prompt_ids": prompt_ids,
-        "prompt_rows": rows,
-        "tokens": tokens,
-        "voice": options.voice,
-        "sampling": options.talker_sampling,
-        "image_grid_thw": prompt.image_grid_thw,
-        "audio_seqlens": prompt.audio_seqlens,
-    }
-    async for chunk in clients.talker(talker_request):
-        jobs = planner.push(chunk["codes"][:, None])
-        if jobs:
-            for piece in await clients.code2wav(jobs):
-                yield piece
-    last = planner.finish()
-    if last is not None:
-        for piece in await clients.code2wav([last]):
-            yield piece
 
 
 async def run_chat(
