@@ -1,8 +1,8 @@
-"""Encoder stage: Qwen3-Omni's audio tower on its own replicas.
+"""Encoder stage: Qwen3-Omni's audio and vision towers on their own replicas.
 
-The Thinker then takes the prompt as embeddings with these rows in the audio positions.
-Images stay encoded inside the Thinker: vLLM 0.32's Qwen3-Omni accepts precomputed embeddings
-for audio only ("Cannot parse 'image' embeddings").
+Audio rows: the Thinker takes the prompt as embeddings with them in the audio positions.
+Image rows (deepstack features concatenated on the last dim): the Thinker passes them to vLLM
+as ``image_embeds`` with their grids (see ``omni_serve.compat.vllm_image_embeds``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ray import serve
 from deployments.common import edge_channel, pin_to_cores, stage_dtype, stage_setup
 from omni_serve.engines.encoders.base import TorchEncoderEngine
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
-from omni_serve.transport import TensorRef
+from omni_serve.transport import TensorRef, backend_for
 
 
 @serve.deployment
@@ -25,6 +25,7 @@ class EncoderDeployment:
         pin_to_cores(stage.deployment.cpu_cores)
         encoders = Qwen3OmniEncoders(model_path, stage_dtype(stage))
         self.audio = TorchEncoderEngine(encoders.encode_audio)
+        self.vision = TorchEncoderEngine(encoders.encode_image)
         self.channel = edge_channel(config, stage_name)
         self.clips = 0
 
@@ -36,6 +37,15 @@ class EncoderDeployment:
         )
         self.clips += len(features)
         return self.channel.put(out.embeds.float())
+
+    async def encode_images(self, pixels: TensorRef, grid_thw: torch.Tensor) -> TensorRef:
+        """Rows of every image, in prompt order: [sum N_i, H * (1 + deepstack levels)]."""
+        channel = backend_for(pixels)
+        patches = await channel.get(pixels)
+        channel.free(pixels)
+        out = await self.vision.encode(pixel_values=patches, grid_thw=grid_thw)
+        self.clips += int(grid_thw.shape[0])
+        return self.channel.put(torch.cat([out.embeds, *out.deepstack], dim=-1).float())
 
     async def ready(self) -> bool:
         return True

@@ -34,6 +34,7 @@ from omni_serve.models import resolve_model
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.pipeline import ChatOptions, run_chat, stream_chat
 from omni_serve.models.qwen3_omni.request import prepare_prompt
+from omni_serve.transport import make_channel
 
 app = FastAPI(title="omni-serve", version="0.1.0")
 log = logging.getLogger("ray.serve")
@@ -83,6 +84,7 @@ class _HandleClients:
         self._talker = handles["talker"].options(stream=True)
         self._code2wav = handles["code2wav"]
         self._encoder = handles.get("encoder")
+        self._channel = make_channel()  # image patches to the encoder
         self._codec_info: dict[str, int] | None = None
 
     def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -98,6 +100,11 @@ class _HandleClients:
         if self._encoder is None:
             return None
         return await self._encoder.encode_audio.remote(features)
+
+    async def encode_images(self, pixels: Any, grid_thw: Any) -> Any | None:
+        if self._encoder is None:
+            return None
+        return await self._encoder.encode_images.remote(self._channel.put(pixels), grid_thw)
 
     async def codec_info(self) -> dict[str, int]:
         if self._codec_info is None:

@@ -16,6 +16,13 @@ from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_em
 from omni_serve.transport import backend_for
 
 
+async def _resolve(ref: Any) -> torch.Tensor:
+    channel = backend_for(ref)
+    rows = await channel.get(ref)
+    channel.free(ref)
+    return rows
+
+
 @serve.deployment
 class ThinkerDeployment:
     async def __init__(self, pipeline: dict[str, Any], stage_name: str = "thinker") -> None:
@@ -40,12 +47,18 @@ class ThinkerDeployment:
         sampling = SamplingConfig(**request["sampling"], stop_token_ids=[self.eos])
         layers = (0, self.accept_layer) if request.get("capture") else ()
         prompt: dict[str, Any] = {"prompt_token_ids": request["prompt_ids"]}
+        media = dict(request.get("multi_modal_data") or {})
         if request.get("audio_rows") is not None:
             prompt = {"prompt_embeds": await self._splice_audio(request)}
+        if request.get("image_rows") is not None:
+            media["image"] = {
+                "image_embeds": await _resolve(request["image_rows"]),
+                "image_grid_thw": torch.as_tensor(request["image_grid_thw"]),
+            }
         ar = ARRequest(
             request["request_id"],
             **prompt,
-            multi_modal_data=request.get("multi_modal_data") or None,
+            multi_modal_data=media or None,
             sampling=sampling,
             capture_layers=layers,
         )
@@ -76,10 +89,7 @@ class ThinkerDeployment:
             yield out
 
     async def _splice_audio(self, request: dict[str, Any]) -> torch.Tensor:
-        ref = request["audio_rows"]
-        channel = backend_for(ref)
-        rows = await channel.get(ref)
-        channel.free(ref)
+        rows = await _resolve(request["audio_rows"])
         ids = torch.tensor(request["prompt_ids"])
         slots = ids == self.audio_token_id
         if int(slots.sum()) != rows.shape[0]:

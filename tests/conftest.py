@@ -54,9 +54,8 @@ def omni_processor(tiny_omni_path):
 
 @pytest.fixture(scope="session")
 def reference_runs(hf_omni, omni_processor):
-    """transformers' greedy text + codes + waveform for a text, an audio and an image prompt."""
+    """transformers' greedy text + codes + waveform for text, audio, image and audio+image."""
     from tests.reference import reference_run
 
-    return {
-        kind: reference_run(hf_omni, omni_processor, kind) for kind in ("text", "audio", "image")
-    }
+    kinds = ("text", "audio", "image", "mixed")
+    return {kind: reference_run(hf_omni, omni_processor, kind) for kind in kinds}

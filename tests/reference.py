@@ -20,6 +20,8 @@ def prompt_messages(kind: str) -> list[dict]:
         content = [{"type": "audio"}, {"type": "text", "text": "What is this?"}]
     elif kind == "image":
         content = [{"type": "image"}, {"type": "text", "text": "Describe it."}]
+    elif kind == "mixed":
+        content = [{"type": "image"}, {"type": "audio"}, {"type": "text", "text": "Both?"}]
     else:
         raise ValueError(kind)
     return [{"role": "user", "content": content}]
@@ -40,9 +42,9 @@ def processor_inputs(processor, kind: str) -> dict:
         prompt_messages(kind), add_generation_prompt=True, tokenize=False
     )
     kwargs = {}
-    if kind == "audio":
+    if kind in ("audio", "mixed"):
         kwargs["audio"] = [test_audio()]
-    if kind == "image":
+    if kind in ("image", "mixed"):
         kwargs["images"] = [test_image()]
     return dict(processor(text=text, return_tensors="pt", **kwargs))
 

@@ -124,3 +124,49 @@ async def test_cancelled_request_is_aborted_and_releases_rows(vllm_thinker, omni
     # the engine keeps serving
     _, tokens, _ = await run_thinker(vllm_thinker, omni_processor, "text", layers=())
     assert tokens
+
+
+async def collect(engine, request):
+    tokens, rows = [], []
+    async for chunk in engine.generate(request):
+        tokens += chunk.token_ids
+        if 1 in chunk.hidden:
+            rows.append(chunk.hidden[1])
+    return tokens, torch.cat(rows)
+
+
+async def test_encoder_stage_outputs_give_the_monolithic_result(
+    vllm_thinker, omni_processor, reference_runs, tiny_omni_path
+):
+    """Image rows (with deepstack) as image_embeds, audio rows spliced into prompt_embeds:
+    the Thinker's tokens and hidden rows equal transformers' end-to-end model."""
+    from omni_serve.models.qwen3_omni.checkpoint import load_thinker_embeddings
+    from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+    from tests.reference import processor_inputs
+
+    encoders = Qwen3OmniEncoders(tiny_omni_path)
+    sampling = SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[302])
+
+    inputs = processor_inputs(omni_processor, "image")
+    with torch.no_grad():
+        image = encoders.encode_image(inputs["pixel_values"], inputs["image_grid_thw"])
+    ids, _ = thinker_prompt(omni_processor, prompt_messages("image"), images=[test_image()])
+    media = {"image": {"image_embeds": torch.cat([image.embeds, *image.deepstack], dim=-1),
+                       "image_grid_thw": inputs["image_grid_thw"]}}  # fmt: skip
+    request = ARRequest("enc-image", prompt_token_ids=ids, multi_modal_data=media,
+                        sampling=sampling, capture_layers=(1,))  # fmt: skip
+    tokens, rows = await collect(vllm_thinker, request)
+    assert tokens == reference_runs["image"].generated
+    torch.testing.assert_close(rows, reference_runs["image"].hidden[1], atol=1e-4, rtol=0)
+
+    inputs = processor_inputs(omni_processor, "audio")
+    valid = inputs["feature_attention_mask"][0].bool()
+    with torch.no_grad():
+        audio = encoders.encode_audio(inputs["input_features"][0][:, valid], valid.sum()[None])
+    ids = inputs["input_ids"][0]
+    embeds = load_thinker_embeddings(tiny_omni_path)[ids].clone()
+    embeds[ids == 332] = audio.embeds
+    request = ARRequest("enc-audio", prompt_embeds=embeds, sampling=sampling, capture_layers=(1,))
+    tokens, rows = await collect(vllm_thinker, request)
+    assert tokens == reference_runs["audio"].generated
+    torch.testing.assert_close(rows, reference_runs["audio"].hidden[1], atol=1e-4, rtol=0)

@@ -102,7 +102,7 @@ def _data_urls(kind: str) -> list[dict]:
     return parts
 
 
-@pytest.mark.parametrize("kind", ["text", "audio", "image"])
+@pytest.mark.parametrize("kind", ["text", "audio", "image", "mixed"])
 def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_processor, kind):
     """Greedy through the whole graph == transformers' generate: same text, same waveform."""
     from tests.reference import TALKER_MAX_TOKENS, THINKER_MAX_TOKENS
@@ -120,8 +120,8 @@ def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_p
     r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     message = r.json()["choices"][0]["message"]
-    # audio-only prompts are encoded by the encoder stage, then fed to vLLM as embeddings
-    assert ("encoder_s" in r.json()["timings"]) == (kind == "audio")
+    # single-modality media is encoded by the encoder stage, then fed to vLLM as embeddings
+    assert ("encoder_s" in r.json()["timings"]) == (kind in ("audio", "image"))
     expected_text = omni_processor.tokenizer.decode(ref.generated, skip_special_tokens=True)
     # vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 sequence, which
     # transformers' one-shot decode renders as U+FFFD; the tokens themselves are identical.

@@ -17,6 +17,7 @@ DEFAULT_ENGINE_ARGS: dict[str, Any] = {
     "max_num_seqs": 16,
     "enable_prompt_embeds": True,
     "limit_mm_per_prompt": {"image": 4, "audio": 4, "video": 0},
+    "enable_mm_embeds": True,  # image embeddings from an encoder stage
 }
 
 

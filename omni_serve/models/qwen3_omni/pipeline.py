@@ -37,6 +37,10 @@ class StageClients(Protocol):
         """A channel ref to the audio tower's rows for these clips, or None without an
         encoder stage (the Thinker then encodes the media itself)."""
 
+    async def encode_images(self, pixels: Any, grid_thw: Any) -> Any | None:
+        """A channel ref to the vision tower's rows (deepstack features concatenated on the
+        last dim), or None without an encoder stage."""
+
 
 @dataclass
 class ChatResult:
@@ -79,7 +83,20 @@ async def stream_chat(
     }
     expanded_ids = prompt.prompt_ids  # media placeholders expanded by the Thinker's processor
     timings: dict[str, float] = {}
-    if prompt.audio_features:
+    if prompt.image_pixels is not None and not prompt.counts.get("audio"):
+        # Image-only prompts: images by the encoder stage. Prompts with audio AND images stay
+        # with the Thinker: vLLM 0.32 cannot mix raw audio with image embeddings in one
+        # request, and an embeddings prompt cannot carry image inputs.
+        image_rows = await clients.encode_images(prompt.image_pixels, prompt.image_grid_thw)
+        if image_rows is not None:
+            media = {k: v for k, v in prompt.multi_modal_data.items() if k != "image"}
+            thinker_request.update(
+                multi_modal_data=media or None,
+                image_rows=image_rows,
+                image_grid_thw=prompt.image_grid_thw,
+            )
+            timings["encoder_s"] = time.perf_counter() - start
+    elif prompt.audio_features:
         audio_rows = await clients.encode_audio(prompt.audio_features)
         if audio_rows is not None:
             thinker_request.update(

@@ -25,6 +25,8 @@ class PreparedPrompt:
     # ([128, frames], unpadded) and the prompt with audio placeholders already expanded.
     audio_features: list[torch.Tensor] = field(default_factory=list)
     expanded_ids: list[int] | None = None
+    # Images go through the encoder stage as patches ([P, C*T*p*p], all images) + grids.
+    image_pixels: torch.Tensor | None = None
 
 
 def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> PreparedPrompt:
@@ -57,9 +59,9 @@ def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> 
     ids, mm = thinker_prompt(processor, template_messages, audios=audios, images=images)
     prepared = PreparedPrompt(ids, mm, counts={"audio": len(audios), "image": len(images)})
     if images:
-        prepared.image_grid_thw = processor.image_processor(images=images, return_tensors="pt")[
-            "image_grid_thw"
-        ]
+        patches = processor.image_processor(images=images, return_tensors="pt")
+        prepared.image_grid_thw = patches["image_grid_thw"]
+        prepared.image_pixels = patches["pixel_values"]
     if audios:
         features = processor.feature_extractor(
             audios, sampling_rate=rate, return_attention_mask=True, padding=True,
