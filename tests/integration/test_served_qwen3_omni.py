@@ -222,3 +222,34 @@ def test_eight_concurrent_requests_complete_and_batch(served):
     assert talker_batch > 1
     assert "omni_stage_latency_seconds_bucket" in metrics
     assert "omni_audio_seconds_total" in metrics
+
+
+def _metric(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_client_disconnect_stops_work_in_every_stage(served):
+    """A streaming client that goes away mid-answer: the Talker and Thinker stop within ~1 s."""
+    import time
+
+    body = _chat_body(max_tokens=200)
+    body["stage_overrides"]["talker"]["max_tokens"] = 250
+    whole = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=300).json()
+    assert whole["timings"]["total_s"] > 3  # so a stage still busy after 1.5 s would show
+    body["stream"] = True
+    with httpx.stream("POST", f"{URL}/v1/chat/completions", json=body, timeout=120) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += '"audio"' in line
+            if seen >= 1:
+                break  # first audio arrived: hang up
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        metrics = httpx.get(f"{URL}/metrics", timeout=30).text
+        talker = _metric(metrics, 'omni_stage_running_requests{stage="talker"}')
+        in_flight = _metric(metrics, "omni_requests_in_flight")
+        if talker == 0 and in_flight == 0:
+            break
+        time.sleep(0.25)
+    assert talker == 0 and in_flight == 0
+    assert httpx.get(f"{URL}/health", timeout=30).status_code == 200
