@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.serve_process import ServeProcess
+from omni_serve.testing.serve_process import ServeProcess
 
 pytestmark = pytest.mark.integration
 URL = "http://127.0.0.1:8000"

@@ -11,7 +11,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from tests.integration.serve_process import ServeProcess
+from omni_serve.testing.serve_process import ServeProcess
 
 pytestmark = pytest.mark.integration
 URL = "http://127.0.0.1:8000"

@@ -1,5 +1,7 @@
 """Start ``serve run`` the way a user does, and stop it cleanly (SIGINT, then wait).
 
+Used by the integration tests and the load tests.
+
 A background process started by a non-interactive shell ignores SIGINT, so the child restores
 the default handler before exec (CPU_STACK.md, Ray 2.60).
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).parents[2]
+REPO = Path(__file__).parents[2]  # the repo root (editable install)
 
 
 def _restore_sigint() -> None:
@@ -24,8 +26,11 @@ def _restore_sigint() -> None:
 
 
 class ServeProcess:
-    def __init__(self, target: str, base_url: str = "http://127.0.0.1:8000") -> None:
+    def __init__(
+        self, target: str, base_url: str = "http://127.0.0.1:8000", args: tuple[str, ...] = ()
+    ) -> None:
         self.target = target
+        self.args = args  # builder arguments, key=value
         self.base_url = base_url
         self.proc: subprocess.Popen | None = None
         self.log_path = REPO / ".serve_run.log"
@@ -36,7 +41,7 @@ class ServeProcess:
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         serve_bin = Path(sys.executable).parent / "serve"
         self.proc = subprocess.Popen(
-            [str(serve_bin), "run", self.target], cwd=REPO, env=env, stdout=log,
+            [str(serve_bin), "run", self.target, *self.args], cwd=REPO, env=env, stdout=log,
             stderr=subprocess.STDOUT, preexec_fn=_restore_sigint,
         )  # fmt: skip
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,154 @@
+"""Speech serving benchmark: TTFP, E2E, RTF, throughput at concurrency 1/4/16, against
+transformers' generate (one request after another) on the same model and prompts, in one run.
+
+    .venv/bin/python load_tests/bench_speech.py            # small-qwen3-omni, ~10 min
+    .venv/bin/python load_tests/bench_speech.py --quick    # tiny model, a smoke run
+
+Writes load_tests/results/bench_speech.json and .png and prints a table. Targets (issue 4, on
+small-qwen3-omni): TTFP at c=1 <= 0.1x the baseline's E2E; throughput at c=16 >= 5x the
+baseline's; RTF < 1 at c=4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from speech_baseline import run_baseline  # noqa: E402
+from speech_load import run_level  # noqa: E402
+
+from omni_serve.models import ensure_model  # noqa: E402
+from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
+
+URL = "http://127.0.0.1:8000"
+RESULTS = Path(__file__).parent / "results"
+PROMPTS = [
+    "Tell me about the weather today.",
+    "Say hello to everyone in the room.",
+    "What is the capital of France?",
+    "Describe a quiet morning by the sea.",
+    "Give me one tip for learning a language.",
+    "Count from one to five.",
+    "What makes a good cup of tea?",
+    "Read this sentence out loud, please.",
+]
+
+
+def summarize(level: dict) -> dict:
+    records = [r for r in level["records"] if r["ok"]]
+    errors = len(level["records"]) - len(records)
+    ttfp = sorted(r["ttfp_s"] for r in records if r["ttfp_s"] is not None)
+    e2e = sorted(r["e2e_s"] for r in records)
+    audio = sum(r["audio_s"] for r in records)
+
+    def pct(values: list[float], q: float) -> float | None:
+        return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+    return {
+        "concurrency": level["concurrency"],
+        "requests": len(level["records"]),
+        "errors": errors,
+        "ttfp_p50_s": pct(ttfp, 0.5),
+        "ttfp_p99_s": pct(ttfp, 0.99),
+        "e2e_p50_s": pct(e2e, 0.5),
+        "rtf_p50": statistics.median(r["e2e_s"] / r["audio_s"] for r in records if r["audio_s"])
+        if records
+        else None,
+        "audio_s_per_wall_s": audio / level["wall_s"] if level["wall_s"] else 0.0,
+        "wall_s": level["wall_s"],
+    }
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = summary["levels"]
+    base = summary["baseline"]
+    names = [f"c={lv['concurrency']}" for lv in levels]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.bar(["baseline E2E"] + [f"TTFP {n}" for n in names],
+          [base["e2e_p50_s"]] + [lv["ttfp_p50_s"] or 0 for lv in levels])  # fmt: skip
+    a.set_ylabel("seconds (p50)")
+    a.set_title("time to first audio vs baseline")
+    b.bar(
+        ["baseline"] + names,
+        [base["audio_s_per_wall_s"]] + [lv["audio_s_per_wall_s"] for lv in levels],
+    )
+    b.set_ylabel("audio seconds per wall second")
+    b.set_title("throughput")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="tiny model, few requests")
+    parser.add_argument("--text-tokens", type=int, default=32)
+    parser.add_argument("--frames", type=int, default=100, help="talker tokens (12.5/s audio)")
+    parser.add_argument("--cap-s", type=float, default=240.0, help="wall-clock cap per level")
+    args = parser.parse_args()
+    preset = "tiny-qwen3-omni" if args.quick else "small-qwen3-omni"
+    pipeline = f"configs/pipelines/qwen3_omni_{preset.split('-')[0]}.yaml"
+    plan = [(1, 2), (4, 4), (16, 16)] if args.quick else [(1, 4), (4, 8), (16, 16)]
+    baseline_requests = 2 if args.quick else 4
+    model_dir = ensure_model(preset)
+
+    print(f"baseline: transformers generate x{baseline_requests} on {preset}", flush=True)
+    baseline = run_baseline(model_dir, PROMPTS, baseline_requests, args.text_tokens, args.frames)
+
+    server = ServeProcess("graphs.qwen3_omni:build_app", URL, (f"pipeline_config={pipeline}",))
+    started = time.perf_counter()
+    server.start(timeout_s=600)
+    print(f"server ready in {time.perf_counter() - started:.0f}s", flush=True)
+    try:
+        asyncio.run(
+            run_level(URL, PROMPTS, 2, 2, args.text_tokens, args.frames, args.cap_s)
+        )  # warm-up
+        levels = []
+        for concurrency, requests in plan:
+            print(f"load: concurrency {concurrency}, {requests} requests", flush=True)
+            levels.append(asyncio.run(run_level(URL, PROMPTS, concurrency, requests,
+                                                args.text_tokens, args.frames, args.cap_s)))  # fmt: skip
+    finally:
+        server.stop()
+
+    summary = {
+        "model": preset,
+        "text_tokens": args.text_tokens,
+        "talker_frames": args.frames,
+        "baseline": summarize(baseline),
+        "levels": [summarize(lv) for lv in levels],
+    }
+    base, by_c = summary["baseline"], {lv["concurrency"]: lv for lv in summary["levels"]}
+    summary["ratios"] = {
+        "ttfp_c1_over_baseline_e2e": by_c[1]["ttfp_p50_s"] / base["e2e_p50_s"],
+        "throughput_c16_over_baseline": by_c[16]["audio_s_per_wall_s"] / base["audio_s_per_wall_s"],
+        "rtf_c4": by_c[4]["rtf_p50"],
+    }
+    summary["raw"] = {"baseline": baseline, "levels": levels}
+    RESULTS.mkdir(exist_ok=True)
+    stem = "bench_speech_quick" if args.quick else "bench_speech"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(summary, indent=1))
+    plot(summary, RESULTS / f"{stem}.png")
+
+    print(f"\n{'':10}{'TTFP p50':>10}{'E2E p50':>10}{'RTF p50':>9}{'audio s/s':>11}{'errors':>8}")
+    for name, row in [("baseline", base)] + [(f"c={c}", lv) for c, lv in by_c.items()]:
+        ttfp = row["ttfp_p50_s"] or float("nan")
+        print(f"{name:10}{ttfp:10.2f}{row['e2e_p50_s']:10.2f}{row['rtf_p50']:9.2f}"
+              f"{row['audio_s_per_wall_s']:11.2f}{row['errors']:8d}")  # fmt: skip
+    print("ratios:", json.dumps(summary["ratios"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

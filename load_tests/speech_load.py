@@ -1,0 +1,90 @@
+"""Bounded async load against the served chat API: SSE speech requests at a fixed concurrency.
+
+Loopback only. Each level runs a fixed number of requests and stops at a wall-clock cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import httpx
+
+SAMPLE_RATE = 24_000
+
+
+@dataclass
+class RequestRecord:
+    ok: bool
+    ttfp_s: float | None  # time to the first audio packet
+    e2e_s: float
+    audio_s: float
+    error: str = ""
+
+
+def speech_body(prompt: str, text_tokens: int, frames: int, seed: int) -> dict:
+    return {
+        "model": "qwen3-omni",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": text_tokens,
+        "temperature": 0,
+        "seed": seed,
+        "stream": True,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "ethan", "format": "pcm16"},
+        "stage_overrides": {"talker": {"max_tokens": frames, "seed": seed}},
+    }
+
+
+async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> RequestRecord:
+    start = time.perf_counter()
+    ttfp, pcm_bytes = None, 0
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return RequestRecord(False, None, time.perf_counter() - start, 0, r.text[:200])
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    return RequestRecord(False, ttfp, time.perf_counter() - start, 0,
+                                         event["error"]["message"][:200])  # fmt: skip
+                for choice in event.get("choices", []):
+                    audio = choice["delta"].get("audio")
+                    if audio:
+                        ttfp = ttfp if ttfp is not None else time.perf_counter() - start
+                        pcm_bytes += len(base64.b64decode(audio["data"]))
+    except httpx.HTTPError as exc:
+        return RequestRecord(False, ttfp, time.perf_counter() - start, 0, repr(exc)[:200])
+    audio_s = pcm_bytes / 2 / SAMPLE_RATE
+    return RequestRecord(True, ttfp, time.perf_counter() - start, audio_s)
+
+
+async def run_level(url: str, prompts: list[str], concurrency: int, requests: int,
+                    text_tokens: int, frames: int, cap_s: float) -> dict:  # fmt: skip
+    """Runs ``requests`` requests, at most ``concurrency`` at once, stopping at ``cap_s``."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(i)
+    records: list[RequestRecord] = []
+    start = time.perf_counter()
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(timeout=cap_s, limits=limits) as client:
+
+        async def worker() -> None:
+            while time.perf_counter() - start < cap_s:
+                try:
+                    i = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                body = speech_body(prompts[i % len(prompts)], text_tokens, frames, seed=i)
+                records.append(await one_request(client, url, body))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    return {"concurrency": concurrency, "wall_s": wall, "records": [asdict(r) for r in records]}
