@@ -111,14 +111,18 @@ def main() -> int:
     server.start(timeout_s=600)
     print(f"server ready in {time.perf_counter() - started:.0f}s", flush=True)
     try:
-        asyncio.run(
-            run_level(URL, PROMPTS, 2, 2, args.text_tokens, args.frames, args.cap_s)
-        )  # warm-up
+
+        def level(concurrency: int, requests: int) -> dict:
+            load = run_level(
+                URL, PROMPTS, concurrency, requests, args.text_tokens, args.frames, args.cap_s
+            )
+            return asyncio.run(load)
+
+        level(2, 2)  # warm-up, not counted
         levels = []
         for concurrency, requests in plan:
             print(f"load: concurrency {concurrency}, {requests} requests", flush=True)
-            levels.append(asyncio.run(run_level(URL, PROMPTS, concurrency, requests,
-                                                args.text_tokens, args.frames, args.cap_s)))  # fmt: skip
+            levels.append(level(concurrency, requests))
     finally:
         server.stop()
 
