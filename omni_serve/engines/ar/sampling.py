@@ -41,3 +41,30 @@ def sample_one(
         logits[order[drop]] = float("-inf")
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    config: SamplingConfig,
+    generators: list[torch.Generator | None],
+) -> torch.Tensor:
+    """One token per row of [B, V] logits, all rows under the same ``config`` (no repetition
+    penalty or suppression). Row i equals ``sample_one(logits[i], config, [], None, gen_i)``:
+    the masking is batched, only the draws stay per row (each request keeps its own RNG)."""
+    logits = logits.float()
+    if config.greedy:
+        return torch.argmax(logits, dim=-1)
+    logits = logits / config.temperature
+    if config.top_k > 0:
+        kth = torch.topk(logits, min(config.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if config.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop_sorted = probs.cumsum(-1) - probs > config.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.cat([
+        torch.multinomial(probs[i], 1, generator=gen) for i, gen in enumerate(generators)
+    ])  # fmt: skip

@@ -19,7 +19,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rot
 
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.kv_cache import SlotKVCache
-from omni_serve.engines.ar.sampling import sample_one
+from omni_serve.engines.ar.sampling import sample_rows
 from omni_serve.engines.ar.torch_engine import StepOutput
 
 # transformers' code predictor draws with these when sampling (its generate() call).
@@ -155,14 +155,22 @@ class TalkerRunner:
         for j in range(self.predictor.config.num_code_groups - 1):
             hidden = model(inputs_embeds=x, past_key_values=cache, use_cache=True).last_hidden_state
             logits = self.predictor.lm_head[j](hidden[:, -1])
-            token = torch.tensor([
-                sample_one(logits[i], _predictor_sampling(s), [], None, s.generator)
-                for i, s in enumerate(states)
-            ])  # fmt: skip
+            token = self._sample_residual(states, logits)
             codes.append(token)
             x = model.get_input_embeddings()[j](token)[:, None]
             embed_sum = embed_sum + x
         return torch.stack(codes, dim=1), embed_sum
+
+    @staticmethod
+    def _sample_residual(states: list[TalkerState], logits: torch.Tensor) -> torch.Tensor:
+        """Batched sampling of one code group: greedy rows by argmax, sampled rows together."""
+        token = torch.argmax(logits, dim=-1)
+        rows = [i for i, s in enumerate(states) if not s.greedy]
+        if rows:
+            token[rows] = sample_rows(
+                logits[rows], CODE_PREDICTOR_SAMPLING, [states[i].generator for i in rows]
+            )
+        return token
 
     def _forward(
         self, slots: list[int], embeds: torch.Tensor, positions: torch.Tensor
@@ -194,7 +202,3 @@ class TalkerRunner:
             q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True
         )
         return attn.o_proj(out.transpose(1, 2).reshape(b, length, -1))
-
-
-def _predictor_sampling(state: TalkerState) -> SamplingConfig:
-    return SamplingConfig() if state.greedy else CODE_PREDICTOR_SAMPLING
