@@ -15,7 +15,7 @@ from ray import serve
 from deployments.common import edge_channel, pin_to_cores, stage_dtype, stage_setup
 from omni_serve.engines.encoders.base import TorchEncoderEngine
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
-from omni_serve.transport import TensorRef, backend_for
+from omni_serve.transport import TensorRef, take
 
 
 @serve.deployment
@@ -40,9 +40,7 @@ class EncoderDeployment:
 
     async def encode_images(self, pixels: TensorRef, grid_thw: torch.Tensor) -> TensorRef:
         """Rows of every image, in prompt order: [sum N_i, H * (1 + deepstack levels)]."""
-        channel = backend_for(pixels)
-        patches = await channel.get(pixels)
-        channel.free(pixels)
+        patches = await take(pixels)
         out = await self.vision.encode(pixel_values=patches, grid_thw=grid_thw)
         self.clips += int(grid_thw.shape[0])
         return self.channel.put(torch.cat([out.embeds, *out.deepstack], dim=-1).float())

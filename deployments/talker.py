@@ -20,18 +20,11 @@ from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_em
 from omni_serve.models.qwen3_omni.speech_session import speak
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
-from omni_serve.transport import backend_for
+from omni_serve.transport import take
 
 # transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
 TALKER_MAX_TOKENS = 4096  # codec frames (12.5 per second of audio); engine args may lower it
-
-
-async def _resolve_rows(ref: Any) -> dict[int, Any]:
-    channel = backend_for(ref)
-    rows = await channel.get(ref)
-    channel.free(ref)
-    return rows
 
 
 @serve.deployment
@@ -66,7 +59,7 @@ class TalkerDeployment:
 
         chunks = self.thinker.generate.remote(request["thinker"])
         async for event in speak(chunks, self.engine, self.builder, request, sampling,
-                                 _resolve_rows):  # fmt: skip
+                                 take):  # fmt: skip
             yield event
 
     async def ready(self) -> bool:

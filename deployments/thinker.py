@@ -13,14 +13,7 @@ from deployments.common import edge_channel, stage_setup
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.vllm_engine import VLLMEngine
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
-from omni_serve.transport import backend_for
-
-
-async def _resolve(ref: Any) -> torch.Tensor:
-    channel = backend_for(ref)
-    rows = await channel.get(ref)
-    channel.free(ref)
-    return rows
+from omni_serve.transport import take
 
 
 @serve.deployment
@@ -52,7 +45,7 @@ class ThinkerDeployment:
             prompt = {"prompt_embeds": await self._splice_audio(request)}
         if request.get("image_rows") is not None:
             media["image"] = {
-                "image_embeds": await _resolve(request["image_rows"]),
+                "image_embeds": await take(request["image_rows"]),
                 "image_grid_thw": torch.as_tensor(request["image_grid_thw"]),
             }
         ar = ARRequest(
@@ -89,7 +82,7 @@ class ThinkerDeployment:
             yield out
 
     async def _splice_audio(self, request: dict[str, Any]) -> torch.Tensor:
-        rows = await _resolve(request["audio_rows"])
+        rows = await take(request["audio_rows"])
         ids = torch.tensor(request["prompt_ids"])
         slots = ids == self.audio_token_id
         if int(slots.sum()) != rows.shape[0]:

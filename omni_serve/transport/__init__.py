@@ -37,6 +37,15 @@ def backend_for(ref: TensorRef) -> Channel:
         raise ChannelError(f"unknown channel backend {ref.backend!r}") from None
 
 
+async def take(ref: TensorRef) -> Payload:
+    """Read a ref's tensors and free it: the consumer of a one-reader edge owns the ref."""
+    channel = backend_for(ref)
+    try:
+        return await channel.get(ref)
+    finally:
+        channel.free(ref)
+
+
 def make_channel(backend: str = "auto", inline_max_bytes: int = 64 * 1024) -> Channel:
     """The channel an edge's ``ChannelSettings`` ask for."""
     if backend == "auto":
@@ -55,4 +64,5 @@ __all__ = [
     "TensorRef",
     "backend_for",
     "make_channel",
+    "take",
 ]

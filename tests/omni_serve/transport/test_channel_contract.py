@@ -81,3 +81,12 @@ def test_auto_picks_inline_for_small_payloads():
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="not available"):
         make_channel("carrier_pigeon")
+
+
+async def test_take_reads_then_frees(channel):
+    from omni_serve.transport import take
+
+    ref = channel.put(torch.arange(4))
+    assert torch.equal(await take(ref), torch.arange(4))
+    with pytest.raises(ChannelError):
+        await take(ref)
