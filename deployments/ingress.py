@@ -17,17 +17,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio
+from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.media import MediaError
 from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import (
     ChatCompletionRequest,
+    ChatMessage,
+    SpeechRequest,
     chat_completion_response,
     error_body,
     new_id,
     usage_dict,
 )
-from omni_serve.api.sse import DONE, ChunkWriter
+from omni_serve.api.sse import DONE, ChunkWriter, sse
 from omni_serve.config import PipelineConfig
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models import resolve_model
@@ -69,7 +71,20 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return JSONResponse(error_body(message, param=where), status_code=400)
 
 
-def _talker_overrides(body: ChatCompletionRequest) -> dict[str, Any]:
+SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac",
+                      "mp3": "audio/mpeg", "opus": "audio/ogg"}  # fmt: skip
+
+
+def _change_speed(samples: np.ndarray, speed: float) -> np.ndarray:
+    """Playback speed by resampling (tempo and pitch change together)."""
+    if speed == 1.0:
+        return samples
+    import soxr
+
+    return soxr.resample(samples, SAMPLE_RATE * speed, SAMPLE_RATE).astype(np.float32)
+
+
+def _talker_overrides(body: ChatCompletionRequest | SpeechRequest) -> dict[str, Any]:
     overrides = body.stage_overrides.talker if body.stage_overrides else None
     if overrides is None:
         return {}
@@ -208,12 +223,73 @@ class Ingress:
         response["timings"] = result.timings
         return JSONResponse(response)
 
+    @app.post("/v1/audio/speech")
+    async def speech(self, body: SpeechRequest) -> Response:
+        """Text to speech: the Talker speaks ``input`` as the reply to it."""
+        self._check_model(body.model)
+        if body.voice.lower() not in self.voices:
+            message = f"unknown voice {body.voice!r}; voices: {sorted(self.voices)}"
+            raise ApiError(400, message, "voice")
+        fmt = "pcm16" if body.response_format == "pcm" else body.response_format
+        if body.stream_format == "audio" and fmt not in STREAMABLE_FORMATS:
+            raise ApiError(400, "streamed audio must be wav or pcm", "response_format")
+        if body.stream_format and body.speed != 1.0:
+            raise ApiError(400, "speed other than 1.0 is not supported when streaming", "speed")
+        prompt = prepare_prompt(self.processor, [ChatMessage(role="user", content=body.input)],
+                                self.config.api)  # fmt: skip
+        tokenizer = self.processor.tokenizer
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        reply = tokenizer(body.input)["input_ids"] + [im_end]
+        sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
+        options = ChatOptions(sampling, True, body.voice, _talker_overrides(body), reply_ids=reply)
+        events = stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
+        media_type = SPEECH_MEDIA_TYPES[body.response_format]
+        if body.stream_format == "audio":
+            return StreamingResponse(self._speech_bytes(events, fmt), media_type=media_type)
+        if body.stream_format == "sse":
+            return StreamingResponse(self._speech_sse(events), media_type="text/event-stream")
+        audio = np.zeros(0, dtype=np.float32)
+        try:
+            async for event in events:
+                if event.kind == "done":
+                    audio = event.result.audio
+        except Exception as exc:
+            log.exception("speech request failed in a stage")
+            raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"[:500],
+                           type_="server_error") from None  # fmt: skip
+        data = encode_audio(_change_speed(audio, body.speed), SAMPLE_RATE, fmt)
+        return Response(data, media_type=media_type)
+
+    async def _speech_bytes(self, events, fmt: str) -> AsyncIterator[bytes]:
+        if fmt == "wav":
+            yield wav_stream_header(SAMPLE_RATE)
+        async for event in events:
+            if event.kind == "audio":
+                yield encode_audio(event.audio, SAMPLE_RATE, "pcm16")
+
+    async def _speech_sse(self, events) -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                if event.kind == "audio":
+                    data = base64.b64encode(encode_audio(event.audio, SAMPLE_RATE, "pcm16"))
+                    yield sse({"type": "speech.audio.delta", "audio": data.decode()})
+                elif event.kind == "done":
+                    seconds = len(event.result.audio) / SAMPLE_RATE
+                    yield sse({"type": "speech.audio.done", "audio_seconds": seconds,
+                               "timings": event.result.timings})  # fmt: skip
+        except Exception as exc:  # headers are out: report in-band
+            log.exception("streamed speech request failed in a stage")
+            yield sse({"type": "error", "error": {"message": str(exc)[:500]}})
+
+    def _check_model(self, model: str) -> None:
+        if model != self.config.served_model_name:
+            served = self.config.served_model_name
+            message = f"model {model!r} does not exist; this server serves {served!r}"
+            raise ApiError(404, message, "model", code="model_not_found")
+
     def _validate(self, body: ChatCompletionRequest):
         api = self.config.api
-        if body.model != self.config.served_model_name:
-            served = self.config.served_model_name
-            message = f"model {body.model!r} does not exist; this server serves {served!r}"
-            raise ApiError(404, message, "model", code="model_not_found")
+        self._check_model(body.model)
         max_tokens = body.max_completion_tokens or body.max_tokens or api.default_max_tokens
         if max_tokens > api.max_tokens_limit:
             raise ApiError(400, f"max_tokens must be <= {api.max_tokens_limit}", "max_tokens")

@@ -17,7 +17,7 @@ from deployments.common import pin_to_cores, stage_dtype, stage_setup
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
-from omni_serve.models.qwen3_omni.speech_session import speak
+from omni_serve.models.qwen3_omni.speech_session import given_reply, speak
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
 from omni_serve.transport import take
@@ -58,6 +58,8 @@ class TalkerDeployment:
             return SamplingConfig(**{**wanted, "max_tokens": cap})
 
         chunks = self.thinker.generate.remote(request["thinker"])
+        if request.get("reply_ids"):
+            chunks = given_reply(chunks, request["reply_ids"])
         async for event in speak(chunks, self.engine, self.builder, request, sampling,
                                  take):  # fmt: skip
             yield event

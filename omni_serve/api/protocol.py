@@ -121,3 +121,25 @@ def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+
+
+class SpeechRequest(BaseModel):
+    """OpenAI ``/v1/audio/speech``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(description="Served model id.")
+    input: str = Field(min_length=1, max_length=4096, description="The text to speak.")
+    voice: str = Field("ethan", description="Speaker voice.")
+    response_format: Literal["wav", "pcm", "flac", "mp3", "opus"] = Field(
+        "wav", description="Audio encoding (pcm = raw 16-bit little-endian, 24 kHz mono)."
+    )
+    speed: float = Field(
+        1.0, ge=0.25, le=4.0, description="Playback speed (resampled: pitch changes with it)."
+    )
+    stream_format: Literal["audio", "sse"] | None = Field(
+        None, description="Stream raw audio chunks (wav/pcm) or SSE events; None = one response."
+    )
+    stage_overrides: StageOverrides | None = Field(
+        None, description="omni-serve extension: per-stage settings (e.g. Talker sampling)."
+    )

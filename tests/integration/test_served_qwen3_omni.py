@@ -253,3 +253,56 @@ def test_client_disconnect_stops_work_in_every_stage(served):
         time.sleep(0.25)
     assert talker == 0 and in_flight == 0
     assert httpx.get(f"{URL}/health", timeout=30).status_code == 200
+
+
+def test_speech_endpoint_returns_audio_in_the_asked_format(client):
+    """OpenAI TTS shape: the openai client gets a WAV (24 kHz) of the given text."""
+    reply = client.audio.speech.create(
+        model="qwen3-omni", input="Hello there.", voice="ethan", response_format="wav",
+        extra_body={"stage_overrides": {"talker": {"max_tokens": 30}}},
+    )  # fmt: skip
+    samples, rate = sf.read(io.BytesIO(reply.content))
+    assert rate == 24000 and len(samples) > 1920
+    mp3 = httpx.post(f"{URL}/v1/audio/speech", timeout=120, json={
+        "model": "qwen3-omni", "input": "Hi.", "response_format": "mp3",
+        "stage_overrides": {"talker": {"max_tokens": 20}}})  # fmt: skip
+    assert mp3.status_code == 200 and mp3.headers["content-type"] == "audio/mpeg"
+    assert sf.info(io.BytesIO(mp3.content)).format == "MP3"
+
+
+def test_speech_streams_as_audio_bytes_and_as_sse(served):
+    """Greedy Talker: the streamed bytes and the SSE deltas join to the one-shot WAV."""
+    import json
+
+    body = {"model": "qwen3-omni", "input": "One two three.", "response_format": "wav",
+            "stage_overrides": {"talker": {"max_tokens": 40, "temperature": 0}}}  # fmt: skip
+    whole, _ = sf.read(
+        io.BytesIO(httpx.post(f"{URL}/v1/audio/speech", json=body, timeout=120).content)
+    )
+    with httpx.stream("POST", f"{URL}/v1/audio/speech", json={**body, "stream_format": "audio"},
+                      timeout=120) as r:  # fmt: skip
+        assert r.status_code == 200
+        streamed, rate = sf.read(io.BytesIO(b"".join(r.iter_bytes())))
+    assert rate == 24000 and streamed.shape == whole.shape
+    assert abs(streamed - whole).max() <= 2 / 32767
+    with httpx.stream("POST", f"{URL}/v1/audio/speech", json={**body, "stream_format": "sse"},
+                      timeout=120) as r:  # fmt: skip
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    pcm = b"".join(
+        base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"
+    )
+    assert len(pcm) // 2 == len(whole) and events[-1]["type"] == "speech.audio.done"
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"input": ""}, "input"),
+        ({"input": "x", "voice": "nobody"}, "unknown voice"),
+        ({"input": "x", "stream_format": "audio", "response_format": "mp3"}, "wav or pcm"),
+        ({"input": "x", "speed": 9}, "speed"),
+    ],
+)
+def test_speech_bad_input_is_a_400(served, body, fragment):
+    r = httpx.post(f"{URL}/v1/audio/speech", json={"model": "qwen3-omni", **body}, timeout=60)
+    assert r.status_code == 400 and fragment in r.json()["error"]["message"]

@@ -62,12 +62,15 @@ class ChatEvent:
 
 @dataclass
 class ChatOptions:
+    """``reply_ids``: speak these tokens as the reply instead of generating one (TTS)."""
+
     sampling: dict[str, Any]
     want_audio: bool = False
     voice: str = "ethan"
     talker_sampling: dict[str, Any] = field(default_factory=dict)
     first_chunk_frames: int = 4
     chunk_frames: int = 25
+    reply_ids: list[int] | None = None
 
 
 async def stream_chat(
@@ -117,6 +120,7 @@ async def stream_chat(
                 "sampling": options.talker_sampling,
                 "image_grid_thw": prompt.image_grid_thw,
                 "audio_seqlens": prompt.audio_seqlens,
+                "reply_ids": options.reply_ids,
             }
         )
         info = await clients.codec_info()

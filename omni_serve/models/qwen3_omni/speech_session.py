@@ -112,3 +112,20 @@ async def speak(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await thinker_task
         await engine.abort(request_id)
+
+
+async def given_reply(
+    thinker_chunks: AsyncIterator[dict[str, Any]], reply_ids: list[int]
+) -> AsyncIterator[dict[str, Any]]:
+    """Text-to-speech: the Thinker only prefills the prompt (for its rows); ``reply_ids`` stand
+    in for the reply it would have generated, so the Talker speaks exactly that text."""
+    first = None
+    async for chunk in thinker_chunks:
+        if first is None:
+            first = chunk
+        if chunk.get("prompt_rows") is not None:
+            first = {**first, "prompt_rows": chunk["prompt_rows"]}
+    if first is None:
+        raise RuntimeError("the Thinker returned nothing for the speech prompt")
+    yield {**first, "token_ids": list(reply_ids), "text": "", "finished": True,
+           "finish_reason": "stop"}  # fmt: skip

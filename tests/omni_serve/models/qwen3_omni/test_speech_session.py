@@ -121,3 +121,23 @@ async def test_closing_the_stream_cancels_both_sides(talker_parts, reference_run
     await asyncio.sleep(0.05)
     assert engine.num_running == 0 and engine.runner.cache.free_slots == 4
     await engine.shutdown()
+
+
+async def test_given_reply_speaks_exactly_those_tokens(talker_parts, reference_runs):
+    """TTS: a 1-token Thinker prefill plus the reply as given == speaking that reply."""
+    from omni_serve.models.qwen3_omni.speech_session import given_reply
+
+    run = reference_runs["text"]
+    engine = new_engine(talker_parts)
+    await engine.start()
+    prefill_only = thinker_stream(run, [1])  # the Thinker's first chunk: rows + one token
+    events = [
+        e
+        async for e in speak(
+            given_reply(prefill_only, run.generated), engine, talker_parts[1],
+            session_request(run), greedy, identity,
+        )
+    ]  # fmt: skip
+    await engine.shutdown()
+    codes = torch.stack([e["codes"] for e in events if e["kind"] == "codes"], dim=1)
+    assert torch.equal(codes, run.codes)
