@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -82,6 +83,18 @@ def _change_speed(samples: np.ndarray, speed: float) -> np.ndarray:
     import soxr
 
     return soxr.resample(samples, SAMPLE_RATE * speed, SAMPLE_RATE).astype(np.float32)
+
+
+def _ws_error(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, ApiError):
+        return {"type": "error", **exc.body}
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return {"type": "error", **error_body(f"{where}: {first['msg']}", param=where)}
+    if isinstance(exc, ValueError | KeyError | TypeError):  # incl. JSON decode errors
+        return {"type": "error", **error_body(str(exc)[:500])}
+    return {"type": "error", **error_body(f"{type(exc).__name__}: {exc}"[:500], "server_error")}
 
 
 def _talker_overrides(body: ChatCompletionRequest | SpeechRequest) -> dict[str, Any]:
@@ -235,14 +248,7 @@ class Ingress:
             raise ApiError(400, "streamed audio must be wav or pcm", "response_format")
         if body.stream_format and body.speed != 1.0:
             raise ApiError(400, "speed other than 1.0 is not supported when streaming", "speed")
-        prompt = prepare_prompt(self.processor, [ChatMessage(role="user", content=body.input)],
-                                self.config.api)  # fmt: skip
-        tokenizer = self.processor.tokenizer
-        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        reply = tokenizer(body.input)["input_ids"] + [im_end]
-        sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
-        options = ChatOptions(sampling, True, body.voice, _talker_overrides(body), reply_ids=reply)
-        events = stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
+        events = self._speech_events(body)
         media_type = SPEECH_MEDIA_TYPES[body.response_format]
         if body.stream_format == "audio":
             return StreamingResponse(self._speech_bytes(events, fmt), media_type=media_type)
@@ -259,6 +265,77 @@ class Ingress:
                            type_="server_error") from None  # fmt: skip
         data = encode_audio(_change_speed(audio, body.speed), SAMPLE_RATE, fmt)
         return Response(data, media_type=media_type)
+
+    def _speech_events(self, body: SpeechRequest):
+        messages = [ChatMessage(role="user", content=body.input)]
+        prompt = prepare_prompt(self.processor, messages, self.config.api)
+        tokenizer = self.processor.tokenizer
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        reply = tokenizer(body.input)["input_ids"] + [im_end]
+        sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
+        options = ChatOptions(sampling, True, body.voice, _talker_overrides(body), reply_ids=reply)
+        return stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
+
+    @app.websocket("/v1/audio/stream")
+    async def audio_stream(self, ws: WebSocket) -> None:
+        """Requests one at a time: JSON in; JSON events and binary PCM16 frames out."""
+        await ws.accept()
+        try:
+            while True:
+                try:
+                    message = await ws.receive_json()
+                    events = self._ws_events(message)
+                except WebSocketDisconnect:
+                    raise
+                except Exception as exc:  # bad input: say why, keep the socket
+                    await ws.send_json(_ws_error(exc))
+                    continue
+                await self._ws_answer(ws, events)
+        except WebSocketDisconnect:
+            return
+
+    def _ws_events(self, message: Any):
+        if not isinstance(message, dict) or message.get("type") not in ("chat", "speech"):
+            raise ValueError('send {"type": "chat", "messages": [...]} or {"type": "speech", '
+                             '"input": "..."}')  # fmt: skip
+        fields = {k: v for k, v in message.items() if k != "type"}
+        fields.setdefault("model", self.config.served_model_name)
+        voice = fields.pop("voice", "ethan")
+        if message["type"] == "speech":
+            body = SpeechRequest.model_validate({**fields, "voice": voice})
+            if body.voice.lower() not in self.voices:
+                raise ApiError(400, f"unknown voice {body.voice!r}", "voice")
+            self._check_model(body.model)
+            return self._speech_events(body)
+        body = ChatCompletionRequest.model_validate({
+            **fields, "stream": True, "modalities": ["text", "audio"],
+            "audio": {"voice": voice, "format": "pcm16"},
+        })  # fmt: skip
+        prompt, options = self._validate(body)
+        return stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
+
+    async def _ws_answer(self, ws: WebSocket, events) -> None:
+        response_id = new_id("resp")
+        await ws.send_json({"type": "response.created", "id": response_id})
+        try:
+            async for event in events:
+                if event.kind == "text":
+                    await ws.send_json({"type": "response.text.delta", "delta": event.text})
+                elif event.kind == "audio":
+                    pcm = encode_audio(event.audio, SAMPLE_RATE, "pcm16")
+                    await ws.send_json({"type": "response.audio.delta", "bytes": len(pcm),
+                                        "sample_rate": SAMPLE_RATE, "format": "pcm16"})  # fmt: skip
+                    await ws.send_bytes(pcm)
+                else:
+                    result = event.result
+                    usage = usage_dict(result.prompt_tokens, len(result.token_ids))
+                    await ws.send_json({"type": "response.done", "id": response_id,
+                                        "usage": usage, "timings": result.timings})  # fmt: skip
+        except WebSocketDisconnect:
+            raise
+        except Exception as exc:
+            log.exception("websocket request failed in a stage")
+            await ws.send_json(_ws_error(exc))
 
     async def _speech_bytes(self, events, fmt: str) -> AsyncIterator[bytes]:
         if fmt == "wav":

@@ -306,3 +306,49 @@ def test_speech_streams_as_audio_bytes_and_as_sse(served):
 def test_speech_bad_input_is_a_400(served, body, fragment):
     r = httpx.post(f"{URL}/v1/audio/speech", json={"model": "qwen3-omni", **body}, timeout=60)
     assert r.status_code == 400 and fragment in r.json()["error"]["message"]
+
+
+async def _ws_collect(ws) -> list:
+    import json
+
+    out = []
+    while True:
+        frame = await ws.recv()
+        out.append(frame if isinstance(frame, bytes) else json.loads(frame))
+        if isinstance(out[-1], dict) and out[-1]["type"] in ("response.done", "error"):
+            return out
+
+
+async def test_websocket_streams_text_and_pcm_and_survives_bad_input(served):
+    """One socket: a chat reply (text + PCM frames), a bad message (error, socket stays up),
+    then a speech request."""
+    import json
+
+    import websockets
+
+    async with websockets.connect("ws://127.0.0.1:8000/v1/audio/stream", max_size=None) as ws:
+        await ws.send(json.dumps({"type": "chat", "max_tokens": 8,
+                                  "messages": [{"role": "user", "content": "Hi"}],
+                                  "stage_overrides": {"talker": {"max_tokens": 30}}}))  # fmt: skip
+        events = await _ws_collect(ws)
+        assert events[0]["type"] == "response.created"
+        metas = [e for e in events if isinstance(e, dict) and e["type"] == "response.audio.delta"]
+        frames = [e for e in events if isinstance(e, bytes)]
+        assert metas and len(frames) == len(metas)
+        assert [len(f) for f in frames] == [m["bytes"] for m in metas]
+        assert (
+            events[-1]["type"] == "response.done" and events[-1]["usage"]["completion_tokens"] == 8
+        )
+        assert "first_audio_s" in events[-1]["timings"]
+
+        await ws.send("{not json")
+        error = json.loads(await ws.recv())
+        assert error["type"] == "error" and error["error"]["message"]
+        await ws.send(json.dumps({"type": "chat", "messages": []}))
+        assert "messages" in json.loads(await ws.recv())["error"]["message"]
+
+        await ws.send(json.dumps({"type": "speech", "input": "Bye.",
+                                  "stage_overrides": {"talker": {"max_tokens": 20}}}))  # fmt: skip
+        events = await _ws_collect(ws)
+        assert events[-1]["type"] == "response.done"
+        assert sum(len(f) for f in events if isinstance(f, bytes)) > 0
