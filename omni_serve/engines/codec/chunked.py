@@ -90,40 +90,71 @@ class ChunkPlanner:
 
 
 class CodecDecoder:
-    """Batched execution of decode jobs with a causal codec ``decode_fn``.
+    """Execution of decode jobs with a causal codec ``decode_fn``.
 
-    Jobs of different lengths are right-padded into one batch: a causal decoder's output for
-    the real frames does not depend on padding after them.
+    ``max_batch`` jobs run as one right-padded batch (a causal decoder's output for the real
+    frames does not depend on padding after them). Default 1: on this CPU, Qwen3-Omni's
+    Code2wav decoded 17 chunk jobs in 1.4 s one at a time and in 41-50 s as one padded batch.
+
+    ``conv_history``: for codecs whose long-range part (a windowed transformer at frame rate) is
+    cheap and whose expensive part (upsampling convs at sample rate) sees only a few frames
+    back, ``decode_fn(codes, trims)`` runs the long part over all frames and the convs only
+    from frame ``trims[i]`` on; each job is trimmed to ``conv_history`` frames before its
+    chunk. Exact, and it avoids decoding the whole left context at sample rate.
     """
 
-    def __init__(self, decode_fn, samples_per_frame: int, pad_code: int = 0) -> None:
-        self.decode_fn = decode_fn  # [B, Q, T] long -> [B, samples]
+    def __init__(
+        self,
+        decode_fn,
+        samples_per_frame: int,
+        pad_code: int = 0,
+        conv_history: int | None = None,
+        max_batch: int = 1,
+    ) -> None:
+        self.max_batch = max_batch
+        self.decode_fn = decode_fn  # [B, Q, T] long (, trims) -> [B, samples]
         self.samples_per_frame = samples_per_frame
         self.pad_code = pad_code
+        self.conv_history = conv_history
         with torch.no_grad():
-            probe = decode_fn(torch.zeros(1, 16, 2, dtype=torch.long))
+            probe = self._decode(torch.zeros(1, 16, 2, dtype=torch.long), [0])
         self.tail_loss = 2 * samples_per_frame - probe.shape[-1]
+
+    def _decode(self, codes: torch.Tensor, trims: list[int]) -> torch.Tensor:
+        if self.conv_history is None:
+            return self.decode_fn(codes)
+        return self.decode_fn(codes, trims)
 
     def full_length(self, num_frames: int) -> int:
         return num_frames * self.samples_per_frame - self.tail_loss
 
-    @torch.no_grad()
     def run(self, jobs: list[DecodeJob]) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for start in range(0, len(jobs), self.max_batch):
+            out += self._run_batch(jobs[start : start + self.max_batch])
+        return out
+
+    @torch.no_grad()
+    def _run_batch(self, jobs: list[DecodeJob]) -> list[torch.Tensor]:
         if not jobs:
             return []
+        spf = self.samples_per_frame
         width = max(job.codes.shape[1] for job in jobs)
         batch = torch.full(
             (len(jobs), jobs[0].codes.shape[0], width), self.pad_code, dtype=torch.long
         )
+        trims = []
         for i, job in enumerate(jobs):
             batch[i, :, : job.codes.shape[1]] = job.codes
-        wav = self.decode_fn(batch)
+            history = self.conv_history
+            trims.append(0 if history is None else max(0, job.skip_samples // spf - history))
+        wav = self._decode(batch, trims)
         out = []
         for i, job in enumerate(jobs):
-            end = (
-                self.full_length(job.codes.shape[1])
-                if job.keep_samples is None
-                else job.skip_samples + job.keep_samples
-            )
-            out.append(wav[i, job.skip_samples : end])
+            skip = job.skip_samples - trims[i] * spf
+            if job.keep_samples is None:
+                end = self.full_length(job.codes.shape[1] - trims[i])
+            else:
+                end = skip + job.keep_samples
+            out.append(wav[i, skip:end])
         return out

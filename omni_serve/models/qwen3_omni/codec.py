@@ -10,8 +10,10 @@ from omni_serve.engines.codec.chunked import CodecDecoder
 from omni_serve.models.qwen3_omni.checkpoint import load_code2wav
 
 SAMPLE_RATE = 24_000
-# Frames the causal convs around Code2wav's transformer see beyond its attention window.
+# Frames of history the causal upsampling/decoder convs after Code2wav's transformer need
+# (measured: 4; 8 leaves a margin, at negligible cost).
 _CONV_MARGIN_FRAMES = 4
+CONV_HISTORY_FRAMES = 8
 
 
 def exact_left_context(code2wav_config) -> int:
@@ -30,8 +32,26 @@ def load_code2wav_decoder(
     """The batched decoder and its exact left context in frames."""
     code2wav, config = load_code2wav(checkpoint, dtype)
 
-    def decode(codes: torch.Tensor) -> torch.Tensor:
-        return code2wav(codes)[:, 0].float()  # [B, 1, S] -> [B, S]
+    def decode(codes: torch.Tensor, trims: list[int] | None = None) -> torch.Tensor:
+        """transformers' ``Qwen3OmniMoeCode2Wav.forward``, split: the windowed transformer
+        over every frame (it needs the long context, and runs at frame rate: cheap), the
+        upsampling and decoder convs (sample rate: the cost) from frame ``trims[i]`` on."""
+        hidden = code2wav.code_embedding(codes + code2wav.code_offset).mean(1)
+        hidden = code2wav.pre_transformer(inputs_embeds=hidden).last_hidden_state
+        trims = trims or [0] * hidden.shape[0]
+        length = max(hidden.shape[1] - t for t in trims)
+        rows = torch.zeros(hidden.shape[0], length, hidden.shape[2], dtype=hidden.dtype)
+        for i, t in enumerate(trims):
+            rows[i, : hidden.shape[1] - t] = hidden[i, t:]
+        x = rows.permute(0, 2, 1)
+        for blocks in code2wav.upsample:
+            for block in blocks:
+                x = block(x)
+        for block in code2wav.decoder:
+            x = block(x)
+        return x.clamp(min=-1, max=1)[:, 0].float()
 
-    decoder = CodecDecoder(decode, samples_per_frame=int(code2wav.total_upsample))
+    decoder = CodecDecoder(
+        decode, samples_per_frame=int(code2wav.total_upsample), conv_history=CONV_HISTORY_FRAMES
+    )
     return decoder, exact_left_context(config.code2wav_config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_serve.engines.codec.chunked import ChunkPlanner
+from omni_serve.engines.codec.chunked import ChunkPlanner, CodecDecoder
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 
 
@@ -35,7 +35,9 @@ def test_chunks_concatenate_to_full_decode(decoder, frames, piece):
         full = codec.decode_fn(codes[None])[0]
     planner = ChunkPlanner(codec.samples_per_frame, first_chunk=4, chunk=25, left_context=context)
     jobs = stream(planner, codes, piece)
-    audio = torch.cat(codec.run(jobs))  # all chunks of the stream in one padded batch
+    audio = torch.cat(codec.run(jobs))
+    padded = CodecDecoder(codec.decode_fn, codec.samples_per_frame, conv_history=8, max_batch=64)
+    torch.testing.assert_close(torch.cat(padded.run(jobs)), full, atol=1e-4, rtol=0)
     assert audio.shape == full.shape
     torch.testing.assert_close(audio, full, atol=1e-4, rtol=0)
     assert sum(j.num_frames for j in jobs) == frames
@@ -56,6 +58,7 @@ def test_too_little_left_context_is_wrong(decoder):
 
 def test_streams_of_different_lengths_batch_together(decoder):
     codec, context = decoder
+    codec = CodecDecoder(codec.decode_fn, codec.samples_per_frame, conv_history=8, max_batch=8)
     streams = [random_codes(n, seed=n) for n in (3, 12, 40)]
     finals = []
     for codes in streams:
