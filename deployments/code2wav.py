@@ -17,7 +17,9 @@ class Code2WavDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "code2wav") -> None:
         _, stage, model_path = stage_setup(pipeline, stage_name)
         pin_to_cores(stage.deployment.cpu_cores)
-        self.codec, self.left_context = load_code2wav_decoder(model_path, stage_dtype(stage))
+        self.codec, self.left_context = load_code2wav_decoder(
+            model_path, stage_dtype(stage), max_batch=stage.engine.max_batch_size
+        )
         self.decode_batched.set_max_batch_size(stage.engine.max_batch_size)
         self.batches = 0
         self.max_batch = 0

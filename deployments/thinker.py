@@ -92,8 +92,8 @@ class ThinkerDeployment:
         return embeds
 
     async def check_health(self) -> None:
-        if self.engine._llm is None or self.engine._llm.errored:
+        if not self.engine.running:
             raise RuntimeError("vLLM engine is not running")
 
     async def ready(self) -> bool:
-        return self.engine._llm is not None
+        return self.engine.running

@@ -28,19 +28,7 @@ def sample_one(
     apply_repetition_penalty(logits, seen, config.repetition_penalty)
     if suppress is not None and suppress.numel():
         logits[suppress] = float("-inf")
-    if config.greedy:
-        return int(torch.argmax(logits))
-    logits = logits / config.temperature
-    if config.top_k > 0:
-        kth = torch.topk(logits, min(config.top_k, logits.numel())).values[-1]
-        logits[logits < kth] = float("-inf")
-    if config.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop = cumulative - torch.softmax(sorted_logits, dim=-1) > config.top_p
-        logits[order[drop]] = float("-inf")
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(sample_rows(logits[None], config, [generator])[0])
 
 
 def sample_rows(

@@ -37,7 +37,8 @@ class HiddenStateCaptureExtension:
         if getattr(self, "_omni_rows", None) is not None:
             return self._omni_num_layers
         self._omni_rows: dict[str, dict[int, list[torch.Tensor]]] = {}
-        decoder = find_decoder(self.model_runner.model)
+        self._omni_batch: list[tuple[str, int, int, tuple[int, ...]]] = []
+        self._omni_decoder = decoder = find_decoder(self.model_runner.model)
         layers = decoder.layers
         self._omni_num_layers = len(layers)
         # Boundary k (HF's hidden_states[k]): k=0 is the input of layer 0 (the embeddings,
@@ -96,22 +97,25 @@ class HiddenStateCaptureExtension:
         return wanted
 
     def _omni_store(self, boundary: int, hidden: torch.Tensor) -> None:
-        for req_id, start, end, layers in self._omni_wanted():
+        for req_id, start, end, layers in self._omni_batch:
             if boundary in layers:
                 per_layer = self._omni_rows.setdefault(req_id, {})
                 per_layer.setdefault(boundary, []).append(hidden[start:end].detach().clone())
 
     def _omni_pre_hook0(self, _module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[1]
+        # Layer 0 runs first in every forward: decide once which rows this batch keeps.
+        self._omni_batch = self._omni_wanted()
         self._omni_store(0, hidden)
 
     def _omni_make_post_hook(self, boundary: int):
         def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
+            if not self._omni_batch:
+                return
             hidden, residual = output
             full = hidden if residual is None else hidden + residual
-            if boundary == self._omni_num_layers:
-                decoder = find_decoder(self.model_runner.model)
-                full = decoder.norm(hidden, residual)[0] if residual is not None else full
+            if boundary == self._omni_num_layers and residual is not None:
+                full = self._omni_decoder.norm(hidden, residual)[0]
             self._omni_store(boundary, full)
 
         return hook

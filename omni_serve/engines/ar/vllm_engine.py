@@ -70,6 +70,11 @@ class VLLMEngine:
             self.num_layers = (await self._llm.collective_rpc("omni_capture_install"))[0]
 
     @property
+    def running(self) -> bool:
+        """Started and not dead (vLLM marks an engine whose core died as errored)."""
+        return self._llm is not None and not self._llm.errored
+
+    @property
     def tokenizer(self):
         return self._llm.tokenizer if self._llm is not None else None
 

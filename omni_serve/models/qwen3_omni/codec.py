@@ -27,7 +27,7 @@ def exact_left_context(code2wav_config) -> int:
 
 
 def load_code2wav_decoder(
-    checkpoint: str | Path, dtype: torch.dtype = torch.float32
+    checkpoint: str | Path, dtype: torch.dtype = torch.float32, max_batch: int = 1
 ) -> tuple[CodecDecoder, int]:
     """The batched decoder and its exact left context in frames."""
     code2wav, config = load_code2wav(checkpoint, dtype)
@@ -52,6 +52,9 @@ def load_code2wav_decoder(
         return x.clamp(min=-1, max=1)[:, 0].float()
 
     decoder = CodecDecoder(
-        decode, samples_per_frame=int(code2wav.total_upsample), conv_history=CONV_HISTORY_FRAMES
+        decode,
+        samples_per_frame=int(code2wav.total_upsample),
+        conv_history=CONV_HISTORY_FRAMES,
+        max_batch=max_batch,
     )
     return decoder, exact_left_context(config.code2wav_config)

@@ -52,3 +52,13 @@ def test_batched_rows_equal_one_at_a_time():
         batched = sample_rows(logits, cfg, gens_a).tolist()
         single = [sample_one(logits[i], cfg, [], None, gens_b[i]) for i in range(5)]
         assert batched == single
+
+
+def test_top_p_keeps_only_the_nucleus():
+    logits = torch.tensor([4.0, 3.0, 0.0, -1.0])  # probs ~ 0.71, 0.26, 0.01, 0.005
+    cfg = SamplingConfig(temperature=1.0, top_p=0.8)
+    draws = {
+        sample_one(logits, cfg, [], generator=torch.Generator().manual_seed(i)) for i in range(200)
+    }
+    assert draws == {0, 1}
+    assert sample_one(logits, SamplingConfig(temperature=1.0, top_p=0.5), []) == 0
