@@ -56,9 +56,10 @@ class SlotKVCache:
             self.keys[layer][slot, :, start : start + new] = keys[row]
             self.values[layer][slot, :, start : start + new] = values[row]
         span = max(starts) + new
+        # Gather only the live span: copying the whole max_len per layer was most of a step.
         index = torch.tensor(slots, dtype=torch.long)
-        k = self.keys[layer].index_select(0, index)[:, :, :span]
-        v = self.values[layer].index_select(0, index)[:, :, :span]
+        k = self.keys[layer][:, :, :span].index_select(0, index)
+        v = self.values[layer][:, :, :span].index_select(0, index)
         start_t = torch.tensor(starts).view(-1, 1, 1)
         query_pos = start_t + torch.arange(new).view(1, -1, 1)  # [b, L, 1]
         key_pos = torch.arange(span).view(1, 1, -1)  # [1, 1, S]

@@ -37,22 +37,40 @@ def sample_rows(
     generators: list[torch.Generator | None],
 ) -> torch.Tensor:
     """One token per row of [B, V] logits, all rows under the same ``config`` (no repetition
-    penalty or suppression). Row i equals ``sample_one(logits[i], config, [], None, gen_i)``:
-    the masking is batched, only the draws stay per row (each request keeps its own RNG)."""
+    penalty or suppression). Row i equals ``sample_one(logits[i], config, [], None, gen_i)``
+    for seeded rows: the masking is batched, only seeded draws stay per row (each such request
+    keeps its own RNG); unseeded rows share one draw from the global RNG.
+
+    Top-k keeps exactly k candidates (ties at the k-th value are broken by ``topk``) and the
+    rest of the work runs on those k columns: over the full vocabulary, sorting and drawing
+    were a third of a batched Talker step."""
     logits = logits.float()
     if config.greedy:
         return torch.argmax(logits, dim=-1)
     logits = logits / config.temperature
-    if config.top_k > 0:
-        kth = torch.topk(logits, min(config.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+    ids = None
+    if 0 < config.top_k < logits.shape[-1]:
+        logits, ids = torch.topk(logits, config.top_k, dim=-1)  # sorted, descending
     if config.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        if ids is None:
+            sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        else:
+            sorted_logits, order = logits, None
         probs = torch.softmax(sorted_logits, dim=-1)
-        drop_sorted = probs.cumsum(-1) - probs > config.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        drop = probs.cumsum(-1) - probs > config.top_p
+        if order is not None:
+            drop = torch.zeros_like(drop).scatter(-1, order, drop)
         logits = logits.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.cat([
-        torch.multinomial(probs[i], 1, generator=gen) for i, gen in enumerate(generators)
-    ])  # fmt: skip
+    picks = _draw(torch.softmax(logits, dim=-1), generators)
+    return picks if ids is None else ids.gather(-1, picks[:, None])[:, 0]
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    picks = torch.empty(len(generators), dtype=torch.long)
+    shared = [i for i, gen in enumerate(generators) if gen is None]
+    if shared:
+        picks[shared] = torch.multinomial(probs[shared], 1)[:, 0]
+    for i, gen in enumerate(generators):
+        if gen is not None:
+            picks[i] = torch.multinomial(probs[i], 1, generator=gen)[0]
+    return picks
