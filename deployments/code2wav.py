@@ -21,13 +21,21 @@ class Code2WavDeployment:
             model_path, stage_dtype(stage), max_batch=stage.engine.max_batch_size
         )
         self.decode_batched.set_max_batch_size(stage.engine.max_batch_size)
+        # Streaming chunk plan (engine args): small first chunk, growing to the steady size.
+        args = stage.engine.args
+        self.chunking = {
+            "first_chunk_frames": int(args.get("first_chunk_frames", 2)),
+            "chunk_frames": int(args.get("chunk_frames", 25)),
+            "chunk_growth": float(args.get("chunk_growth", 2.0)),
+        }
         self.batches = 0
         self.max_batch = 0
 
-    def codec_info(self) -> dict[str, int]:
+    def codec_info(self) -> dict[str, Any]:
         return {
             "samples_per_frame": self.codec.samples_per_frame,
             "left_context": self.left_context,
+            **self.chunking,
         }
 
     async def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray]:

@@ -113,7 +113,7 @@ class _HandleClients:
         self._code2wav = handles["code2wav"]
         self._encoder = handles.get("encoder")
         self._channel = make_channel()  # image patches to the encoder
-        self._codec_info: dict[str, int] | None = None
+        self._codec_info: dict[str, Any] | None = None
 
     def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self._thinker.generate.remote(request)
@@ -134,7 +134,7 @@ class _HandleClients:
             return None
         return await self._encoder.encode_images.remote(self._channel.put(pixels), grid_thw)
 
-    async def codec_info(self) -> dict[str, int]:
+    async def codec_info(self) -> dict[str, Any]:
         if self._codec_info is None:
             self._codec_info = await self._code2wav.codec_info.remote()
         return self._codec_info

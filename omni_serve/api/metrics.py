@@ -17,8 +17,14 @@ class ApiMetrics:
         self.in_flight = Gauge("omni_requests_in_flight", "Requests being served.", registry=r)
         self.stage_latency = Histogram(
             "omni_stage_latency_seconds",
-            "Time from request start to the end of a stage (first_audio: first audio chunk).",
+            "Time from request start to a point of the pipeline: first_token (Thinker), "
+            "first_frame (Talker), first_audio (Code2wav, = TTFP), thinker (text done), total.",
             ["stage"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.rtf = Histogram(
+            "omni_audio_real_time_factor",
+            "Request time / audio seconds produced (< 1: faster than real time).",
+            buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 4, 8), registry=r,
         )  # fmt: skip
         self.tokens = Counter("omni_text_tokens", "Text tokens generated.", registry=r)
         self.audio_seconds = Counter("omni_audio_seconds", "Seconds of audio produced.", registry=r)
@@ -34,10 +40,11 @@ class ApiMetrics:
         )
 
     def observe_result(self, timings: dict[str, float], tokens: int, audio_s: float) -> None:
-        for stage, key in (("thinker", "thinker_s"), ("first_audio", "first_audio_s"),
-                           ("total", "total_s")):  # fmt: skip
-            if key in timings:
-                self.stage_latency.labels(stage).observe(timings[key])
+        for stage in ("first_token", "first_frame", "first_audio", "thinker", "total"):
+            if f"{stage}_s" in timings:
+                self.stage_latency.labels(stage).observe(timings[f"{stage}_s"])
+        if "rtf" in timings:
+            self.rtf.observe(timings["rtf"])
         self.tokens.inc(tokens)
         self.audio_seconds.inc(audio_s)
 

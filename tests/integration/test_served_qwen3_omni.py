@@ -222,6 +222,8 @@ def test_eight_concurrent_requests_complete_and_batch(served):
     assert talker_batch > 1
     assert "omni_stage_latency_seconds_bucket" in metrics
     assert "omni_audio_seconds_total" in metrics
+    assert _metric(metrics, "omni_audio_real_time_factor_count") >= 8
+    assert _metric(metrics, 'omni_stage_latency_seconds_count{stage="first_frame"}') >= 8
 
 
 def _metric(text: str, name: str) -> float:
@@ -339,7 +341,9 @@ async def test_websocket_streams_text_and_pcm_and_survives_bad_input(served):
         assert (
             events[-1]["type"] == "response.done" and events[-1]["usage"]["completion_tokens"] == 8
         )
-        assert "first_audio_s" in events[-1]["timings"]
+        timings = events[-1]["timings"]
+        assert timings["first_token_s"] <= timings["first_frame_s"] <= timings["first_audio_s"]
+        assert timings["rtf"] > 0
 
         await ws.send("{not json")
         error = json.loads(await ws.recv())

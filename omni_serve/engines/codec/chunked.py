@@ -1,7 +1,12 @@
 """Chunked streaming decode for causal neural codecs (Qwen3-Omni's Code2wav and the like).
 
-A stream's frames are cut into chunks: a small first chunk (first audio fast), then steady
-chunks. Each chunk is decoded with ``left_context`` earlier frames and ``lookahead`` later
+A stream's frames are cut into chunks: a small first chunk (first audio fast), then chunks
+that grow geometrically up to a steady size. The ramp is what keeps playback from stalling:
+while the client plays a chunk of n frames, the next one (growth * n frames) must be
+generated, which a Talker at least ``growth`` times faster than real time manages; a jump
+from a tiny first chunk straight to the steady size would leave a gap.
+
+Each chunk is decoded with ``left_context`` earlier frames and ``lookahead`` later
 frames, and exactly ``len(chunk) * samples_per_frame`` samples are kept, so the chunks
 concatenate to the full decode. The last chunk has no look-ahead and keeps everything up to
 the full decode's end (a causal codec's transposed convs drop a fixed tail of samples).
@@ -29,18 +34,21 @@ class ChunkPlanner:
     def __init__(
         self,
         samples_per_frame: int,
-        first_chunk: int = 4,
+        first_chunk: int = 2,
         chunk: int = 25,
         left_context: int = 72,
         lookahead: int = 1,
+        growth: float = 2.0,
     ) -> None:
-        if first_chunk < 1 or chunk < 1 or left_context < 0 or lookahead < 0:
-            raise ValueError("chunk sizes must be >= 1 and context/look-ahead >= 0")
+        if first_chunk < 1 or chunk < 1 or left_context < 0 or lookahead < 0 or growth < 1:
+            raise ValueError("chunk sizes must be >= 1, context/look-ahead >= 0, growth >= 1")
         self.samples_per_frame = samples_per_frame
         self.first_chunk = first_chunk
         self.chunk = chunk
         self.left_context = left_context
         self.lookahead = lookahead
+        self.growth = growth
+        self._size = 0  # frames of the last job
         self._frames: list[torch.Tensor] = []  # [Q, k] pieces
         self._num_frames = 0
         self._emitted = 0  # frames already covered by a job
@@ -75,11 +83,16 @@ class ChunkPlanner:
         self._num_frames += frames.shape[1]
         jobs = []
         while True:
-            size = self.first_chunk if self._emitted == 0 else self.chunk
-            end = self._emitted + size
+            end = self._emitted + self._next_size()
             if end + self.lookahead > self._num_frames:
                 return jobs
+            self._size = end - self._emitted
             jobs.append(self._job(end, last=False))
+
+    def _next_size(self) -> int:
+        if self._size == 0:
+            return self.first_chunk
+        return min(self.chunk, max(self._size, round(self._size * self.growth)))
 
     def finish(self) -> DecodeJob | None:
         """The final job (everything not yet decoded), or None if nothing is left."""

@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from omni_serve.engines.codec.chunked import ChunkPlanner, DecodeJob
+from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
 
 
@@ -30,8 +31,9 @@ class StageClients(Protocol):
 
     async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]: ...
 
-    async def codec_info(self) -> dict[str, int]:
-        """``samples_per_frame`` and ``left_context`` of the codec."""
+    async def codec_info(self) -> dict[str, Any]:
+        """``samples_per_frame`` and ``left_context`` of the codec, and the streaming chunk
+        plan: ``first_chunk_frames``, ``chunk_frames``, ``chunk_growth``."""
 
     async def encode_audio(self, features: list[Any]) -> Any | None:
         """A channel ref to the audio tower's rows for these clips, or None without an
@@ -68,8 +70,6 @@ class ChatOptions:
     want_audio: bool = False
     voice: str = "ethan"
     talker_sampling: dict[str, Any] = field(default_factory=dict)
-    first_chunk_frames: int = 4
-    chunk_frames: int = 25
     reply_ids: list[int] | None = None
 
 
@@ -125,18 +125,22 @@ async def stream_chat(
         )
         info = await clients.codec_info()
         planner = ChunkPlanner(
-            info["samples_per_frame"], first_chunk=options.first_chunk_frames,
-            chunk=options.chunk_frames, left_context=info["left_context"],
+            info["samples_per_frame"], first_chunk=info["first_chunk_frames"],
+            chunk=info["chunk_frames"], growth=info["chunk_growth"],
+            left_context=info["left_context"],
         )  # fmt: skip
     else:
         events = clients.thinker(thinker_request)
     audio: list[np.ndarray] = []
     async for event in events:
         if event.get("kind", "text") == "codes":
+            timings.setdefault("first_frame_s", time.perf_counter() - start)
             jobs = planner.push(event["codes"][:, None])
             pieces = await clients.code2wav(jobs) if jobs else []
         else:
             tokens += event["token_ids"]
+            if event["token_ids"]:
+                timings.setdefault("first_token_s", time.perf_counter() - start)
             if event["text"]:
                 text.append(event["text"])
                 yield ChatEvent("text", text=event["text"])
@@ -161,6 +165,9 @@ async def stream_chat(
     if options.want_audio:
         result.audio = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
     result.timings["total_s"] = time.perf_counter() - start
+    if result.audio is not None and len(result.audio):
+        # Real-time factor: < 1 means audio is produced faster than it plays.
+        result.timings["rtf"] = result.timings["total_s"] / (len(result.audio) / SAMPLE_RATE)
     yield ChatEvent("done", result=result)
 
 

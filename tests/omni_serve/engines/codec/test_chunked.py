@@ -28,12 +28,15 @@ def stream(planner: ChunkPlanner, codes: torch.Tensor, piece: int):
 
 @pytest.mark.parametrize("frames", [1, 4, 5, 29, 30, 160])
 @pytest.mark.parametrize("piece", [1, 7])
-def test_chunks_concatenate_to_full_decode(decoder, frames, piece):
+@pytest.mark.parametrize("growth", [1.0, 2.0])
+def test_chunks_concatenate_to_full_decode(decoder, frames, piece, growth):
     codec, context = decoder
     codes = random_codes(frames)
     with torch.no_grad():
         full = codec.decode_fn(codes[None])[0]
-    planner = ChunkPlanner(codec.samples_per_frame, first_chunk=4, chunk=25, left_context=context)
+    planner = ChunkPlanner(
+        codec.samples_per_frame, first_chunk=4, chunk=25, left_context=context, growth=growth
+    )
     jobs = stream(planner, codes, piece)
     audio = torch.cat(codec.run(jobs))
     padded = CodecDecoder(codec.decode_fn, codec.samples_per_frame, conv_history=8, max_batch=64)
@@ -43,6 +46,14 @@ def test_chunks_concatenate_to_full_decode(decoder, frames, piece):
     assert sum(j.num_frames for j in jobs) == frames
     if frames >= 5:
         assert jobs[0].num_frames == 4  # first audio after 4 frames (+1 look-ahead)
+
+
+def test_chunks_ramp_up_from_the_first_to_the_steady_size():
+    planner = ChunkPlanner(1920, first_chunk=2, chunk=25, left_context=10)
+    sizes = [job.num_frames for job in planner.push(torch.zeros(16, 120, dtype=torch.long))]
+    assert sizes == [2, 4, 8, 16, 25, 25, 25]  # 105 frames; the 1 look-ahead frame waits
+    steady = ChunkPlanner(1920, first_chunk=4, chunk=25, growth=1.0)
+    assert [j.num_frames for j in steady.push(torch.zeros(16, 40, dtype=torch.long))] == [4] * 9
 
 
 def test_too_little_left_context_is_wrong(decoder):
@@ -74,6 +85,8 @@ def test_streams_of_different_lengths_batch_together(decoder):
 def test_planner_rejects_bad_sizes_and_push_after_finish():
     with pytest.raises(ValueError):
         ChunkPlanner(1920, first_chunk=0)
+    with pytest.raises(ValueError):
+        ChunkPlanner(1920, growth=0.5)
     planner = ChunkPlanner(1920)
     planner.finish()
     with pytest.raises(RuntimeError):

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from omni_serve.api.metrics import ApiMetrics
+
+
+def _value(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_result_timings_become_stage_latencies_and_rtf():
+    metrics = ApiMetrics()
+    timings = {"first_token_s": 0.1, "first_frame_s": 0.2, "first_audio_s": 0.3,
+               "total_s": 2.0, "rtf": 0.5}  # fmt: skip
+    metrics.observe_result(timings, tokens=7, audio_s=4.0)
+    text = metrics.render().decode()
+    assert _value(text, 'omni_stage_latency_seconds_sum{stage="first_frame"}') == 0.2
+    assert _value(text, 'omni_stage_latency_seconds_count{stage="first_audio"}') == 1
+    assert _value(text, "omni_audio_real_time_factor_sum") == 0.5
+    assert _value(text, 'omni_audio_real_time_factor_bucket{le="0.5"}') == 1
+    assert _value(text, 'omni_audio_real_time_factor_bucket{le="0.25"}') == 0
+    assert _value(text, "omni_text_tokens_total") == 7
