@@ -45,3 +45,18 @@ def pin_to_cores(cores: list[int] | None) -> None:
         if wanted:
             os.sched_setaffinity(0, wanted)
     torch.set_num_threads(max(1, len(cores or [0])))
+
+
+class StageWorker:
+    """One thread per replica for blocking torch work, so the replica's event loop keeps
+    answering health checks and queueing requests while a model runs."""
+
+    def __init__(self, name: str) -> None:
+        import concurrent.futures
+
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    async def run(self, fn, *args):
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

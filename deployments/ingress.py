@@ -11,14 +11,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
+from omni_serve.api.errors import ApiError, install_error_handlers
+from omni_serve.api.health import stage_health
 from omni_serve.api.media import MediaError
 from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import (
@@ -41,35 +42,7 @@ from omni_serve.transport import make_channel
 
 app = FastAPI(title="omni-serve", version="0.1.0")
 log = logging.getLogger("ray.serve")
-HEALTH_TIMEOUT_S = 2.0
-
-
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        type_: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.body = status, error_body(message, type_, param, code)
-
-
-@app.exception_handler(ApiError)
-async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body, status_code=exc.status)
-
-
-@app.exception_handler(RequestValidationError)
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    if first.get("type") == "json_invalid":
-        return JSONResponse(error_body("request body is not valid JSON"), status_code=400)
-    where = ".".join(str(p) for p in first["loc"] if p != "body") or None
-    message = f"{where}: {first['msg']}" if where else first["msg"]
-    return JSONResponse(error_body(message, param=where), status_code=400)
+install_error_handlers(app)
 
 
 SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac",
@@ -176,19 +149,7 @@ class Ingress:
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        """200 when every stage answers; 503 naming the stages that do not (yet)."""
-
-        async def ping(name: str) -> str | None:
-            try:
-                await asyncio.wait_for(self.handles[name].ready.remote(), HEALTH_TIMEOUT_S)
-            except Exception as exc:
-                return f"{name}: {type(exc).__name__}"
-            return None
-
-        problems = [p for p in await asyncio.gather(*map(ping, self.handles)) if p]
-        if problems:
-            return JSONResponse({"status": "unavailable", "stages": problems}, status_code=503)
-        return JSONResponse({"status": "ok", "stages": sorted(self.handles)})
+        return await stage_health(self.handles)
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
@@ -370,6 +331,9 @@ class Ingress:
         max_tokens = body.max_completion_tokens or body.max_tokens or api.default_max_tokens
         if max_tokens > api.max_tokens_limit:
             raise ApiError(400, f"max_tokens must be <= {api.max_tokens_limit}", "max_tokens")
+        if "image" in body.modalities:
+            raise ApiError(400, "modalities: this model answers in text and audio, not images",
+                           "modalities")  # fmt: skip
         want_audio = "audio" in body.modalities
         if want_audio and body.audio is None:
             raise ApiError(400, "modalities includes 'audio': give audio {voice, format}", "audio")

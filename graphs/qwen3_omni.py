@@ -8,7 +8,6 @@ the working directory, so the same YAML works for ``serve run`` and ``serve depl
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ray.serve import Application
@@ -18,9 +17,9 @@ from deployments.encoder import EncoderDeployment
 from deployments.ingress import Ingress
 from deployments.talker import TalkerDeployment
 from deployments.thinker import ThinkerDeployment
+from graphs.common import REPO, pipeline_path
 from omni_serve.config import PipelineConfig, load_pipeline_config
 
-REPO = Path(__file__).parents[1]
 DEFAULT_PIPELINE = REPO / "configs" / "pipelines" / "qwen3_omni_tiny.yaml"
 STAGE_CLASSES = {
     "encoder": EncoderDeployment,  # optional: without it the Thinker encodes media itself
@@ -30,17 +29,10 @@ STAGE_CLASSES = {
 }
 
 
-def _pipeline_path(value: str | Path) -> Path:
-    path = Path(value)
-    if not path.is_absolute() and not path.exists() and (REPO / path).exists():
-        return REPO / path
-    return path
-
-
 def build_app(args: dict[str, Any] | None = None) -> Application:
     args = args or {}
     config: PipelineConfig = load_pipeline_config(
-        _pipeline_path(args.get("pipeline_config", DEFAULT_PIPELINE))
+        pipeline_path(args.get("pipeline_config", DEFAULT_PIPELINE))
     )
     data = config.model_dump(mode="json")
     bound = {}

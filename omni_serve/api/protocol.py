@@ -74,8 +74,9 @@ class ChatCompletionRequest(BaseModel):
 
     model: str = Field(description="Served model id (see GET /v1/models).")
     messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
-    modalities: list[Literal["text", "audio"]] = Field(
-        default_factory=lambda: ["text"], description="Output modalities."
+    modalities: list[Literal["text", "audio", "image"]] = Field(
+        default_factory=lambda: ["text"],
+        description="Output modalities: text and audio (Qwen3-Omni) or image (Qwen-Image).",
     )
     audio: AudioOptions | None = Field(None, description="Audio output options.")
     max_tokens: int | None = Field(None, ge=1, description="Most text tokens to generate.")

@@ -82,6 +82,15 @@ class ApiSettings(_Strict):
     api_key: str | None = Field(
         None, description="If set, requests must send 'Authorization: Bearer <api_key>'."
     )
+    image_default_size: str = Field(
+        "1024x1024", description="Image size ('WxH') when a request omits it (image models)."
+    )
+    image_default_steps: int = Field(
+        28, ge=1, le=100, description="Denoising steps when a request omits them."
+    )
+    image_max_pixels: int = Field(
+        1024 * 1024, ge=64 * 64, description="Largest image (width x height) a request may ask for."
+    )
 
 
 class PipelineConfig(_Strict):

@@ -55,10 +55,9 @@ class ServeProcess:
         raise TimeoutError(f"serve run not ready in {timeout_s}s:\n{self.tail()}")
 
     def _answers(self) -> bool:
-        body = {"model": "qwen3-omni", "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 1}  # fmt: skip
+        """Ready when /health is 200: the ingress is up and every stage's ``ready()`` answers."""
         try:
-            r = httpx.post(f"{self.base_url}/v1/chat/completions", json=body, timeout=60)
+            r = httpx.get(f"{self.base_url}/health", timeout=30)
         except httpx.HTTPError:
             return False
         return r.status_code == 200

@@ -1,0 +1,66 @@
+"""DiT stage (Qwen-Image): owns the denoising loop; concurrent requests of the same size and
+step count run as one batch (each request's CFG branches included)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Any
+
+from ray import serve
+
+from deployments.common import StageWorker, edge_channel, pin_to_cores, stage_dtype, stage_setup
+from omni_serve.models.qwen_image.denoise import ImageJob
+from omni_serve.models.qwen_image.stages import load_denoiser
+from omni_serve.transport import TensorRef, take
+
+log = logging.getLogger("ray.serve")
+
+
+@serve.deployment
+class DiTDeployment:
+    def __init__(self, pipeline: dict[str, Any], stage_name: str = "dit") -> None:
+        config, stage, model_path = stage_setup(pipeline, stage_name)
+        pin_to_cores(stage.deployment.cpu_cores)
+        self.denoiser = load_denoiser(model_path, stage_dtype(stage))
+        self.channel = edge_channel(config, stage_name)
+        self.worker = StageWorker("dit")
+        self.denoise_batched.set_max_batch_size(stage.engine.max_batch_size)
+        self.batches = 0
+        self.max_batch = 0
+
+    async def denoise(self, request: dict[str, Any]) -> list[TensorRef]:
+        """Packed latents, one ref per seed of the request."""
+        prompt = await take(request["prompt"])
+        negative = await take(request["negative"]) if request["negative"] is not None else None
+        jobs = [
+            ImageJob(prompt, request["height"], request["width"], request["steps"], seed,
+                     negative_embeds=negative, true_cfg_scale=request["true_cfg_scale"])
+            for seed in request["seeds"]
+        ]  # fmt: skip
+        # The request's n images join the same batch (and other requests' images with them).
+        latents = await asyncio.gather(*(self.denoise_batched(job) for job in jobs))
+        return [self.channel.put(lat) for lat in latents]
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
+    async def denoise_batched(self, jobs: list[ImageJob]) -> list[Any]:
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, job in enumerate(jobs):
+            groups[job.shape_key].append(i)
+        out: list[Any] = [None] * len(jobs)
+        for key, members in groups.items():
+            log.info("DiT batch of %d image(s), size %dx%d, %d steps", len(members), key[1],
+                     key[0], key[2])  # fmt: skip
+            latents = await self.worker.run(self.denoiser.run, [jobs[i] for i in members])
+            for i, lat in zip(members, latents, strict=True):
+                out[i] = lat
+            self.batches += 1
+            self.max_batch = max(self.max_batch, len(members))
+        return out
+
+    async def ready(self) -> bool:
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return {"steps": self.batches, "max_batch": self.max_batch, "running": 0}

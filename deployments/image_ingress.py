@@ -1,0 +1,148 @@
+"""Ingress of a text-to-image pipeline (Qwen-Image): OpenAI images API, and chat completions
+with ``modalities: ["image"]``, orchestrating TextEncoder -> DiT -> VAE."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from omni_serve.api.errors import ApiError, install_error_handlers
+from omni_serve.api.health import stage_health
+from omni_serve.api.images import ImageGenerationRequest, parse_size, png_b64
+from omni_serve.api.metrics import ApiMetrics
+from omni_serve.api.protocol import ChatCompletionRequest, new_id
+from omni_serve.config import PipelineConfig
+from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
+from omni_serve.transport import take
+
+app = FastAPI(title="omni-serve (text to image)", version="0.1.0")
+log = logging.getLogger("ray.serve")
+install_error_handlers(app)
+
+
+class _HandleClients:
+    """``ImageClients`` over Serve handles."""
+
+    def __init__(self, handles: dict[str, DeploymentHandle]) -> None:
+        self.handles = handles
+
+    async def encode(self, prompts: list[str]) -> list[Any]:
+        return await self.handles["text_encoder"].encode.remote(prompts)
+
+    async def denoise(self, request: dict[str, Any]) -> list[Any]:
+        return await self.handles["dit"].denoise.remote(request)
+
+    async def decode(self, latents: Any, height: int, width: int) -> Any:
+        return await self.handles["vae"].decode.remote(latents, height, width)
+
+    async def fetch(self, ref: Any) -> Any:
+        return await take(ref)
+
+
+def _chat_prompt(body: ChatCompletionRequest) -> str:
+    """The last user message's text is the image prompt."""
+    for message in reversed(body.messages):
+        if message.role != "user":
+            continue
+        if isinstance(message.content, str):
+            return message.content
+        return " ".join(p.text for p in message.content if p.type == "text")
+    raise ApiError(400, "messages: no user message to draw", param="messages")
+
+
+# Keep module-level helpers ABOVE this class: Serve pickles the class by value when the
+# decorator runs, so a global defined below it is missing in the replica (NameError).
+@serve.deployment
+@serve.ingress(app)
+class ImageIngress:
+    def __init__(
+        self,
+        pipeline: dict[str, Any],
+        text_encoder: DeploymentHandle,
+        dit: DeploymentHandle,
+        vae: DeploymentHandle,
+    ) -> None:
+        self.config = PipelineConfig.model_validate(pipeline)
+        self.handles = {"text_encoder": text_encoder, "dit": dit, "vae": vae}
+        self.clients = _HandleClients(self.handles)
+        self.metrics = ApiMetrics()
+        self.created = int(time.time())
+
+    @app.get("/v1/models")
+    async def models(self) -> dict[str, Any]:
+        card = {"id": self.config.served_model_name, "object": "model",
+                "created": self.created, "owned_by": "omni-serve"}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health(self) -> JSONResponse:
+        return await stage_health(self.handles)
+
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/images/generations")
+    async def generations(self, body: ImageGenerationRequest) -> dict[str, Any]:
+        options = self._options(body)
+        result = await self._run(options)
+        return {
+            "created": int(time.time()),
+            "data": [{"b64_json": png_b64(image)} for image in result.images],
+            "seeds": result.seeds,
+            "timings": result.timings,
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, body: ChatCompletionRequest) -> dict[str, Any]:
+        if body.stream:
+            raise ApiError(400, "stream: image generation answers in one piece", param="stream")
+        if "image" not in body.modalities:
+            raise ApiError(400, "modalities: this model generates images: send ['image']",
+                           "modalities")  # fmt: skip
+        request = ImageGenerationRequest(prompt=_chat_prompt(body), seed=body.seed)
+        result = await self._run(self._options(request))
+        parts = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png_b64(i)}"}}
+                 for i in result.images]  # fmt: skip
+        return {
+            "id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
+            "model": self.config.served_model_name,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": parts}}],
+            "timings": result.timings,
+        }  # fmt: skip
+
+    def _options(self, body: ImageGenerationRequest) -> ImageOptions:
+        api = self.config.api
+        if body.model is not None and body.model != self.config.served_model_name:
+            raise ApiError(404, f"model {body.model!r} is not served here", "model",
+                           code="model_not_found")  # fmt: skip
+        try:
+            width, height = parse_size(body.size or api.image_default_size, api.image_max_pixels)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="size") from None
+        return ImageOptions(
+            prompt=body.prompt, width=width, height=height, n=body.n,
+            steps=body.num_inference_steps or api.image_default_steps,
+            negative_prompt=body.negative_prompt, true_cfg_scale=body.true_cfg_scale,
+            seed=body.seed,
+        )  # fmt: skip
+
+    async def _run(self, options: ImageOptions):
+        self.metrics.in_flight.inc()
+        try:
+            result = await generate_images(self.clients, options)
+        except Exception:
+            self.metrics.requests.labels("error").inc()
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+        self.metrics.requests.labels("ok").inc()
+        self.metrics.observe_result(result.timings, 0, 0.0)
+        return result

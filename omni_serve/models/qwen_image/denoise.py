@@ -1,0 +1,124 @@
+"""The Qwen-Image denoising loop (the DiT stage), batched across requests and CFG branches.
+
+diffusers' ``QwenImagePipeline.__call__`` runs one request, and its conditional and
+unconditional (CFG) passes one after the other. Here every request of a batch contributes a
+conditional row and, with CFG, an unconditional row, and ONE transformer call per step runs
+them all: text embeddings of different lengths are right-padded and masked. The math per
+request is diffusers' own (same latents from the seed, same timesteps, same CFG combination
+with its norm rescale, same scheduler step), so the output matches the one-pass pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
+from diffusers.utils.torch_utils import randn_tensor
+
+VAE_SCALE_FACTOR = 8  # 2 ** len(temperal_downsample) of the Qwen-Image VAE
+
+
+@dataclass
+class ImageJob:
+    """One image to denoise. Jobs run together only if ``shape_key`` matches."""
+
+    prompt_embeds: torch.Tensor  # [L, D], valid rows only
+    height: int
+    width: int
+    steps: int
+    seed: int
+    negative_embeds: torch.Tensor | None = None  # [L', D]; CFG runs when set and scale > 1
+    true_cfg_scale: float = 4.0
+
+    @property
+    def cfg(self) -> bool:
+        return self.negative_embeds is not None and self.true_cfg_scale > 1
+
+    @property
+    def shape_key(self) -> tuple[int, int, int]:
+        return (self.height, self.width, self.steps)
+
+
+def initial_latents(job: ImageJob, channels: int, dtype: torch.dtype) -> torch.Tensor:
+    """Packed noise [seq, C] exactly as the pipeline draws it for ``generator=seed``."""
+    h = 2 * (job.height // (VAE_SCALE_FACTOR * 2))
+    w = 2 * (job.width // (VAE_SCALE_FACTOR * 2))
+    generator = torch.Generator().manual_seed(job.seed)
+    noise = randn_tensor((1, 1, channels, h, w), generator=generator, dtype=dtype)
+    return QwenImagePipeline._pack_latents(noise, 1, channels, h, w)[0]
+
+
+def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[n, L_max, D] right-padded embeddings and their mask (None when nothing is padded,
+    as the pipeline passes it)."""
+    longest = max(r.shape[0] for r in rows)
+    embeds = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, longest - len(r))) for r in rows])
+    mask = torch.stack([
+        torch.arange(longest) < len(r) for r in rows
+    ]).long()  # fmt: skip
+    return embeds, (None if bool(mask.all()) else mask)
+
+
+class Denoiser:
+    def __init__(self, transformer, scheduler_config: dict) -> None:
+        self.transformer = transformer.eval()
+        self.scheduler_config = scheduler_config
+        self.channels = transformer.config.in_channels // 4
+
+    def _timesteps(self, seq_len: int, steps: int) -> tuple[FlowMatchEulerDiscreteScheduler, list]:
+        scheduler = FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config)
+        cfg = scheduler.config
+        mu = calculate_shift(
+            seq_len,
+            cfg.get("base_image_seq_len", 256),
+            cfg.get("max_image_seq_len", 4096),
+            cfg.get("base_shift", 0.5),
+            cfg.get("max_shift", 1.15),
+        )
+        sigmas = np.linspace(1.0, 1 / steps, steps)
+        timesteps, _ = retrieve_timesteps(scheduler, steps, "cpu", sigmas=sigmas, mu=mu)
+        scheduler.set_begin_index(0)
+        return scheduler, timesteps
+
+    @torch.no_grad()
+    def run(
+        self, jobs: list[ImageJob], on_step: Callable[[int, int], bool] | None = None
+    ) -> list[torch.Tensor]:
+        """Packed latents [seq, C] per job. ``on_step(i, total)`` is called after each step;
+        returning False stops the batch (all its requests were cancelled)."""
+        if len({job.shape_key for job in jobs}) != 1:
+            raise ValueError("jobs of one batch must share height, width and steps")
+        dtype = self.transformer.dtype
+        latents = torch.stack([initial_latents(job, self.channels, dtype) for job in jobs])
+        cfg_rows = [i for i, job in enumerate(jobs) if job.cfg]
+        text = [job.prompt_embeds for job in jobs] + [jobs[i].negative_embeds for i in cfg_rows]
+        embeds, mask = pad_rows([t.to(dtype) for t in text])
+        job, patch = jobs[0], VAE_SCALE_FACTOR * 2
+        img_shapes = [[(1, job.height // patch, job.width // patch)]]
+        scheduler, timesteps = self._timesteps(latents.shape[1], job.steps)
+        scale = torch.tensor([jobs[i].true_cfg_scale for i in cfg_rows], dtype=dtype).view(-1, 1, 1)
+        for step, t in enumerate(timesteps):
+            rows = torch.cat([latents, latents[cfg_rows]])
+            timestep = t.expand(rows.shape[0]).to(dtype)
+            pred = self.transformer(
+                hidden_states=rows,
+                timestep=timestep / 1000,
+                encoder_hidden_states=embeds,
+                encoder_hidden_states_mask=mask,
+                img_shapes=img_shapes * rows.shape[0],
+                return_dict=False,
+            )[0]
+            noise = pred[: len(jobs)].clone()
+            if cfg_rows:
+                cond, uncond = noise[cfg_rows], pred[len(jobs) :]
+                combined = uncond + scale * (cond - uncond)
+                rescale = cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True)
+                noise[cfg_rows] = combined * rescale
+            latents = scheduler.step(noise, t, latents, return_dict=False)[0]
+            if on_step is not None and on_step(step + 1, len(timesteps)) is False:
+                break
+        return list(latents)

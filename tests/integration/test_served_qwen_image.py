@@ -1,0 +1,123 @@
+"""User story: from the repo root, `serve run graphs.qwen_image:app` serves the tiny
+Qwen-Image graph; the openai client's images.generate gets PNGs equal to what diffusers'
+one-pass pipeline draws for the same seed."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import io
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+from PIL import Image
+
+from omni_serve.testing.serve_process import ServeProcess
+
+pytestmark = pytest.mark.integration
+URL = "http://127.0.0.1:8000"
+
+
+@pytest.fixture(scope="module")
+def served():
+    server = ServeProcess("graphs.qwen_image:app", URL)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{URL}/v1", api_key="unused")
+
+
+def png(b64: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
+
+
+def diffusers_image(path, prompt: str, negative: str | None, seed: int, w: int, h: int, steps: int):
+    from diffusers import QwenImagePipeline
+
+    pipe = QwenImagePipeline.from_pretrained(path)
+    image = pipe(
+        prompt, negative_prompt=negative, true_cfg_scale=4.0, height=h, width=w,
+        num_inference_steps=steps, generator=torch.Generator().manual_seed(seed), output_type="np",
+    ).images[0]  # fmt: skip
+    return (image * 255).round().astype(np.uint8)
+
+
+@pytest.mark.parametrize("negative", [None, "blurry"])
+def test_served_image_equals_diffusers(served, tiny_image_path, negative):
+    body = {"prompt": "a lighthouse at dusk", "size": "96x64", "num_inference_steps": 4,
+            "seed": 11, "n": 2}  # fmt: skip
+    if negative:
+        body["negative_prompt"] = negative
+    r = httpx.post(f"{URL}/v1/images/generations", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert data["seeds"] == [11, 12] and len(data["data"]) == 2
+    first, second = png(data["data"][0]["b64_json"]), png(data["data"][1]["b64_json"])
+    assert first.shape == (64, 96, 3)
+    reference = diffusers_image(tiny_image_path, body["prompt"], negative, 11, 96, 64, 4)
+    assert np.abs(first.astype(int) - reference).max() <= 1
+    assert np.abs(second.astype(int) - reference).max() > 10  # seed + 1 is another image
+
+
+def test_openai_client_and_default_size(client):
+    result = client.images.generate(prompt="a red cube", n=1)
+    assert png(result.data[0].b64_json).shape == (256, 256, 3)  # the pipeline's default
+
+
+def test_concurrent_requests_batch_in_the_dit(served):
+    body = {"prompt": "a cat", "size": "64x64", "num_inference_steps": 8}
+
+    def one(i: int) -> httpx.Response:
+        return httpx.post(f"{URL}/v1/images/generations", json={**body, "seed": i}, timeout=300)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(one, range(6)))
+    assert [r.status_code for r in responses] == [200] * 6
+    images = [png(r.json()["data"][0]["b64_json"]) for r in responses]
+    assert len({i.tobytes() for i in images}) == 6
+    log = served.tail(200_000)
+    assert "DiT batch of 1 image" in log and any(
+        f"DiT batch of {k} image" in log for k in range(2, 7)
+    )
+
+
+def test_chat_completions_with_image_modality(served):
+    body = {"model": "qwen-image", "modalities": ["image"], "seed": 3,
+            "messages": [{"role": "user", "content": "a green field"}]}  # fmt: skip
+    r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    part = r.json()["choices"][0]["message"]["content"][0]
+    assert part["type"] == "image_url"
+    assert png(part["image_url"]["url"].split(",", 1)[1]).shape == (256, 256, 3)
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"prompt": "  "}, "prompt must not be empty"),
+        ({"prompt": "x", "size": "100x64"}, "multiple of 16"),
+        ({"prompt": "x", "size": "big"}, "size must look like"),
+        ({"prompt": "x", "size": "4096x4096"}, "larger than this server allows"),
+        ({"prompt": "x", "n": 9}, "n"),
+        ({"prompt": "x", "n": 0}, "n"),
+        ({"prompt": "x", "response_format": "url"}, "response_format"),
+        ({"prompt": "x", "num_inference_steps": 0}, "num_inference_steps"),
+        ({"size": "64x64"}, "prompt"),
+    ],
+)
+def test_bad_image_requests_get_a_400_with_a_reason(served, body, fragment):
+    r = httpx.post(f"{URL}/v1/images/generations", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert fragment in r.json()["error"]["message"]
+
+
+def test_health_names_the_stages(served):
+    r = httpx.get(f"{URL}/health", timeout=30)
+    assert r.status_code == 200 and r.json()["stages"] == ["dit", "text_encoder", "vae"]
