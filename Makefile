@@ -19,7 +19,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup run test test-unit test-integration lint models clean
+.PHONY: run-image setup run test test-unit test-integration lint models clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,10 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) scripts/check_install.py
 run: setup
 	$(PY) -m omni_serve.models build tiny-qwen3-omni
 	RAY_ADDRESS=local $(VENV)/bin/serve run graphs.qwen3_omni:app
+
+run-image: setup
+	$(PY) -m omni_serve.models build tiny-qwen-image
+	RAY_ADDRESS=local $(VENV)/bin/serve run graphs.qwen_image:app
 
 # Unit tier first (fast, no Ray/vLLM), then the integration tier (starts vLLM and Serve).
 # pytest exits 5 when a tier collects no tests; that is not a failure of the other tier.

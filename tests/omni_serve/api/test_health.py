@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from deployments import ingress
+from omni_serve.api.health import stage_health
 
 
 class _Method:
@@ -26,22 +26,13 @@ class _Handle:
         self.ready = _Method(hang)
 
 
-def make_ingress(handles):
-    cls = ingress.Ingress.func_or_class
-    obj = cls.__new__(cls)  # skip __init__ (it loads the processor)
-    obj.handles = handles
-    return obj
-
-
-async def test_health_is_503_while_a_stage_does_not_answer(monkeypatch):
-    monkeypatch.setattr(ingress, "HEALTH_TIMEOUT_S", 0.2)
-    obj = make_ingress({"thinker": _Handle(), "talker": _Handle(hang=True)})
-    response = await obj.health()
+async def test_health_is_503_while_a_stage_does_not_answer():
+    response = await stage_health({"thinker": _Handle(), "talker": _Handle(hang=True)}, 0.2)
     assert response.status_code == 503
     assert json.loads(response.body)["stages"] == ["talker: TimeoutError"]
 
 
 async def test_health_is_200_when_every_stage_answers():
-    obj = make_ingress({"thinker": _Handle(), "talker": _Handle()})
-    response = await obj.health()
+    response = await stage_health({"thinker": _Handle(), "talker": _Handle()})
     assert response.status_code == 200
+    assert json.loads(response.body)["stages"] == ["talker", "thinker"]
