@@ -1,0 +1,65 @@
+"""Time (and optionally profile) one batched Talker decode step in isolation.
+
+    .venv/bin/python load_tests/profile_talker_step.py 16          # ms per step at batch 16
+    .venv/bin/python load_tests/profile_talker_step.py 16 --prof   # + torch profiler table
+
+small-qwen3-omni, 1 torch thread, the served KV cache length (4096), sampled Talker and code
+predictor as served. Prints ms per step and the audio seconds per second that step rate makes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from omni_serve.engines.ar.base import ARRequest, SamplingConfig
+from omni_serve.models import ensure_model
+from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
+from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
+from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
+
+FRAME_SECONDS = 0.08  # 12.5 codec frames per second of audio
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("batch", type=int, nargs="?", default=16)
+    parser.add_argument("--prof", action="store_true")
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    path = ensure_model("small-qwen3-omni")
+    talker, config = load_talker(path)
+    builder = TalkerInputBuilder(talker, config, load_thinker_embeddings(path))
+    runner = TalkerRunner(talker, builder.tts_pad, max_batch_size=16, max_len=4096)
+    hidden = builder.tts_pad.shape[-1]
+    sampling = SamplingConfig(temperature=0.9, top_k=50)
+    states = []
+    for i in range(args.batch):
+        request = ARRequest(str(i), prompt_embeds=torch.randn(40 + i, hidden), sampling=sampling,
+                            extra={"text_done": True})  # fmt: skip
+        state = runner.new_state(request)
+        runner.prefill(state)
+        states.append(state)
+    last = [5] * args.batch
+    for _ in range(3):
+        runner.decode(states, last)
+    if args.prof:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(10):
+                runner.decode(states, last)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        runner.decode(states, last)
+    step = (time.perf_counter() - start) / args.steps
+    rate = args.batch * FRAME_SECONDS / step
+    print(f"batch {args.batch}: {step * 1000:.1f} ms per step, {rate:.2f} audio s/s")
+
+
+if __name__ == "__main__":
+    main()
