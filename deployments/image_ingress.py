@@ -16,7 +16,7 @@ from omni_serve.api.errors import ApiError, install_error_handlers
 from omni_serve.api.health import stage_health
 from omni_serve.api.images import ImageGenerationRequest, parse_size, png_b64
 from omni_serve.api.metrics import ApiMetrics
-from omni_serve.api.protocol import ChatCompletionRequest, new_id
+from omni_serve.api.protocol import ChatCompletionRequest, model_list, new_id
 from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
 from omni_serve.transport import take
@@ -76,9 +76,7 @@ class ImageIngress:
 
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:
-        card = {"id": self.config.served_model_name, "object": "model",
-                "created": self.created, "owned_by": "omni-serve"}  # fmt: skip
-        return {"object": "list", "data": [card]}
+        return model_list(self.config.served_model_name, self.created)
 
     @app.get("/health")
     async def health(self) -> JSONResponse:

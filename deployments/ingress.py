@@ -28,6 +28,7 @@ from omni_serve.api.protocol import (
     SpeechRequest,
     chat_completion_response,
     error_body,
+    model_list,
     new_id,
     usage_dict,
 )
@@ -143,9 +144,7 @@ class Ingress:
 
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:
-        card = {"id": self.config.served_model_name, "object": "model",
-                "created": self.created, "owned_by": "omni-serve"}  # fmt: skip
-        return {"object": "list", "data": [card]}
+        return model_list(self.config.served_model_name, self.created)
 
     @app.get("/health")
     async def health(self) -> JSONResponse:

@@ -91,6 +91,12 @@ class ChatCompletionRequest(BaseModel):
     )
 
 
+def model_list(model_id: str, created: int) -> dict[str, Any]:
+    """``GET /v1/models``: one pipeline serves one model."""
+    card = {"id": model_id, "object": "model", "created": created, "owned_by": "omni-serve"}
+    return {"object": "list", "data": [card]}
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
