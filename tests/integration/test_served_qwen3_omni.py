@@ -235,7 +235,7 @@ def test_client_disconnect_stops_work_in_every_stage(served):
     import time
 
     body = _chat_body(max_tokens=200)
-    body["stage_overrides"]["talker"]["max_tokens"] = 250
+    body["stage_overrides"]["talker"]["max_tokens"] = 500
     whole = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=300).json()
     assert whole["timings"]["total_s"] > 3  # so a stage still busy after 1.5 s would show
     body["stream"] = True
