@@ -10,7 +10,6 @@ with its norm rescale, same scheduler step), so the output matches the one-pass 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,11 +84,8 @@ class Denoiser:
         return scheduler, timesteps
 
     @torch.no_grad()
-    def run(
-        self, jobs: list[ImageJob], on_step: Callable[[int, int], bool] | None = None
-    ) -> list[torch.Tensor]:
-        """Packed latents [seq, C] per job. ``on_step(i, total)`` is called after each step;
-        returning False stops the batch (all its requests were cancelled)."""
+    def run(self, jobs: list[ImageJob]) -> list[torch.Tensor]:
+        """Packed latents [seq, C] per job."""
         if len({job.shape_key for job in jobs}) != 1:
             raise ValueError("jobs of one batch must share height, width and steps")
         dtype = self.transformer.dtype
@@ -101,7 +97,7 @@ class Denoiser:
         img_shapes = [[(1, job.height // patch, job.width // patch)]]
         scheduler, timesteps = self._timesteps(latents.shape[1], job.steps)
         scale = torch.tensor([jobs[i].true_cfg_scale for i in cfg_rows], dtype=dtype).view(-1, 1, 1)
-        for step, t in enumerate(timesteps):
+        for t in timesteps:
             rows = torch.cat([latents, latents[cfg_rows]])
             timestep = t.expand(rows.shape[0]).to(dtype)
             pred = self.transformer(
@@ -119,6 +115,4 @@ class Denoiser:
                 rescale = cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True)
                 noise[cfg_rows] = combined * rescale
             latents = scheduler.step(noise, t, latents, return_dict=False)[0]
-            if on_step is not None and on_step(step + 1, len(timesteps)) is False:
-                break
         return list(latents)

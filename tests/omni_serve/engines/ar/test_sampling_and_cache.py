@@ -62,3 +62,13 @@ def test_top_p_keeps_only_the_nucleus():
     }
     assert draws == {0, 1}
     assert sample_one(logits, SamplingConfig(temperature=1.0, top_p=0.5), []) == 0
+
+
+def test_unseeded_rows_share_one_draw_and_keep_to_top_k():
+    from omni_serve.engines.ar.sampling import sample_rows
+
+    logits = torch.zeros(4, 100)
+    logits[:, 10:13] = 5.0
+    cfg = SamplingConfig(temperature=1.0, top_k=3)
+    draws = {t for _ in range(30) for t in sample_rows(logits, cfg, [None] * 4).tolist()}
+    assert draws <= {10, 11, 12} and len(draws) > 1
