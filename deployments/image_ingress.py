@@ -12,6 +12,8 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from deployments import handle_calls
+from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
 from omni_serve.api.errors import ApiError, install_error_handlers
 from omni_serve.api.health import stage_health
 from omni_serve.api.images import ImageGenerationRequest, parse_size, png_b64
@@ -33,13 +35,13 @@ class _HandleClients:
         self.handles = handles
 
     async def encode(self, prompts: list[str]) -> list[Any]:
-        return await self.handles["text_encoder"].encode.remote(prompts)
+        return await handle_calls.call(self.handles["text_encoder"].encode.remote(prompts))
 
     async def denoise(self, request: dict[str, Any]) -> list[Any]:
-        return await self.handles["dit"].denoise.remote(request)
+        return await handle_calls.call(self.handles["dit"].denoise.remote(request))
 
     async def decode(self, latents: Any, height: int, width: int) -> Any:
-        return await self.handles["vae"].decode.remote(latents, height, width)
+        return await handle_calls.call(self.handles["vae"].decode.remote(latents, height, width))
 
     async def fetch(self, ref: Any) -> Any:
         return await take(ref)
@@ -88,8 +90,7 @@ class ImageIngress:
 
     @app.post("/v1/images/generations")
     async def generations(self, body: ImageGenerationRequest) -> dict[str, Any]:
-        options = self._options(body)
-        result = await self._run(options)
+        result = await self._run(self._options(body), body.timeout_s)
         return {
             "created": int(time.time()),
             "data": [{"b64_json": png_b64(image)} for image in result.images],
@@ -105,7 +106,7 @@ class ImageIngress:
             raise ApiError(400, "modalities: this model generates images: send ['image']",
                            "modalities")  # fmt: skip
         request = ImageGenerationRequest(prompt=_chat_prompt(body), seed=body.seed)
-        result = await self._run(self._options(request))
+        result = await self._run(self._options(request), body.timeout_s)
         parts = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png_b64(i)}"}}
                  for i in result.images]  # fmt: skip
         return {
@@ -132,13 +133,19 @@ class ImageIngress:
             seed=body.seed,
         )  # fmt: skip
 
-    async def _run(self, options: ImageOptions):
+    async def _run(self, options: ImageOptions, timeout_s: float | None):
+        deadline = request_deadline(timeout_s, self.config.api.request_timeout_s)
         self.metrics.in_flight.inc()
         try:
-            result = await generate_images(self.clients, options)
-        except Exception:
+            result = await await_within(generate_images(self.clients, options), deadline)
+        except RequestTimeout as exc:
+            self.metrics.requests.labels("timeout").inc()
+            raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
+        except Exception as exc:
+            log.exception("image request failed in a stage")
             self.metrics.requests.labels("error").inc()
-            raise
+            raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"[:500],
+                           type_="server_error") from None  # fmt: skip
         finally:
             self.metrics.in_flight.dec()
         self.metrics.requests.labels("ok").inc()

@@ -17,7 +17,9 @@ from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from deployments import handle_calls
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
+from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
 from omni_serve.api.errors import ApiError, install_error_handlers
 from omni_serve.api.health import stage_health
 from omni_serve.api.media import MediaError
@@ -62,6 +64,8 @@ def _change_speed(samples: np.ndarray, speed: float) -> np.ndarray:
 def _ws_error(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, ApiError):
         return {"type": "error", **exc.body}
+    if isinstance(exc, RequestTimeout):
+        return {"type": "error", **error_body(str(exc), "timeout_error")}
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -90,23 +94,24 @@ class _HandleClients:
         self._codec_info: dict[str, Any] | None = None
 
     def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return self._thinker.generate.remote(request)
+        return handle_calls.stream(self._thinker.generate.remote(request))
 
     def speak(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return self._talker.speak.remote(request)
+        return handle_calls.stream(self._talker.speak.remote(request))
 
     async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
-        return await self._code2wav.decode.remote(jobs)
+        return await handle_calls.call(self._code2wav.decode.remote(jobs))
 
     async def encode_audio(self, features: list[Any]) -> Any | None:
         if self._encoder is None:
             return None
-        return await self._encoder.encode_audio.remote(features)
+        return await handle_calls.call(self._encoder.encode_audio.remote(features))
 
     async def encode_images(self, pixels: Any, grid_thw: Any) -> Any | None:
         if self._encoder is None:
             return None
-        return await self._encoder.encode_images.remote(self._channel.put(pixels), grid_thw)
+        ref = self._channel.put(pixels)
+        return await handle_calls.call(self._encoder.encode_images.remote(ref, grid_thw))
 
     async def codec_info(self) -> dict[str, Any]:
         if self._codec_info is None:
@@ -172,7 +177,12 @@ class Ingress:
             )
         self.metrics.in_flight.inc()
         try:
-            result = await run_chat(self.clients, prompt, options, request_id)
+            result = await await_within(
+                run_chat(self.clients, prompt, options, request_id), self._deadline(body)
+            )
+        except RequestTimeout as exc:
+            self.metrics.requests.labels("timeout").inc()
+            raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
         except Exception as exc:  # a stage failed: say so, in the API's error shape
             log.exception("chat request failed in a stage")
             self.metrics.requests.labels("error").inc()
@@ -219,6 +229,8 @@ class Ingress:
             async for event in events:
                 if event.kind == "done":
                     audio = event.result.audio
+        except RequestTimeout as exc:
+            raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
         except Exception as exc:
             log.exception("speech request failed in a stage")
             raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"[:500],
@@ -234,7 +246,8 @@ class Ingress:
         reply = tokenizer(body.input)["input_ids"] + [im_end]
         sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
         options = ChatOptions(sampling, True, body.voice, _talker_overrides(body), reply_ids=reply)
-        return stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
+        events = stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
+        return iterate_within(events, self._deadline(body))
 
     @app.websocket("/v1/audio/stream")
     async def audio_stream(self, ws: WebSocket) -> None:
@@ -272,7 +285,8 @@ class Ingress:
             "audio": {"voice": voice, "format": "pcm16"},
         })  # fmt: skip
         prompt, options = self._validate(body)
-        return stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
+        events = stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
+        return iterate_within(events, self._deadline(body))
 
     async def _ws_answer(self, ws: WebSocket, events) -> None:
         response_id = new_id("resp")
@@ -318,6 +332,9 @@ class Ingress:
             log.exception("streamed speech request failed in a stage")
             yield sse({"type": "error", "error": {"message": str(exc)[:500]}})
 
+    def _deadline(self, body: ChatCompletionRequest | SpeechRequest) -> float | None:
+        return request_deadline(body.timeout_s, self.config.api.request_timeout_s)
+
     def _check_model(self, model: str) -> None:
         if model != self.config.served_model_name:
             served = self.config.served_model_name
@@ -358,7 +375,8 @@ class Ingress:
         self.metrics.in_flight.inc()
         try:
             yield writer.role()
-            async for event in stream_chat(self.clients, prompt, options, request_id):
+            events = stream_chat(self.clients, prompt, options, request_id)
+            async for event in iterate_within(events, self._deadline(body)):
                 if event.kind == "text":
                     yield writer.text(event.text)
                 elif event.kind == "audio":
@@ -371,6 +389,9 @@ class Ingress:
                     if body.stream_options and body.stream_options.include_usage:
                         yield writer.usage(usage_dict(result.prompt_tokens, len(result.token_ids)))
             self.metrics.requests.labels("ok").inc()
+        except RequestTimeout as exc:
+            self.metrics.requests.labels("timeout").inc()
+            yield writer.error(str(exc), "timeout_error")
         except Exception as exc:  # headers are sent: report in-band, then end the stream
             log.exception("streamed chat request failed in a stage")
             self.metrics.requests.labels("error").inc()

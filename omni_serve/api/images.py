@@ -39,6 +39,12 @@ class ImageGenerationRequest(BaseModel):
         None, ge=0, lt=2**63, description="Seed of image i is seed + i; random if unset."
     )
     user: str | None = Field(None, description="End-user id (accepted, not used).")
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="omni-serve extension: server-side deadline in seconds (capped by the "
+        "server's api.request_timeout_s).",
+    )
 
     @field_validator("prompt")
     @classmethod

@@ -89,6 +89,12 @@ class ChatCompletionRequest(BaseModel):
     stage_overrides: StageOverrides | None = Field(
         None, description="omni-serve extension: per-stage settings (e.g. Talker sampling)."
     )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="omni-serve extension: server-side deadline in seconds (capped by the "
+        "server's api.request_timeout_s); past it the request is cancelled in every stage.",
+    )
 
 
 def model_list(model_id: str, created: int) -> dict[str, Any]:
@@ -149,4 +155,10 @@ class SpeechRequest(BaseModel):
     )
     stage_overrides: StageOverrides | None = Field(
         None, description="omni-serve extension: per-stage settings (e.g. Talker sampling)."
+    )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="omni-serve extension: server-side deadline in seconds (capped by the "
+        "server's api.request_timeout_s); past it the request is cancelled in every stage.",
     )

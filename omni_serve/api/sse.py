@@ -59,6 +59,6 @@ class ChunkWriter:
         chunk["usage"] = usage
         return sse(chunk)
 
-    def error(self, message: str) -> str:
-        return sse({"error": {"message": message, "type": "server_error", "param": None,
+    def error(self, message: str, type_: str = "server_error") -> str:
+        return sse({"error": {"message": message, "type": type_, "param": None,
                               "code": None}})  # fmt: skip

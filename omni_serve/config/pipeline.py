@@ -82,6 +82,12 @@ class ApiSettings(_Strict):
     api_key: str | None = Field(
         None, description="If set, requests must send 'Authorization: Bearer <api_key>'."
     )
+    request_timeout_s: float | None = Field(
+        600.0,
+        gt=0,
+        description="Longest a request may run on the server; past it the request is "
+        "cancelled in every stage (504, or an error event once streaming). None = no limit.",
+    )
     image_default_size: str = Field(
         "1024x1024", description="Image size ('WxH') when a request omits it (image models)."
     )

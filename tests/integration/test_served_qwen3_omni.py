@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 
 import httpx
 import openai
@@ -232,8 +233,6 @@ def _metric(text: str, name: str) -> float:
 
 def test_client_disconnect_stops_work_in_every_stage(served):
     """A streaming client that goes away mid-answer: the Talker and Thinker stop within ~1 s."""
-    import time
-
     body = _chat_body(max_tokens=200)
     body["stage_overrides"]["talker"]["max_tokens"] = 500
     whole = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=300).json()
@@ -245,16 +244,43 @@ def test_client_disconnect_stops_work_in_every_stage(served):
             seen += '"audio"' in line
             if seen >= 1:
                 break  # first audio arrived: hang up
-    deadline = time.monotonic() + 1.5
-    while time.monotonic() < deadline:
+    assert _stages_idle_within(1.5)
+    assert httpx.get(f"{URL}/health", timeout=30).status_code == 200
+
+
+def _stages_idle_within(seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
         metrics = httpx.get(f"{URL}/metrics", timeout=30).text
         talker = _metric(metrics, 'omni_stage_running_requests{stage="talker"}')
-        in_flight = _metric(metrics, "omni_requests_in_flight")
-        if talker == 0 and in_flight == 0:
-            break
+        if talker == 0 and _metric(metrics, "omni_requests_in_flight") == 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.25)
-    assert talker == 0 and in_flight == 0
-    assert httpx.get(f"{URL}/health", timeout=30).status_code == 200
+
+
+def test_a_request_past_its_deadline_gets_a_504_and_stops_every_stage(served):
+    """A request whose timeout_s is shorter than its answer: 504 / an in-band timeout error,
+    and no stage keeps working on it (the same request takes > 3 s without the deadline)."""
+    body = _chat_body(max_tokens=200)
+    body["stage_overrides"]["talker"]["max_tokens"] = 500
+    body["timeout_s"] = 1.0
+    start = time.monotonic()
+    r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 504, r.text
+    assert r.json()["error"]["type"] == "timeout_error"
+    assert "1 s deadline" in r.json()["error"]["message"]
+    assert time.monotonic() - start < 3
+    assert _stages_idle_within(1.5)
+    body["stream"] = True
+    with httpx.stream("POST", f"{URL}/v1/chat/completions", json=body, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    assert '"timeout_error"' in lines[-2]
+    assert _stages_idle_within(1.5)
+    assert httpx.post(f"{URL}/v1/chat/completions", json={**body, "timeout_s": -1},
+                      timeout=30).status_code == 400  # fmt: skip
 
 
 def test_speech_endpoint_returns_audio_in_the_asked_format(client):
