@@ -23,7 +23,7 @@ class DiTDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "dit") -> None:
         config, stage, model_path = stage_setup(pipeline, stage_name)
         pin_to_cores(stage.deployment.cpu_cores)
-        self.denoiser = load_denoiser(model_path, stage_dtype(stage))
+        self.denoiser = load_denoiser(model_path, stage_dtype(stage), stage.engine.step_cache)
         self.channel = edge_channel(config, stage_name)
         self.worker = StageWorker("dit")
         self.denoise_batched.set_max_batch_size(stage.engine.max_batch_size)
@@ -53,6 +53,9 @@ class DiTDeployment:
             log.info("DiT batch of %d image(s), size %dx%d, %d steps", len(members), key[1],
                      key[0], key[2])  # fmt: skip
             latents = await self.worker.run(self.denoiser.run, [jobs[i] for i in members])
+            if self.denoiser.step_cache is not None:
+                log.info("DiT batch took %d of %d steps from the step cache",
+                         self.denoiser.last_cached_steps, key[2])  # fmt: skip
             for i, lat in zip(members, latents, strict=True):
                 out[i] = lat
             self.batches += 1

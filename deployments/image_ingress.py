@@ -75,6 +75,10 @@ class ImageIngress:
         self.clients = _HandleClients(self.handles)
         self.metrics = ApiMetrics()
         self.created = int(time.time())
+        dit_stage = next(stage for stage in self.config.stages if stage.kind == "dit")
+        step_cache = dit_stage.engine.step_cache
+        mask = step_cache.steps_mask if step_cache and step_cache.enabled else None
+        self.step_mask_length = len(mask) if mask is not None else None
 
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:
@@ -126,9 +130,14 @@ class ImageIngress:
             width, height = parse_size(body.size or api.image_default_size, api.image_max_pixels)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="size") from None
+        steps = body.num_inference_steps or api.image_default_steps
+        mask = self.step_mask_length
+        if mask is not None and steps != mask:
+            message = f"num_inference_steps: this server's DiT step-cache mask needs {mask} steps"
+            raise ApiError(400, message, param="num_inference_steps")
         return ImageOptions(
             prompt=body.prompt, width=width, height=height, n=body.n,
-            steps=body.num_inference_steps or api.image_default_steps,
+            steps=steps,
             negative_prompt=body.negative_prompt, true_cfg_scale=body.true_cfg_scale,
             seed=body.seed,
         )  # fmt: skip

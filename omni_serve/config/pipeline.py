@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omni_serve.config.deployment import DeploymentSettings
+from omni_serve.config.diffusion import StepCacheSettings
 
 StageKind = Literal[
     "encoder", "thinker", "talker", "code2wav", "text_encoder", "dit", "vae", "ingress"
@@ -30,6 +31,9 @@ class EngineSettings(_Strict):
     )
     max_batch_size: int = Field(
         8, ge=1, description="Most requests the engine steps together (continuous batching)."
+    )
+    step_cache: StepCacheSettings | None = Field(
+        None, description="DiT stages: cache-dit step caching (off when unset)."
     )
 
 

@@ -18,6 +18,8 @@ from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
 from diffusers.utils.torch_utils import randn_tensor
 
+from omni_serve.engines.diffusion.step_cache import StepCache
+
 VAE_SCALE_FACTOR = 8  # 2 ** len(temperal_downsample) of the Qwen-Image VAE
 
 
@@ -63,10 +65,16 @@ def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | Non
 
 
 class Denoiser:
-    def __init__(self, transformer, scheduler_config: dict) -> None:
+    """``step_cache``: cache-dit hooks already on ``transformer`` (refreshed per run)."""
+
+    def __init__(
+        self, transformer, scheduler_config: dict, step_cache: StepCache | None = None
+    ) -> None:
         self.transformer = transformer.eval()
         self.scheduler_config = scheduler_config
         self.channels = transformer.config.in_channels // 4
+        self.step_cache = step_cache
+        self.last_cached_steps = 0
 
     def _timesteps(self, seq_len: int, steps: int) -> tuple[FlowMatchEulerDiscreteScheduler, list]:
         scheduler = FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config)
@@ -96,6 +104,8 @@ class Denoiser:
         job, patch = jobs[0], VAE_SCALE_FACTOR * 2
         img_shapes = [[(1, job.height // patch, job.width // patch)]]
         scheduler, timesteps = self._timesteps(latents.shape[1], job.steps)
+        if self.step_cache is not None:
+            self.step_cache.begin(job.steps)
         scale = torch.tensor([jobs[i].true_cfg_scale for i in cfg_rows], dtype=dtype).view(-1, 1, 1)
         for t in timesteps:
             rows = torch.cat([latents, latents[cfg_rows]])
@@ -115,4 +125,6 @@ class Denoiser:
                 rescale = cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True)
                 noise[cfg_rows] = combined * rescale
             latents = scheduler.step(noise, t, latents, return_dict=False)[0]
+        if self.step_cache is not None:
+            self.last_cached_steps = self.step_cache.cached_steps()
         return list(latents)

@@ -16,6 +16,8 @@ import torch
 from diffusers import QwenImagePipeline
 from diffusers.image_processor import VaeImageProcessor
 
+from omni_serve.config import StepCacheSettings
+from omni_serve.engines.diffusion.step_cache import StepCache
 from omni_serve.models.qwen_image.denoise import VAE_SCALE_FACTOR, Denoiser
 
 # Above this many pixels the VAE decodes in tiles (bounded memory for large images).
@@ -43,9 +45,16 @@ class PromptEncoder:
         return [row[: int(m.sum())] for row, m in zip(embeds, mask, strict=True)]
 
 
-def load_denoiser(path: str | Path, dtype: torch.dtype = torch.float32) -> Denoiser:
+def load_denoiser(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    step_cache: StepCacheSettings | None = None,
+) -> Denoiser:
     pipe = _load(path, dtype, {"transformer", "scheduler"})
-    return Denoiser(pipe.transformer, dict(pipe.scheduler.config))
+    cache = None
+    if step_cache is not None and step_cache.enabled:
+        cache = StepCache(pipe.transformer, step_cache)
+    return Denoiser(pipe.transformer, dict(pipe.scheduler.config), cache)
 
 
 class LatentDecoder:

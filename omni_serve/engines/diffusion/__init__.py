@@ -1,0 +1,1 @@
+"""Diffusion-side engine pieces shared by DiT families."""
