@@ -1,27 +1,59 @@
-"""Tensor channel: ``TensorRef`` plus backends (inline, object store); chosen per edge."""
+"""Tensor channel: ``TensorRef`` plus backends (inline, shared memory, object store); chosen
+per edge, by default by size and locality."""
 
 from __future__ import annotations
+
+import socket
+import time
 
 from omni_serve.transport.base import Channel, ChannelError, Payload, TensorRef, payload_spec
 from omni_serve.transport.inline import InlineChannel
 from omni_serve.transport.object_store import ObjectStoreChannel
+from omni_serve.transport.shared_memory import SharedMemoryChannel
 
-_BACKENDS = {"inline": InlineChannel, "object_store": ObjectStoreChannel}
+_BACKENDS = {
+    "inline": InlineChannel,
+    "object_store": ObjectStoreChannel,
+    "shared_memory": SharedMemoryChannel,
+}
+LOCALITY_TTL_S = 60.0
+
+
+def cluster_is_one_host() -> bool:
+    """True when every alive Ray node runs on this host (or Ray is not running here), so any
+    consumer can map this host's shared memory."""
+    import ray
+
+    if not ray.is_initialized():
+        return True
+    host = socket.gethostname()
+    return all(node.get("NodeManagerHostname") == host for node in ray.nodes() if node.get("Alive"))
 
 
 class AutoChannel:
-    """Inline up to ``inline_max_bytes``, the object store above (more backends: issue 5)."""
+    """Inline up to ``inline_max_bytes``; above, shared memory while the cluster is one host
+    (checked once a minute), else the object store. ``large`` pins the large-payload backend."""
 
     name = "auto"
 
     def __init__(self, inline_max_bytes: int = 64 * 1024, large: Channel | None = None) -> None:
         self.inline_max_bytes = inline_max_bytes
         self.small = InlineChannel()
-        self.large = large or ObjectStoreChannel()
+        self.large = large
+        self._local, self._checked = True, float("-inf")
 
     def put(self, payload: Payload) -> TensorRef:
         nbytes, _ = payload_spec(payload)
-        return (self.small if nbytes <= self.inline_max_bytes else self.large).put(payload)
+        if nbytes <= self.inline_max_bytes:
+            return self.small.put(payload)
+        return self._large().put(payload)
+
+    def _large(self) -> Channel:
+        if self.large is not None:
+            return self.large
+        if time.monotonic() - self._checked > LOCALITY_TTL_S:
+            self._local, self._checked = cluster_is_one_host(), time.monotonic()
+        return _BACKENDS["shared_memory" if self._local else "object_store"]()
 
     async def get(self, ref: TensorRef) -> Payload:
         return await backend_for(ref).get(ref)
@@ -61,6 +93,7 @@ __all__ = [
     "ChannelError",
     "InlineChannel",
     "ObjectStoreChannel",
+    "SharedMemoryChannel",
     "TensorRef",
     "backend_for",
     "make_channel",

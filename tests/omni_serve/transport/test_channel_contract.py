@@ -11,6 +11,7 @@ from omni_serve.transport import AutoChannel, ChannelError, make_channel
 
 BACKENDS = [
     "inline",
+    "shared_memory",
     pytest.param("object_store", marks=pytest.mark.integration),
     "auto",
 ]
@@ -50,7 +51,7 @@ def payloads():
 @pytest.mark.parametrize(("name", "payload"), list(payloads()), ids=[n for n, _ in payloads()])
 async def test_round_trip(channel, name, payload):
     ref = channel.put(payload)
-    wire = pickle.loads(pickle.dumps(ref)) if ref.backend == "inline" else ref
+    wire = pickle.loads(pickle.dumps(ref)) if ref.backend != "object_store" else ref
     got = await channel.get(wire)
     if isinstance(payload, dict):
         assert set(got) == set(payload)

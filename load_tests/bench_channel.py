@@ -1,0 +1,138 @@
+"""Tensor channel benchmark: one payload from a producer actor to a consumer actor, per backend
+and size, against plain pickled arguments and a single-thread memcpy in the same run.
+
+    .venv/bin/python load_tests/bench_channel.py     # ~2 min
+
+A round is: the producer ``put``s a preallocated float32 tensor (the copy into the channel is
+counted) and returns the ref; the consumer ``get``s it and answers its size. "pickled" sends
+the tensor itself as the actor-call argument (what a DeploymentHandle call does with it).
+Added latency = round minus the same two calls with no payload; "gbps" counts the whole round,
+"transfer_gbps" only the added part. Writes
+load_tests/results/bench_channel.json and prints a table. Targets (issue 5): the chosen
+backend >= 50% of memcpy at >= 16 MB (>= 10x pickled); 4 KB adds < 1 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+RESULTS = Path(__file__).parent / "results"
+SIZES = {"4KB": 4 << 10, "1MB": 1 << 20, "16MB": 16 << 20, "64MB": 64 << 20, "256MB": 256 << 20}
+BACKENDS = ["auto", "shared_memory", "object_store", "pickled"]
+
+
+def memcpy_gbps(nbytes: int, repeats: int) -> float:
+    torch.set_num_threads(1)
+    src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+    dst.copy_(src)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    return nbytes * repeats / (time.perf_counter() - start) / 1e9
+
+
+def main() -> int:
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    class Producer:
+        def __init__(self) -> None:
+            from omni_serve.transport import make_channel
+
+            torch.set_num_threads(1)
+            self.tensors = {n: torch.ones(n // 4) for n in SIZES.values()}
+            # One channel per backend, as a stage holds one per edge.
+            self.channels = {b: make_channel(b) for b in BACKENDS if b != "pickled"}
+
+        def put(self, nbytes: int, backend: str):
+            tensor = self.tensors[nbytes]
+            if backend == "pickled":
+                return tensor
+            return self.channels[backend].put(tensor)
+
+        def noop(self) -> None:
+            return None
+
+    @ray.remote(num_cpus=0)
+    class Consumer:
+        def __init__(self) -> None:
+            torch.set_num_threads(1)
+
+        async def get(self, ref) -> int:
+            from omni_serve.transport import take
+
+            tensor = ref if isinstance(ref, torch.Tensor) else await take(ref)
+            return tensor.numel() * tensor.element_size()
+
+        def noop(self, _=None) -> None:
+            return None
+
+    producer, consumer = Producer.remote(), Consumer.remote()
+
+    def timed_round(nbytes: int, backend: str) -> float:
+        start = time.perf_counter()
+        got = ray.get(consumer.get.remote(producer.put.remote(nbytes, backend)))
+        assert got == nbytes
+        return time.perf_counter() - start
+
+    def empty_round() -> float:
+        start = time.perf_counter()
+        ray.get(consumer.noop.remote(producer.noop.remote()))
+        return time.perf_counter() - start
+
+    for _ in range(5):
+        empty_round()
+    overhead = statistics.median(empty_round() for _ in range(50))
+    rows = []
+    for label, nbytes in SIZES.items():
+        repeats = 30 if nbytes <= 1 << 20 else (8 if nbytes <= 64 << 20 else 4)
+        row = {"size": label, "nbytes": nbytes, "memcpy_gbps": memcpy_gbps(nbytes, repeats)}
+        for backend in BACKENDS:
+            timed_round(nbytes, backend)  # warm-up
+            latency = statistics.median(timed_round(nbytes, backend) for _ in range(repeats))
+            row[backend] = {
+                "latency_ms": latency * 1e3,
+                "added_ms": (latency - overhead) * 1e3,
+                "gbps": nbytes / latency / 1e9,
+                "transfer_gbps": nbytes / max(latency - overhead, 1e-6) / 1e9,
+            }
+        rows.append(row)
+        print(f"{label:>6}  memcpy {row['memcpy_gbps']:6.2f} GB/s  " + "  ".join(
+            f"{b} {row[b]['gbps']:6.2f} GB/s {row[b]['added_ms']:7.2f} ms" for b in BACKENDS
+        ), flush=True)  # fmt: skip
+    ray.shutdown()
+
+    big = [r for r in rows if r["nbytes"] >= 16 << 20]
+
+    def worst(over: str, field: str = "gbps") -> float:
+        return min(r["auto"][field] / (r[over] if over == "memcpy_gbps" else r[over][field])
+                   for r in big)  # fmt: skip
+
+    summary = {
+        "round_overhead_ms": overhead * 1e3,
+        "rows": rows,
+        "targets": {
+            "auto_over_memcpy_min_at_16MB_plus": worst("memcpy_gbps"),
+            "auto_transfer_over_memcpy_min_at_16MB_plus": worst("memcpy_gbps", "transfer_gbps"),
+            "auto_over_pickled_min_at_16MB_plus": worst("pickled"),
+            "added_ms_at_4KB": rows[0]["auto"]["added_ms"],
+        },
+    }  # fmt: skip
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_channel.json").write_text(json.dumps(summary, indent=1))
+    print("targets:", json.dumps(summary["targets"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

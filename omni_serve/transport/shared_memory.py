@@ -1,0 +1,244 @@
+"""Shared-memory backend: POSIX shm segments in /dev/shm, for stages on the same host.
+
+Speed comes from reuse: writing into FRESH shared pages runs at ~1.5 GB/s on this CPU (page
+faults and zeroing), into already-touched ones at memcpy speed. So each producer process keeps
+a pool of segments (``omni-shm-<pid>-p-<id>``; one-shot ones are ``-o-``), copies a payload
+into a free one, and the consumer maps it copy-on-write and gets tensors that VIEW it
+(zero-copy; writing to them touches only the consumer's private pages).
+
+A segment's 64-byte header holds a generation, a state (free / in use) and the time of the
+put. The consumer hands the segment back when the last tensor viewing it dies (a finalizer on
+its mapping flips the state to free), or on ``free`` if it never read it; a ref whose
+generation no longer matches is "freed". Crash cleanup: a segment in use for longer than the
+lease is reclaimed by its producer (its consumer died); segments of a dead producer are
+unlinked by ``sweep_orphans``, which every producer runs now and then. Payloads beyond the
+pool's budget get a one-shot segment that ``free`` unlinks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import mmap
+import os
+import socket
+import struct
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from omni_serve.transport.base import ChannelError, Payload, TensorRef, payload_spec
+
+SHM_DIR = Path("/dev/shm")
+PREFIX = "omni-shm-"
+ALIGN = 64  # bytes; every tensor (and the data after the header) starts on a cache line
+HEADER = struct.Struct("<QQd")  # generation, state, time of the put
+FREE, IN_USE = 0, 1
+LEASE_S = 600.0  # a segment in use for longer than this has lost its consumer
+SWEEP_EVERY_S = 30.0
+POOL_BYTES = int(os.environ.get("OMNI_SHM_POOL_BYTES", 2 << 30))
+MIN_SEGMENT = 1 << 20
+
+
+def _layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, tuple[int, int]], int]:
+    """(offset, nbytes) per tensor, data starting after the header; the bytes needed."""
+    offsets, end = {}, ALIGN
+    for key, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        offsets[key] = (end, nbytes)
+        end += -(-nbytes // ALIGN) * ALIGN
+    return offsets, end
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans(lease_s: float = LEASE_S, directory: Path = SHM_DIR) -> int:
+    """Unlink segments whose producer is dead, and one-shot segments nobody freed within the
+    lease (pooled segments of live producers are theirs to reclaim); how many went."""
+    removed, now = 0, time.time()
+    for path in directory.glob(f"{PREFIX}*"):
+        try:
+            pid, kind, _ = path.name.removeprefix(PREFIX).split("-")
+            if _pid_alive(int(pid)) and (kind == "p" or now - path.stat().st_mtime < lease_s):
+                continue
+            path.unlink()
+            removed += 1
+        except (ValueError, FileNotFoundError):
+            continue
+    return removed
+
+
+@dataclass
+class _Segment:
+    name: str
+    size: int
+    view: mmap.mmap  # the producer's shared mapping, kept open: its pages stay touched
+    generation: int = 0
+
+    def state(self) -> tuple[int, int, float]:
+        return HEADER.unpack_from(self.view, 0)
+
+    def claim(self) -> int:
+        self.generation = self.state()[0] + 1
+        HEADER.pack_into(self.view, 0, self.generation, IN_USE, time.time())
+        return self.generation
+
+
+class _SegmentPool:
+    """This process's reusable segments (producer side)."""
+
+    def __init__(self) -> None:
+        self.segments: dict[str, _Segment] = {}
+        self.pooled_bytes = 0
+        self.last_sweep = 0.0
+
+    def acquire(self, nbytes: int) -> tuple[_Segment, bool]:
+        """A claimed segment of at least ``nbytes``, and whether it returns to the pool."""
+        if time.monotonic() - self.last_sweep > SWEEP_EVERY_S:
+            self.last_sweep = time.monotonic()
+            sweep_orphans()
+        now = time.time()
+        usable = [
+            s
+            for s in self.segments.values()
+            if s.size >= nbytes and (s.state()[1] == FREE or now - s.state()[2] > LEASE_S)
+        ]
+        if usable:
+            return min(usable, key=lambda s: s.size), True
+        size = max(MIN_SEGMENT, 1 << (nbytes - 1).bit_length())
+        pooled = self.pooled_bytes + size <= POOL_BYTES
+        if not pooled:
+            size = nbytes
+        segment = _create(size, pooled)
+        if pooled:
+            self.segments[segment.name] = segment
+            self.pooled_bytes += size
+        return segment, pooled
+
+    def close(self) -> None:
+        """At exit: unlink our segments (consumers' mappings stay valid)."""
+        for name in self.segments:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(SHM_DIR / name)
+        self.segments.clear()
+
+
+def _create(size: int, pooled: bool) -> _Segment:
+    name = f"{PREFIX}{os.getpid()}-{'p' if pooled else 'o'}-{uuid.uuid4().hex[:16]}"
+    fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        view = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    HEADER.pack_into(view, 0, 0, FREE, time.time())
+    return _Segment(name, size, view)
+
+
+_pool = _SegmentPool()
+atexit.register(_pool.close)
+_live_views: dict[tuple[str, int], int] = {}  # consumer side: mappings not yet released
+
+
+def _release(path: Path, generation: int, pooled: bool) -> None:
+    """The segment is done with: back to its producer's pool (or gone, if one-shot)."""
+    if not pooled:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return  # its producer exited
+    try:
+        current, _, _ = HEADER.unpack(os.pread(fd, HEADER.size, 0))
+        if current == generation:  # not reused already (a second free is a no-op)
+            os.pwrite(fd, struct.pack("<Q", FREE), 8)
+    finally:
+        os.close(fd)
+
+
+def _views_gone(key: tuple[str, int], path: Path, pooled: bool) -> None:
+    _live_views[key] -= 1
+    if _live_views[key] == 0:
+        del _live_views[key]
+        _release(path, key[1], pooled)
+
+
+class SharedMemoryChannel:
+    name = "shared_memory"
+
+    def put(self, payload: Payload) -> TensorRef:
+        nbytes, spec = payload_spec(payload)
+        is_dict = isinstance(payload, dict)
+        tensors = {str(k): t for k, t in (payload.items() if is_dict else [("", payload)])}
+        offsets, needed = _layout(tensors)
+        segment, pooled = _pool.acquire(needed)
+        buffer = torch.frombuffer(segment.view, dtype=torch.uint8)
+        for key, t in tensors.items():
+            start, length = offsets[key]
+            if length:
+                raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+                buffer[start : start + length].copy_(raw)
+        del buffer
+        generation = segment.claim()
+        if not pooled:
+            segment.view.close()
+        keys = list(payload) if is_dict else None
+        handle = (socket.gethostname(), generation, segment.size, offsets, keys, pooled)
+        return TensorRef(self.name, segment.name, nbytes, spec, handle=handle)
+
+    async def get(self, ref: TensorRef) -> Payload:
+        host, generation, size, offsets, keys, pooled = ref.handle
+        if host != socket.gethostname():
+            raise ChannelError(
+                f"shared-memory ref {ref.key} lives on {host}, read on {socket.gethostname()}: "
+                "use the object_store (or direct) backend for cross-node edges"
+            )
+        path = SHM_DIR / ref.key
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ChannelError(f"ref {ref.key} was freed (or its producer died)") from None
+        try:
+            current, state, _ = HEADER.unpack(os.pread(fd, HEADER.size, 0))
+            if current != generation or state != IN_USE:
+                raise ChannelError(f"ref {ref.key} was freed")
+            # Copy-on-write: consumers get writable tensors without touching the segment.
+            view = mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        key = (ref.key, generation)
+        _live_views[key] = _live_views.get(key, 0) + 1
+        weakref.finalize(view, _views_gone, key, path, pooled)
+        tensors = {}
+        for name, (dtype, shape) in ref.spec.items():
+            start, length = offsets[name]
+            dt = getattr(torch, dtype.removeprefix("torch."))
+            if length == 0:
+                tensors[name] = torch.empty(shape, dtype=dt)
+                continue
+            raw = torch.frombuffer(view, dtype=torch.uint8, count=length, offset=start)
+            tensors[name] = raw.view(dt).reshape(shape)
+        if keys is None:
+            return tensors[""]
+        return {k: tensors[str(k)] for k in keys}
+
+    def free(self, ref: TensorRef) -> None:
+        """Done with ``ref``: its segment is released now, or when this process's tensors
+        viewing it die (so ``take`` may free right after reading)."""
+        _, generation, _, _, _, pooled = ref.handle
+        if (ref.key, generation) not in _live_views:
+            _release(SHM_DIR / ref.key, generation, pooled)

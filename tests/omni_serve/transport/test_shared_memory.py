@@ -1,0 +1,119 @@
+"""The shared-memory backend: zero-copy, copy-on-write reads; segments reused once their
+readers are done; cleanup after a dead producer or consumer."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from omni_serve.transport import AutoChannel, ChannelError, SharedMemoryChannel, take
+from omni_serve.transport import shared_memory as shm
+
+
+def _mapped_from(address: int) -> str | None:
+    """The /dev/shm file that maps ``address`` in this process, if any."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            if start <= address < end and len(parts) > 5:
+                return os.path.basename(parts[5])
+    return None
+
+
+def _state(ref) -> int:
+    with open(shm.SHM_DIR / ref.key, "rb") as f:
+        return shm.HEADER.unpack(f.read(shm.HEADER.size))[1]
+
+
+async def test_reads_are_views_and_writes_stay_private():
+    channel = SharedMemoryChannel()
+    ref = channel.put(torch.arange(1024, dtype=torch.float32))
+    first, second = await channel.get(ref), await channel.get(ref)
+    assert _mapped_from(second.data_ptr()) == ref.key  # zero-copy: a view of the segment
+    first[0] = -1.0
+    assert second[0] == 0.0  # copy-on-write: the segment and other readers are untouched
+    channel.free(ref)
+    assert _state(ref) == shm.IN_USE  # views still alive: not reusable yet
+    assert second.sum() == sum(range(1024))
+    del first, second
+    gc.collect()
+    assert _state(ref) == shm.FREE  # the last view died: back to the pool
+    with pytest.raises(ChannelError, match="freed"):
+        await channel.get(ref)
+
+
+async def test_a_released_segment_is_reused_and_stale_refs_stay_dead():
+    channel = SharedMemoryChannel()
+    ref = channel.put(torch.ones(300, 300))
+    assert torch.equal(await take(ref), torch.ones(300, 300))  # the result dies right here
+    gc.collect()
+    again = channel.put(torch.zeros(200, 200))
+    assert again.key == ref.key  # same pages, no new faults
+    with pytest.raises(ChannelError, match="freed"):
+        await channel.get(ref)  # its generation is gone
+    channel.free(ref)  # a late double free does not release the new payload
+    assert torch.equal(await take(again), torch.zeros(200, 200))
+
+
+async def test_dicts_and_payloads_beyond_the_pool_budget(monkeypatch):
+    monkeypatch.setattr(shm, "POOL_BYTES", 0)
+    big = torch.ones(1024, 1100)  # larger than any pooled segment so far
+    ref = SharedMemoryChannel().put({"a": big, 7: torch.zeros(3, dtype=torch.int8)})
+    assert "-o-" in ref.key  # one-shot
+    got = await take(ref)
+    assert torch.equal(got["a"], big) and got[7].dtype == torch.int8
+    del got
+    gc.collect()
+    assert not (shm.SHM_DIR / ref.key).exists()
+
+
+async def test_a_ref_from_another_host_is_refused_with_the_fix():
+    channel = SharedMemoryChannel()
+    ref = channel.put(torch.ones(3))
+    ref.handle = ("elsewhere", *ref.handle[1:])
+    with pytest.raises(ChannelError, match="object_store"):
+        await channel.get(ref)
+
+
+async def test_a_ref_from_another_process_reads_back_and_its_orphan_is_swept():
+    code = (
+        "import os, pickle, sys, torch; from omni_serve.transport import SharedMemoryChannel;"
+        "ref = SharedMemoryChannel().put(torch.arange(1000).view(10, 100).to(torch.bfloat16));"
+        "sys.stdout.write(pickle.dumps(ref).hex()); sys.stdout.flush(); os._exit(0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    ref = pickle.loads(bytes.fromhex(out))
+    dead = ref.key
+    assert (shm.SHM_DIR / dead).exists()  # killed: no exit handler ran
+    got = await SharedMemoryChannel().get(ref)  # read in this process
+    assert torch.equal(got, torch.arange(1000).view(10, 100).to(torch.bfloat16))
+    live = SharedMemoryChannel().put(torch.ones(10))
+    assert shm.sweep_orphans() >= 1
+    assert not (shm.SHM_DIR / dead).exists()
+    assert (shm.SHM_DIR / live.key).exists()  # a live producer's pool stays
+
+
+def test_a_segment_whose_consumer_died_is_reclaimed_after_the_lease(monkeypatch):
+    channel = SharedMemoryChannel()
+    lost = channel.put(torch.ones(100))  # nobody ever reads or frees it
+    assert channel.put(torch.ones(100)).key != lost.key
+    segment = shm._pool.segments[lost.key]
+    gen, state, _ = segment.state()
+    shm.HEADER.pack_into(segment.view, 0, gen, state, time.time() - 2 * shm.LEASE_S)
+    assert channel.put(torch.ones(100)).key == lost.key
+
+
+def test_auto_uses_shared_memory_for_large_payloads_without_a_cluster():
+    auto = AutoChannel(inline_max_bytes=1024)
+    ref = auto.put(torch.zeros(4096))
+    assert ref.backend == "shared_memory"
+    auto.free(ref)
