@@ -121,3 +121,37 @@ def test_bad_image_requests_get_a_400_with_a_reason(served, body, fragment):
 def test_health_names_the_stages(served):
     r = httpx.get(f"{URL}/health", timeout=30)
     assert r.status_code == 200 and r.json()["stages"] == ["dit", "text_encoder", "vae"]
+
+
+def _live_segments() -> dict[str, int]:
+    """State (free / in use) of each shared-memory segment of a live producer."""
+    from omni_serve.transport import shared_memory as shm
+
+    states = {}
+    for path in shm.SHM_DIR.glob(f"{shm.PREFIX}*"):
+        pid = int(path.name.removeprefix(shm.PREFIX).split("-")[0])
+        if shm._pid_alive(pid):
+            with open(path, "rb") as f:
+                states[path.name] = shm.HEADER.unpack(f.read(shm.HEADER.size))[1]
+    return states
+
+
+def test_requests_leave_no_channel_segment_in_use_and_the_pool_stays_flat(served):
+    """Leak check: images (256x256, 196 KB) cross the VAE -> ingress edge in shared memory;
+    after many requests every segment is free again and the pool has not grown."""
+    body = {"prompt": "a pebble", "size": "256x256", "num_inference_steps": 1}
+
+    def run(count: int) -> None:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            codes = list(pool.map(lambda i: httpx.post(
+                f"{URL}/v1/images/generations", json={**body, "seed": i}, timeout=300
+            ).status_code, range(count)))  # fmt: skip
+        assert codes == [200] * count
+
+    run(8)
+    warm = _live_segments()
+    assert warm and set(warm.values()) == {0}  # used, and all handed back
+    run(32)
+    after = _live_segments()
+    assert set(after.values()) == {0}
+    assert len(after) <= len(warm) + 2  # reused, not one segment per request
