@@ -11,7 +11,7 @@ from typing import Any
 from ray import serve
 
 from deployments.common import StageWorker, edge_channel, pin_to_cores, stage_dtype, stage_setup
-from omni_serve.models.qwen_image.denoise import ImageJob
+from omni_serve.models.qwen_image.denoise import DenoiseCancelled, ImageJob
 from omni_serve.models.qwen_image.stages import load_denoiser
 from omni_serve.transport import TensorRef, take
 
@@ -29,6 +29,7 @@ class DiTDeployment:
         self.denoise_batched.set_max_batch_size(stage.engine.max_batch_size)
         self.batches = 0
         self.max_batch = 0
+        self.running = 0
 
     async def denoise(self, request: dict[str, Any]) -> list[TensorRef]:
         """Packed latents, one ref per seed of the request."""
@@ -40,7 +41,12 @@ class DiTDeployment:
             for seed in request["seeds"]
         ]  # fmt: skip
         # The request's n images join the same batch (and other requests' images with them).
-        latents = await asyncio.gather(*(self.denoise_batched(job) for job in jobs))
+        try:
+            latents = await asyncio.gather(*(self.denoise_batched(job) for job in jobs))
+        except asyncio.CancelledError:  # the caller went away: stop its steps
+            for job in jobs:
+                job.cancel.set()
+            raise
         return [self.channel.put(lat) for lat in latents]
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
@@ -52,7 +58,14 @@ class DiTDeployment:
         for key, members in groups.items():
             log.info("DiT batch of %d image(s), size %dx%d, %d steps", len(members), key[1],
                      key[0], key[2])  # fmt: skip
-            latents = await self.worker.run(self.denoiser.run, [jobs[i] for i in members])
+            self.running += len(members)
+            try:
+                latents = await self.worker.run(self.denoiser.run, [jobs[i] for i in members])
+            except DenoiseCancelled:
+                log.info("DiT batch cancelled: nobody waits for its %d image(s)", len(members))
+                continue
+            finally:
+                self.running -= len(members)
             if self.denoiser.step_cache is not None:
                 log.info("DiT batch took %d of %d steps from the step cache",
                          self.denoiser.last_cached_steps, key[2])  # fmt: skip
@@ -66,4 +79,4 @@ class DiTDeployment:
         return True
 
     def stats(self) -> dict[str, int]:
-        return {"steps": self.batches, "max_batch": self.max_batch, "running": 0}
+        return {"steps": self.batches, "max_batch": self.max_batch, "running": self.running}

@@ -155,3 +155,20 @@ def test_requests_leave_no_channel_segment_in_use_and_the_pool_stays_flat(served
     after = _live_segments()
     assert set(after.values()) == {0}
     assert len(after) <= len(warm) + 2  # reused, not one segment per request
+
+
+def test_an_image_request_past_its_deadline_gets_a_504_and_frees_the_dit(served):
+    """A request that runs past its timeout_s gets a 504, and the DiT stops its steps: a small
+    request right after is not queued behind the dropped one."""
+    import time
+
+    big = {"prompt": "a harbour", "size": "1024x1024", "num_inference_steps": 100, "seed": 1}
+    r = httpx.post(f"{URL}/v1/images/generations", json=big, timeout=300)
+    dit_s = r.json()["timings"]["dit_s"]
+    assert dit_s > 3  # long enough that a DiT still busy with it would show
+    r = httpx.post(f"{URL}/v1/images/generations", json={**big, "timeout_s": 0.5}, timeout=60)
+    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+    start = time.monotonic()
+    small = {"prompt": "a dot", "size": "64x64", "num_inference_steps": 1}
+    assert httpx.post(f"{URL}/v1/images/generations", json=small, timeout=60).status_code == 200
+    assert time.monotonic() - start < dit_s / 3, (time.monotonic() - start, dit_s)

@@ -10,7 +10,8 @@ with its norm rescale, same scheduler step), so the output matches the one-pass 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -34,6 +35,8 @@ class ImageJob:
     seed: int
     negative_embeds: torch.Tensor | None = None  # [L', D]; CFG runs when set and scale > 1
     true_cfg_scale: float = 4.0
+    # Set when nobody waits for the image any more (from another thread).
+    cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     @property
     def cfg(self) -> bool:
@@ -42,6 +45,10 @@ class ImageJob:
     @property
     def shape_key(self) -> tuple[int, int, int]:
         return (self.height, self.width, self.steps)
+
+
+class DenoiseCancelled(Exception):
+    """Every job of the batch was cancelled; the loop stopped between two steps."""
 
 
 def initial_latents(job: ImageJob, channels: int, dtype: torch.dtype) -> torch.Tensor:
@@ -93,7 +100,8 @@ class Denoiser:
 
     @torch.no_grad()
     def run(self, jobs: list[ImageJob]) -> list[torch.Tensor]:
-        """Packed latents [seq, C] per job."""
+        """Packed latents [seq, C] per job. Stops between steps (DenoiseCancelled) once every
+        job is cancelled; a batch with one job still wanted runs to the end."""
         if len({job.shape_key for job in jobs}) != 1:
             raise ValueError("jobs of one batch must share height, width and steps")
         dtype = self.transformer.dtype
@@ -108,6 +116,8 @@ class Denoiser:
             self.step_cache.begin(job.steps)
         scale = torch.tensor([jobs[i].true_cfg_scale for i in cfg_rows], dtype=dtype).view(-1, 1, 1)
         for t in timesteps:
+            if all(job.cancel.is_set() for job in jobs):
+                raise DenoiseCancelled(f"{len(jobs)} image(s) cancelled")
             rows = torch.cat([latents, latents[cfg_rows]])
             timestep = t.expand(rows.shape[0]).to(dtype)
             pred = self.transformer(

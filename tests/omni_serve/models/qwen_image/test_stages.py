@@ -74,3 +74,41 @@ def test_pad_rows_masks_only_when_lengths_differ():
     assert embeds.shape == (2, 3, 4) and mask.tolist() == [[1, 1, 0], [1, 1, 1]]
     assert embeds[0, 2].abs().sum() == 0
     assert pad_rows([a, a])[1] is None
+
+
+def test_large_images_decode_in_tiles_close_to_one_pass(stages, monkeypatch):
+    """From VAE_TILING_MIN_PIXELS up the VAE decodes in overlapping tiles (bounded memory);
+    the blended tiles stay close to the one-piece decode."""
+    from omni_serve.models.qwen_image import stages as stage_module
+
+    *_, decoder = stages
+    latents = torch.randn(32 * 32, 64, generator=torch.Generator().manual_seed(0))  # 512x512
+    whole = decoder.decode(latents, 512, 512).astype(int)
+    calls = []
+    tiled_decode = decoder.vae.tiled_decode
+    monkeypatch.setattr(decoder.vae, "tiled_decode", lambda *a, **k: calls.append(1)
+                        or tiled_decode(*a, **k))  # fmt: skip
+    monkeypatch.setattr(stage_module, "VAE_TILING_MIN_PIXELS", 512 * 512)
+    tiled = decoder.decode(latents, 512, 512).astype(int)
+    assert calls  # the tiled path ran
+    assert tiled.shape == whole.shape == (512, 512, 3)
+    assert np.abs(tiled - whole).mean() < 2.0
+
+
+def test_denoising_stops_between_steps_once_every_job_is_cancelled(stages):
+    import threading
+    import time
+
+    from omni_serve.models.qwen_image.denoise import DenoiseCancelled
+
+    _, encoder, denoiser, _ = stages
+    (prompt,) = encoder.encode([PROMPT])
+    wanted, dropped = ImageJob(prompt, 64, 64, 3, seed=1), ImageJob(prompt, 64, 64, 3, seed=2)
+    dropped.cancel.set()
+    assert len(denoiser.run([wanted, dropped])) == 2  # someone still waits: the batch finishes
+    long_job = ImageJob(prompt, 128, 128, 3000, seed=3)  # ~6 ms a step: ~18 s in all
+    threading.Timer(0.3, long_job.cancel.set).start()
+    start = time.perf_counter()
+    with pytest.raises(DenoiseCancelled):
+        denoiser.run([long_job])
+    assert time.perf_counter() - start < 3
