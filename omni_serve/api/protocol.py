@@ -69,7 +69,21 @@ class StreamOptions(BaseModel):
     include_usage: bool = Field(False, description="Send usage in the last chunk.")
 
 
-class ChatCompletionRequest(BaseModel):
+class OmniExtensions(BaseModel):
+    """Fields omni-serve adds to OpenAI's speech-producing requests."""
+
+    stage_overrides: StageOverrides | None = Field(
+        None, description="omni-serve extension: per-stage settings (e.g. Talker sampling)."
+    )
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="omni-serve extension: server-side deadline in seconds (capped by the "
+        "server's api.request_timeout_s); past it the request is cancelled in every stage.",
+    )
+
+
+class ChatCompletionRequest(OmniExtensions):
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(description="Served model id (see GET /v1/models).")
@@ -86,15 +100,6 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(None, description="Sampling seed.")
     stream: bool = Field(False, description="Stream the response as server-sent events.")
     stream_options: StreamOptions | None = Field(None, description="Streaming options.")
-    stage_overrides: StageOverrides | None = Field(
-        None, description="omni-serve extension: per-stage settings (e.g. Talker sampling)."
-    )
-    timeout_s: float | None = Field(
-        None,
-        gt=0,
-        description="omni-serve extension: server-side deadline in seconds (capped by the "
-        "server's api.request_timeout_s); past it the request is cancelled in every stage.",
-    )
 
 
 def model_list(model_id: str, created: int) -> dict[str, Any]:
@@ -136,7 +141,7 @@ def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-class SpeechRequest(BaseModel):
+class SpeechRequest(OmniExtensions):
     """OpenAI ``/v1/audio/speech``."""
 
     model_config = ConfigDict(extra="ignore")
@@ -152,13 +157,4 @@ class SpeechRequest(BaseModel):
     )
     stream_format: Literal["audio", "sse"] | None = Field(
         None, description="Stream raw audio chunks (wav/pcm) or SSE events; None = one response."
-    )
-    stage_overrides: StageOverrides | None = Field(
-        None, description="omni-serve extension: per-stage settings (e.g. Talker sampling)."
-    )
-    timeout_s: float | None = Field(
-        None,
-        gt=0,
-        description="omni-serve extension: server-side deadline in seconds (capped by the "
-        "server's api.request_timeout_s); past it the request is cancelled in every stage.",
     )
