@@ -39,6 +39,30 @@ def memcpy_gbps(nbytes: int, repeats: int) -> float:
     return nbytes * repeats / (time.perf_counter() - start) / 1e9
 
 
+def in_process_ms(nbytes: int, repeats: int) -> dict[str, float]:
+    """The shared-memory put and take alone, in one process: what a round costs beyond the
+    two actor calls."""
+    import asyncio
+
+    from omni_serve.transport import SharedMemoryChannel, take
+
+    channel, tensor = SharedMemoryChannel(), torch.ones(nbytes // 4)
+
+    async def rounds() -> tuple[list[float], list[float]]:
+        puts, takes = [], []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            ref = channel.put(tensor)
+            middle = time.perf_counter()
+            await take(ref)  # the tensor dies here: the segment goes back
+            puts.append(middle - start)
+            takes.append(time.perf_counter() - middle)
+        return puts[1:], takes[1:]  # the first put faults the new segment's pages in
+
+    puts, takes = asyncio.run(rounds())
+    return {"put_ms": statistics.median(puts) * 1e3, "take_ms": statistics.median(takes) * 1e3}
+
+
 def main() -> int:
     import ray
 
@@ -96,7 +120,8 @@ def main() -> int:
     rows = []
     for label, nbytes in SIZES.items():
         repeats = 30 if nbytes <= 1 << 20 else (8 if nbytes <= 64 << 20 else 4)
-        row = {"size": label, "nbytes": nbytes, "memcpy_gbps": memcpy_gbps(nbytes, repeats)}
+        row = {"size": label, "nbytes": nbytes, "memcpy_gbps": memcpy_gbps(nbytes, repeats),
+               "shared_memory_in_process": in_process_ms(nbytes, repeats)}  # fmt: skip
         for backend in BACKENDS:
             timed_round(nbytes, backend)  # warm-up
             latency = statistics.median(timed_round(nbytes, backend) for _ in range(repeats))

@@ -105,16 +105,17 @@ class _SegmentPool:
         self.last_sweep = 0.0
 
     def acquire(self, nbytes: int) -> tuple[_Segment, bool]:
-        """A claimed segment of at least ``nbytes``, and whether it returns to the pool."""
+        """A free segment of at least ``nbytes`` (the caller claims it after writing), and
+        whether it returns to the pool."""
         if time.monotonic() - self.last_sweep > SWEEP_EVERY_S:
             self.last_sweep = time.monotonic()
             sweep_orphans()
-        now = time.time()
-        usable = [
-            s
-            for s in self.segments.values()
-            if s.size >= nbytes and (s.state()[1] == FREE or now - s.state()[2] > LEASE_S)
-        ]
+        now, usable = time.time(), []
+        for segment in self.segments.values():
+            if segment.size >= nbytes:
+                _, state, since = segment.state()
+                if state == FREE or now - since > LEASE_S:
+                    usable.append(segment)
         if usable:
             return min(usable, key=lambda s: s.size), True
         size = max(MIN_SEGMENT, 1 << (nbytes - 1).bit_length())
