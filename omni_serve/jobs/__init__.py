@@ -1,0 +1,1 @@
+"""Batch generation as a Ray job: ``python -m omni_serve.jobs.batch`` (see docs/operations.md)."""
