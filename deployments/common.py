@@ -17,6 +17,15 @@ def stage_setup(
     return config, config.stage(stage_name), resolve_model(config.model)
 
 
+def configure_access(config: PipelineConfig) -> None:
+    """Require the pipeline's API key on this ingress replica (refuses to start an open API
+    on a non-loopback address)."""
+    from omni_serve.api import access
+    from omni_serve.compat.ray_serve import proxy_host
+
+    access.configure(access.resolve_api_key(config.api, proxy_host()))
+
+
 def stage_dtype(stage: StageConfig):
     """The torch dtype a stage's engine asks for (float32 on CPU by default)."""
     import torch

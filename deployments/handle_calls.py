@@ -1,33 +1,76 @@
-"""Handle calls that cancel the downstream request when the caller stops waiting.
+"""Handle calls as the ingresses make them: cancelled downstream when the caller stops
+waiting, retried once when the replica died before answering, and "no room" turned into a
+clear 503.
 
-Serve cancels a replica's child requests when the replica's own request is cancelled (a client
-disconnect), but not when only a task inside it is (a server-side deadline): without these
-wrappers a timed-out request would go on running in every stage behind the ingress.
+- Serve cancels a replica's child requests when the replica's own request is cancelled (a
+  client disconnect), but not when only a task inside it is (a server-side deadline): without
+  the cancel here a timed-out request would go on running in every stage behind the ingress.
+- A replica that dies (crash, OOM kill, node loss) fails its in-flight calls with
+  ``RayActorError``. Stage calls are pure functions of their arguments, so a call that has
+  produced nothing yet is sent again, to another replica; a stream that has already yielded
+  is not (the client has part of the answer), its error goes to the client.
+- Serve's ``BackPressureError`` / ``DeploymentUnavailableError`` become ``StageUnavailable``
+  (503 with Retry-After).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ray.serve.handle import DeploymentResponse, DeploymentResponseGenerator
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+from omni_serve.api.errors import StageUnavailable
+
+log = logging.getLogger("ray.serve")
+UNAVAILABLE_RETRY_AFTER_S = 5.0  # a stage with no running replica: Serve is replacing it
+RETRIES_AFTER_REPLICA_DEATH = 1
 
 
-async def call(response: DeploymentResponse) -> Any:
-    try:
-        return await response
-    except asyncio.CancelledError:
-        response.cancel()
-        raise
+def _unavailable(exc: Exception) -> StageUnavailable:
+    if isinstance(exc, BackPressureError):
+        return StageUnavailable(f"server busy: {exc}", exc.retry_after_s)
+    return StageUnavailable(f"stage unavailable: {exc}", UNAVAILABLE_RETRY_AFTER_S)
 
 
-async def stream(responses: DeploymentResponseGenerator) -> AsyncIterator[Any]:
-    finished = False
-    try:
-        async for item in responses:
-            yield item
-        finished = True
-    finally:  # cancelled, closed early, or failed: stop the stage's work on it
-        if not finished:
-            responses.cancel()
+async def call(method: Any, *args: Any) -> Any:
+    """``await method.remote(*args)`` for a handle method, e.g. ``call(handle.decode, x)``."""
+    for attempt in range(RETRIES_AFTER_REPLICA_DEATH + 1):
+        response = method.remote(*args)
+        try:
+            return await response
+        except asyncio.CancelledError:
+            response.cancel()
+            raise
+        except (BackPressureError, DeploymentUnavailableError) as exc:
+            raise _unavailable(exc) from None
+        except RayActorError as exc:
+            if attempt == RETRIES_AFTER_REPLICA_DEATH:
+                raise
+            log.warning("a replica died during a stage call; sending it again: %s", exc)
+    raise AssertionError("unreachable")
+
+
+async def stream(method: Any, *args: Any) -> AsyncIterator[Any]:
+    """``async for item in method.remote(*args)`` for a streaming handle method."""
+    for attempt in range(RETRIES_AFTER_REPLICA_DEATH + 1):
+        responses = method.remote(*args)
+        finished, yielded = False, False
+        try:
+            async for item in responses:
+                yielded = True
+                yield item
+            finished = True
+            return
+        except (BackPressureError, DeploymentUnavailableError) as exc:
+            raise _unavailable(exc) from None
+        except RayActorError as exc:
+            if yielded or attempt == RETRIES_AFTER_REPLICA_DEATH:
+                raise
+            log.warning("a replica died before streaming anything; sending it again: %s", exc)
+        finally:  # cancelled, closed early, or failed: stop the stage's work on it
+            if not finished:
+                responses.cancel()

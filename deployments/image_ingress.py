@@ -13,8 +13,10 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
+from deployments.common import configure_access
+from omni_serve.api.access import ApiKeyMiddleware
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
-from omni_serve.api.errors import ApiError, install_error_handlers
+from omni_serve.api.errors import ApiError, install_error_handlers, stage_failure
 from omni_serve.api.health import stage_health
 from omni_serve.api.images import ImageGenerationRequest, parse_size, png_b64
 from omni_serve.api.metrics import ApiMetrics
@@ -24,6 +26,7 @@ from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
 from omni_serve.transport import take
 
 app = FastAPI(title="omni-serve (text to image)", version="0.1.0")
+app.add_middleware(ApiKeyMiddleware)
 log = logging.getLogger("ray.serve")
 install_error_handlers(app)
 
@@ -35,13 +38,13 @@ class _HandleClients:
         self.handles = handles
 
     async def encode(self, prompts: list[str]) -> list[Any]:
-        return await handle_calls.call(self.handles["text_encoder"].encode.remote(prompts))
+        return await handle_calls.call(self.handles["text_encoder"].encode, prompts)
 
     async def denoise(self, request: dict[str, Any]) -> list[Any]:
-        return await handle_calls.call(self.handles["dit"].denoise.remote(request))
+        return await handle_calls.call(self.handles["dit"].denoise, request)
 
     async def decode(self, latents: Any, height: int, width: int) -> Any:
-        return await handle_calls.call(self.handles["vae"].decode.remote(latents, height, width))
+        return await handle_calls.call(self.handles["vae"].decode, latents, height, width)
 
     async def fetch(self, ref: Any) -> Any:
         return await take(ref)
@@ -71,6 +74,7 @@ class ImageIngress:
         vae: DeploymentHandle,
     ) -> None:
         self.config = PipelineConfig.model_validate(pipeline)
+        configure_access(self.config)
         self.handles = {"text_encoder": text_encoder, "dit": dit, "vae": vae}
         self.clients = _HandleClients(self.handles)
         self.metrics = ApiMetrics()
@@ -153,8 +157,7 @@ class ImageIngress:
         except Exception as exc:
             log.exception("image request failed in a stage")
             self.metrics.requests.labels("error").inc()
-            raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"[:500],
-                           type_="server_error") from None  # fmt: skip
+            raise stage_failure(exc) from None
         finally:
             self.metrics.in_flight.dec()
         self.metrics.requests.labels("ok").inc()

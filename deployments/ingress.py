@@ -18,9 +18,11 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
+from deployments.common import configure_access
+from omni_serve.api.access import ApiKeyMiddleware
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
-from omni_serve.api.errors import ApiError, install_error_handlers
+from omni_serve.api.errors import ApiError, install_error_handlers, stage_failure
 from omni_serve.api.health import stage_health
 from omni_serve.api.media import MediaError
 from omni_serve.api.metrics import ApiMetrics
@@ -44,6 +46,7 @@ from omni_serve.models.qwen3_omni.request import prepare_prompt
 from omni_serve.transport import make_channel
 
 app = FastAPI(title="omni-serve", version="0.1.0")
+app.add_middleware(ApiKeyMiddleware)
 log = logging.getLogger("ray.serve")
 install_error_handlers(app)
 
@@ -72,7 +75,7 @@ def _ws_error(exc: Exception) -> dict[str, Any]:
         return {"type": "error", **error_body(f"{where}: {first['msg']}", param=where)}
     if isinstance(exc, ValueError | KeyError | TypeError):  # incl. JSON decode errors
         return {"type": "error", **error_body(str(exc)[:500])}
-    return {"type": "error", **error_body(f"{type(exc).__name__}: {exc}"[:500], "server_error")}
+    return {"type": "error", **stage_failure(exc).body}
 
 
 def _talker_overrides(body: ChatCompletionRequest | SpeechRequest) -> dict[str, Any]:
@@ -94,24 +97,24 @@ class _HandleClients:
         self._codec_info: dict[str, Any] | None = None
 
     def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return handle_calls.stream(self._thinker.generate.remote(request))
+        return handle_calls.stream(self._thinker.generate, request)
 
     def speak(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return handle_calls.stream(self._talker.speak.remote(request))
+        return handle_calls.stream(self._talker.speak, request)
 
     async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
-        return await handle_calls.call(self._code2wav.decode.remote(jobs))
+        return await handle_calls.call(self._code2wav.decode, jobs)
 
     async def encode_audio(self, features: list[Any]) -> Any | None:
         if self._encoder is None:
             return None
-        return await handle_calls.call(self._encoder.encode_audio.remote(features))
+        return await handle_calls.call(self._encoder.encode_audio, features)
 
     async def encode_images(self, pixels: Any, grid_thw: Any) -> Any | None:
         if self._encoder is None:
             return None
         ref = self._channel.put(pixels)
-        return await handle_calls.call(self._encoder.encode_images.remote(ref, grid_thw))
+        return await handle_calls.call(self._encoder.encode_images, ref, grid_thw)
 
     async def codec_info(self) -> dict[str, Any]:
         if self._codec_info is None:
@@ -137,6 +140,7 @@ class Ingress:
         from omni_serve.models.qwen3_omni.checkpoint import load_config
 
         self.config = PipelineConfig.model_validate(pipeline)
+        configure_access(self.config)
         model_path = resolve_model(self.config.model)
         self.processor = AutoProcessor.from_pretrained(model_path)
         self.voices = set(load_config(model_path).talker_config.speaker_id)
@@ -186,8 +190,7 @@ class Ingress:
         except Exception as exc:  # a stage failed: say so, in the API's error shape
             log.exception("chat request failed in a stage")
             self.metrics.requests.labels("error").inc()
-            raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"[:500],
-                           type_="server_error") from None  # fmt: skip
+            raise stage_failure(exc) from None
         finally:
             self.metrics.in_flight.dec()
         audio = None
@@ -233,8 +236,7 @@ class Ingress:
             raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
         except Exception as exc:
             log.exception("speech request failed in a stage")
-            raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}"[:500],
-                           type_="server_error") from None  # fmt: skip
+            raise stage_failure(exc) from None
         data = encode_audio(_change_speed(audio, body.speed), SAMPLE_RATE, fmt)
         return Response(data, media_type=media_type)
 
@@ -330,7 +332,8 @@ class Ingress:
                                "timings": event.result.timings})  # fmt: skip
         except Exception as exc:  # headers are out: report in-band
             log.exception("streamed speech request failed in a stage")
-            yield sse({"type": "error", "error": {"message": str(exc)[:500]}})
+            failure = stage_failure(exc)
+            yield sse({"type": "error", "error": failure.body["error"]})
 
     def _deadline(self, body: ChatCompletionRequest | SpeechRequest) -> float | None:
         return request_deadline(body.timeout_s, self.config.api.request_timeout_s)
@@ -395,7 +398,8 @@ class Ingress:
         except Exception as exc:  # headers are sent: report in-band, then end the stream
             log.exception("streamed chat request failed in a stage")
             self.metrics.requests.labels("error").inc()
-            yield writer.error(f"generation failed: {type(exc).__name__}: {exc}"[:500])
+            failure = stage_failure(exc)
+            yield writer.error(failure.message, failure.type)
         finally:
             self.metrics.in_flight.dec()
         yield DONE

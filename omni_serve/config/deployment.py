@@ -68,6 +68,12 @@ class DeploymentSettings(_Strict):
     max_queued_requests: int = Field(
         64, ge=-1, description="Requests queued per caller before 503 backpressure; -1 = no limit."
     )
+    retry_after_s: float = Field(
+        1.0,
+        ge=0,
+        description="Retry-After (seconds) sent with the 503 that refuses a request when this "
+        "stage's replicas and queue are full.",
+    )
     ray_actor_options: RayActorOptions = Field(
         default_factory=RayActorOptions, description="Resources reserved for each replica."
     )
@@ -92,6 +98,7 @@ class DeploymentSettings(_Strict):
         opts: dict[str, Any] = {
             "max_ongoing_requests": self.max_ongoing_requests,
             "max_queued_requests": self.max_queued_requests,
+            "backpressure_config": {"status_code": 503, "retry_after_s": self.retry_after_s},
             "ray_actor_options": self.ray_actor_options.model_dump(exclude_none=True),
         }
         if self.autoscaling_config is not None:

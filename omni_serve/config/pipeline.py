@@ -67,8 +67,8 @@ class EdgeConfig(_Strict):
 
 
 class ApiSettings(_Strict):
-    host: str = Field("127.0.0.1", description="Address the HTTP proxy binds.")
-    port: int = Field(8000, ge=1, le=65535, description="Port the HTTP proxy binds.")
+    """The HTTP API. Where it listens is Serve's ``http_options`` (Serve config YAML), not this."""
+
     served_model_name: str | None = Field(
         None, description="Model id clients send; defaults to the pipeline name."
     )
@@ -86,6 +86,17 @@ class ApiSettings(_Strict):
     api_key: str | None = Field(
         None, description="If set, requests must send 'Authorization: Bearer <api_key>'."
     )
+    api_key_env: str | None = Field(
+        None,
+        description="Name of an environment variable (in the ingress replica) holding the API "
+        "key; keeps the secret out of the config file. Exclusive with api_key.",
+    )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve without an API key even when Serve's HTTP proxy binds a non-loopback "
+        "address (only behind a gateway that authenticates). Off: such a deployment fails to "
+        "start until a key is set.",
+    )
     request_timeout_s: float | None = Field(
         600.0,
         gt=0,
@@ -101,6 +112,12 @@ class ApiSettings(_Strict):
     image_max_pixels: int = Field(
         1024 * 1024, ge=64 * 64, description="Largest image (width x height) a request may ask for."
     )
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> ApiSettings:
+        if self.api_key is not None and self.api_key_env is not None:
+            raise ValueError("set api_key or api_key_env, not both")
+        return self
 
 
 class PipelineConfig(_Strict):

@@ -39,7 +39,7 @@ def test_defaults_fill_in():
     config = parse_pipeline_config(minimal())
     stage = config.stage("thinker")
     assert stage.deployment.num_replicas == 1
-    assert config.api.host == "127.0.0.1"
+    assert config.api.api_key is None and not config.api.allow_unauthenticated
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,8 @@ def test_defaults_fill_in():
             "stages.0.deployment.num_replicas",
             "greater than or equal to 1",
         ),
-        (minimal(api={"port": 70000}), "api.port", "less than or equal to 65535"),
+        (minimal(api={"max_tokens_limit": 0}), "api.max_tokens_limit", "greater than or equal"),
+        (minimal(api={"port": 8000}), "api.port", "Extra inputs are not permitted"),
         (minimal(bogus=1), "bogus", "Extra inputs are not permitted"),
         (
             minimal(edges=[{"source": "thinker", "target": "talker", "payload": "x"}]),
@@ -75,6 +76,21 @@ def test_replicas_and_autoscaling_are_exclusive():
     assert "num_replicas" not in opts and opts["autoscaling_config"]["max_replicas"] == 3
     with pytest.raises(ValueError, match="min_replicas"):
         DeploymentSettings(autoscaling_config={"min_replicas": 4, "max_replicas": 3})
+
+
+def test_serve_accepts_the_deployment_options_with_backpressure():
+    from ray import serve
+
+    settings = DeploymentSettings(max_queued_requests=4, retry_after_s=2.5)
+    opts = settings.serve_options()
+    assert opts["backpressure_config"] == {"status_code": 503, "retry_after_s": 2.5}
+
+    @serve.deployment
+    class Stage:
+        pass
+
+    config = Stage.options(**opts)._deployment_config
+    assert config.max_queued_requests == 4 and config.backpressure_config.retry_after_s == 2.5
 
 
 def test_yaml_errors_are_config_errors(tmp_path):

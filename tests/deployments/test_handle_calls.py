@@ -1,0 +1,98 @@
+"""Stage calls from the ingress: one retry when the replica died before answering, never
+after a stream has yielded; Serve's "no room" errors become a 503-worthy StageUnavailable;
+a caller that stops waiting cancels the stage's request."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from ray.exceptions import ActorDiedError
+from ray.serve.exceptions import BackPressureError
+
+from deployments import handle_calls
+from omni_serve.api.errors import StageUnavailable
+
+
+class FakeResponse:
+    """Stands in for DeploymentResponse / DeploymentResponseGenerator."""
+
+    def __init__(self, outcome) -> None:
+        self.outcome = outcome  # a value, an exception, or a list of items / exceptions
+        self.cancelled = False
+
+    def __await__(self):
+        async def answer():
+            if isinstance(self.outcome, BaseException):
+                raise self.outcome
+            if self.outcome == "hang":
+                await asyncio.sleep(3600)
+            return self.outcome
+
+        return answer().__await__()
+
+    async def _items(self):
+        for item in self.outcome:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def __aiter__(self):
+        return self._items()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeMethod:
+    def __init__(self, *outcomes) -> None:
+        self.outcomes = list(outcomes)
+        self.sent: list[FakeResponse] = []
+
+    def remote(self, *args):
+        self.sent.append(FakeResponse(self.outcomes.pop(0)))
+        return self.sent[-1]
+
+
+async def test_a_call_whose_replica_died_is_sent_again_once():
+    method = FakeMethod(ActorDiedError(), "decoded")
+    assert await handle_calls.call(method, "x") == "decoded" and len(method.sent) == 2
+    twice = FakeMethod(ActorDiedError(), ActorDiedError())
+    with pytest.raises(ActorDiedError):
+        await handle_calls.call(twice)
+
+
+async def test_a_stream_is_retried_only_before_its_first_item():
+    fresh = FakeMethod([ActorDiedError()], ["a", "b"])
+    assert [x async for x in handle_calls.stream(fresh)] == ["a", "b"]
+    started = FakeMethod(["a", ActorDiedError()], ["never"])
+    got = []
+    with pytest.raises(ActorDiedError):
+        async for item in handle_calls.stream(started):
+            got.append(item)
+    assert got == ["a"] and len(started.sent) == 1
+
+
+async def test_backpressure_becomes_stage_unavailable_with_retry_after():
+    full = BackPressureError(num_queued_requests=4, max_queued_requests=4, retry_after_s=2.0)
+    with pytest.raises(StageUnavailable) as busy:
+        await handle_calls.call(FakeMethod(full))
+    assert busy.value.retry_after_s == 2.0 and "max_queued_requests=4" in str(busy.value)
+    with pytest.raises(StageUnavailable):
+        async for _ in handle_calls.stream(FakeMethod([full])):
+            pass
+
+
+async def test_a_caller_that_stops_waiting_cancels_the_stage_request():
+    method = FakeMethod("hang")
+    task = asyncio.ensure_future(handle_calls.call(method))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert method.sent[0].cancelled
+    streaming = FakeMethod(["a", "b"])
+    items = handle_calls.stream(streaming)
+    assert await anext(items) == "a"
+    await items.aclose()
+    assert streaming.sent[0].cancelled

@@ -1,0 +1,29 @@
+"""A stage at capacity is a 503 with Retry-After (retry later); any other stage failure a 500."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from omni_serve.api.errors import StageUnavailable, install_error_handlers, stage_failure
+
+
+def test_a_full_stage_is_a_503_with_retry_after_rounded_up():
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/busy")
+    def busy():
+        raise stage_failure(StageUnavailable("server busy: queue full", retry_after_s=1.2))
+
+    response = TestClient(app).get("/busy")
+    assert response.status_code == 503 and response.headers["retry-after"] == "2"
+    assert response.json()["error"] == {"message": "server busy: queue full",
+                                        "type": "server_error", "param": None,
+                                        "code": "overloaded"}  # fmt: skip
+
+
+def test_other_stage_failures_are_a_500_naming_the_error():
+    error = stage_failure(RuntimeError("engine died"))
+    assert error.status == 500 and error.headers is None
+    assert error.body["error"]["message"] == "generation failed: RuntimeError: engine died"
