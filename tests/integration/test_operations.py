@@ -1,0 +1,165 @@
+"""User story: an operator serves a pipeline with an API key and tight queues; clients without
+the key are refused, a burst past the queues gets 503 + Retry-After instead of hanging, and a
+replica that dies (killed mid-traffic) is replaced by Serve while requests keep succeeding.
+
+One app (the tiny Qwen-Image graph from tests/integration/pipelines/qwen_image_ops.yaml)
+serves every test here; the batch job runs against it through `ray job submit`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from omni_serve.testing.serve_process import REPO, ServeProcess
+
+pytestmark = pytest.mark.integration
+URL = "http://127.0.0.1:8000"
+KEY = {"Authorization": "Bearer ops-test-key"}
+SMALL = {"prompt": "a red kite", "size": "64x64", "num_inference_steps": 2, "seed": 1}
+SLOW = {"prompt": "a slow kite", "size": "512x512", "num_inference_steps": 12, "seed": 2}
+
+
+@pytest.fixture(scope="module")
+def served():
+    config = "pipeline_config=tests/integration/pipelines/qwen_image_ops.yaml"
+    server = ServeProcess("graphs.qwen_image:build_app", URL, args=(config,))
+    server.start()
+    yield server
+    server.stop()
+
+
+def generate(body: dict, headers: dict | None = None, timeout: float = 120) -> httpx.Response:
+    headers = KEY if headers is None else headers
+    return httpx.post(f"{URL}/v1/images/generations", json=body, headers=headers, timeout=timeout)
+
+
+def replica_pids(deployment: str) -> set[int]:
+    """PIDs of the Serve replica processes of one deployment (by Ray's process title)."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    title = re.compile(rf"^\s*(\d+) ray::ServeReplica:[^:]+:{deployment}(\.|\s|$)")
+    return {int(m.group(1)) for line in out.splitlines() if (m := title.match(line))}
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def test_requests_need_the_api_key_and_health_does_not(served):
+    missing = generate(SMALL, headers={})
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
+    wrong = httpx.get(f"{URL}/v1/models", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["message"] == "invalid API key"
+    assert httpx.get(f"{URL}/health").status_code == 200
+    assert generate(SMALL).status_code == 200
+
+
+def test_a_burst_past_the_queues_gets_503_with_retry_after_not_a_hang(served):
+    """16 at once against an ingress that takes 4 (+4 queued) and a DiT that takes 1 (+1):
+    the proxy refuses some (Retry-After 1, the ingress's), the ingress refuses others for the
+    DiT (Retry-After 3, JSON error), and the rest are served."""
+    start = threading.Barrier(16)
+
+    def one(_):
+        start.wait()
+        return generate(SLOW)
+
+    began = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(one, range(16)))
+    statuses = sorted(r.status_code for r in responses)
+    assert set(statuses) <= {200, 503}, statuses
+    refused = [r for r in responses if r.status_code == 503]
+    assert all("retry-after" in r.headers for r in refused)
+    at_dit = [r for r in refused if r.headers["retry-after"] == "3"]
+    at_ingress = [r for r in refused if r.headers["retry-after"] == "1"]
+    assert at_dit and at_ingress, [(r.headers.get("retry-after"), r.text[:80]) for r in refused]
+    assert at_dit[0].json()["error"]["code"] == "overloaded"
+    assert 200 in statuses and time.monotonic() - began < 120
+    assert generate(SMALL).status_code == 200  # nothing left stuck
+
+
+def test_a_killed_vae_replica_is_replaced_while_requests_keep_succeeding(served):
+    before = wait_for(lambda: (p := replica_pids("vae")) and len(p) == 2 and p, 30, "2 VAEs")
+    stop = time.monotonic() + 12
+    results: list[httpx.Response] = []
+
+    def client():  # two clients: what the DiT takes (1 running + 1 queued) without a 503
+        while time.monotonic() < stop:
+            results.append(generate(SMALL))
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(client) for _ in range(2)]
+        time.sleep(2)
+        os.kill(min(before), signal.SIGKILL)
+        for future in running:
+            future.result()
+    failed = [(r.status_code, r.text[:300]) for r in results if r.status_code != 200]
+    assert len(results) > 10 and not failed, failed
+    after = wait_for(lambda: (p := replica_pids("vae")) and len(p) == 2 and p, 90,
+                     "Serve replaces the killed VAE replica")  # fmt: skip
+    assert min(before) not in after
+    assert generate(SMALL).status_code == 200
+
+
+def test_a_dead_dit_shows_on_health_until_serve_replaces_it(served):
+    [pid] = replica_pids("dit")
+    os.kill(pid, signal.SIGKILL)
+    unhealthy = wait_for(lambda: (r := httpx.get(f"{URL}/health", timeout=10)).status_code == 503
+                         and r, 30, "/health reports the dead DiT")  # fmt: skip
+    assert any(s.startswith("dit:") for s in unhealthy.json()["stages"])
+    wait_for(lambda: httpx.get(f"{URL}/health", timeout=10).status_code == 200, 120,
+             "the DiT is replaced and /health is 200 again")  # fmt: skip
+    assert pid not in replica_pids("dit")
+    assert generate(SMALL).status_code == 200
+
+
+def submit_batch_job(tmp_path) -> subprocess.CompletedProcess:
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    command = [ray, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".",
+               "--", sys.executable, "-m", "omni_serve.jobs.batch", "--input",
+               str(tmp_path / "prompts.jsonl"), "--output", str(tmp_path / "out")]  # fmt: skip
+    secret = json.dumps({"env_vars": {"OMNI_SERVE_API_KEY": "ops-test-key"}})
+    command[3:3] = ["--runtime-env-json", secret]  # the job's environment, not this one's
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_batch_job_submitted_to_the_cluster_writes_files_and_resumes(served, tmp_path):
+    """`ray job submit -- python -m omni_serve.jobs.batch`: PNGs and a manifest; the bad line is
+    reported and does not stop the job; the re-run skips what is done."""
+    lines = [
+        {"custom_id": "kite", "url": "/v1/images/generations", "body": {**SMALL, "n": 2}},
+        {"custom_id": "../escape", "url": "/v1/images/generations", "body": SMALL},
+        {"custom_id": "boat", "url": "/v1/chat/completions",
+         "body": {"model": "qwen-image", "modalities": ["image"],
+                  "messages": [{"role": "user", "content": "a boat"}]}},
+    ]  # fmt: skip
+    (tmp_path / "prompts.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    first = submit_batch_job(tmp_path)
+    assert "2 ok, 1 failed, 0 skipped" in first.stdout, first.stdout[-3000:] + first.stderr[-2000:]
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "boat.png", "kite-0.png", "kite-1.png", "manifest.jsonl"]  # fmt: skip
+    assert (out / "kite-0.png").read_bytes()[:4] == b"\x89PNG"
+    records = [json.loads(t) for t in (out / "manifest.jsonl").read_text().splitlines()]
+    assert {r["custom_id"]: r["status"] for r in records} == {None: "error", "kite": "ok",
+                                                              "boat": "ok"}  # fmt: skip
+    second = submit_batch_job(tmp_path)
+    assert "0 ok, 1 failed, 2 skipped" in second.stdout, second.stdout[-3000:]
