@@ -247,7 +247,8 @@ class Ingress:
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         reply = tokenizer(body.input)["input_ids"] + [im_end]
         sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
-        options = ChatOptions(sampling, True, body.voice, _talker_overrides(body), reply_ids=reply)
+        options = ChatOptions(sampling, True, body.voice, _talker_overrides(body), reply_ids=reply,
+                              session_id=body.session_id)  # fmt: skip
         events = stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
         return iterate_within(events, self._deadline(body))
 
@@ -369,7 +370,8 @@ class Ingress:
             raise ApiError(400, str(exc), exc.param) from None
         sampling = {"max_tokens": max_tokens, "temperature": body.temperature,
                     "top_p": body.top_p, "seed": body.seed}  # fmt: skip
-        options = ChatOptions(sampling, want_audio, voice, _talker_overrides(body))
+        options = ChatOptions(sampling, want_audio, voice, _talker_overrides(body),
+                              session_id=body.session_id)  # fmt: skip
         return prompt, options
 
     async def _sse(self, body, prompt, options, request_id) -> AsyncIterator[str]:

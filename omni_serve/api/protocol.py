@@ -81,6 +81,12 @@ class OmniExtensions(BaseModel):
         description="omni-serve extension: server-side deadline in seconds (capped by the "
         "server's api.request_timeout_s); past it the request is cancelled in every stage.",
     )
+    session_id: str | None = Field(
+        None,
+        max_length=256,
+        description="omni-serve extension: requests with the same session id go to the same "
+        "Thinker replica (its prefix cache holds the conversation) while it has room.",
+    )
 
 
 class ChatCompletionRequest(OmniExtensions):

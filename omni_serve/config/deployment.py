@@ -6,6 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+ROUTER_CLASSES = {  # Serve imports these by path in every process that calls the stage
+    "least_loaded": "omni_serve.routing.routers:LeastLoadedRouter",
+    "affinity": "omni_serve.routing.routers:AffinityRouter",
+}
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -77,8 +82,16 @@ class DeploymentSettings(_Strict):
     ray_actor_options: RayActorOptions = Field(
         default_factory=RayActorOptions, description="Resources reserved for each replica."
     )
-    request_router: Literal["power_of_two", "least_loaded", "prefix_affinity"] = Field(
-        "power_of_two", description="How callers pick a replica of this stage."
+    request_router: Literal["power_of_two", "least_loaded", "affinity"] = Field(
+        "power_of_two",
+        description="How callers pick a replica of this stage: Serve's power of two choices; "
+        "least_loaded (shortest queue of all replicas); affinity (a conversation's requests "
+        "go to the replica holding its prefix cache unless it is overloaded; for the Thinker).",
+    )
+    request_router_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Router settings, e.g. affinity's prefix_tokens (64) and "
+        "imbalance_threshold (4 requests).",
     )
     cpu_cores: list[int] | None = Field(
         None,
@@ -101,6 +114,11 @@ class DeploymentSettings(_Strict):
             "backpressure_config": {"status_code": 503, "retry_after_s": self.retry_after_s},
             "ray_actor_options": self.ray_actor_options.model_dump(exclude_none=True),
         }
+        if self.request_router != "power_of_two":
+            opts["request_router_config"] = {
+                "request_router_class": ROUTER_CLASSES[self.request_router],
+                "request_router_kwargs": self.request_router_kwargs,
+            }
         if self.autoscaling_config is not None:
             opts["autoscaling_config"] = self.autoscaling_config.model_dump()
         else:

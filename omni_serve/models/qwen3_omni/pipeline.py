@@ -71,6 +71,7 @@ class ChatOptions:
     voice: str = "ethan"
     talker_sampling: dict[str, Any] = field(default_factory=dict)
     reply_ids: list[int] | None = None
+    session_id: str | None = None  # routing affinity (omni_serve.routing.policy)
 
 
 async def stream_chat(
@@ -83,6 +84,7 @@ async def stream_chat(
         "multi_modal_data": prompt.multi_modal_data,
         "sampling": options.sampling,
         "capture": options.want_audio,
+        "session_id": options.session_id,
     }
     expanded_ids = prompt.prompt_ids  # media placeholders expanded by the Thinker's processor
     timings: dict[str, float] = {}

@@ -1,0 +1,71 @@
+"""Routing decisions as plain functions of queue lengths, testable without Serve.
+
+Affinity: the requests of one conversation should reach the replica whose engine already
+holds their prefix in its KV cache (vLLM prefix caching), so a multi-turn request recomputes
+only its new turn. A request's affinity key is its ``session_id`` when the client sent one,
+else a hash of its first ``prefix_tokens`` prompt tokens (the system prompt and first user
+turn, shared by every later turn of the conversation). Keys map to replicas by rendezvous
+hashing, so adding or removing a replica moves only the keys that replica owned. When the
+preferred replica is full, or busier than the least-loaded one by more than
+``imbalance_threshold`` requests, the request goes to the least-loaded replica instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DEFAULT_PREFIX_TOKENS = 64
+DEFAULT_IMBALANCE_THRESHOLD = 4
+
+
+def affinity_key(request: Any, prefix_tokens: int = DEFAULT_PREFIX_TOKENS) -> str | None:
+    """The key of a stage request (a dict with ``session_id`` and/or ``prompt_ids``)."""
+    if not isinstance(request, Mapping):
+        return None
+    if request.get("session_id"):
+        return f"session:{request['session_id']}"
+    ids = request.get("prompt_ids")
+    if not isinstance(ids, Sequence) or len(ids) < prefix_tokens:
+        return None  # too short to share a cached prefix worth routing for
+    head = ",".join(str(int(t)) for t in ids[:prefix_tokens])
+    return "prefix:" + hashlib.blake2b(head.encode(), digest_size=8).hexdigest()
+
+
+def rendezvous_order(key: str, replica_ids: Sequence[str]) -> list[str]:
+    """Replicas from most to least preferred for ``key`` (highest random weight hashing)."""
+
+    def weight(replica_id: str) -> int:
+        digest = hashlib.blake2b(f"{key}|{replica_id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big")
+
+    return sorted(replica_ids, key=weight, reverse=True)
+
+
+def least_loaded(queue_lens: Mapping[str, int | None]) -> list[list[str]]:
+    """One rank of every replica, shortest known queue first: Serve probes the queue length
+    of each replica of a rank (or reads its cache of them) and sends to the shortest."""
+    return [sorted(queue_lens, key=lambda r: -1 if queue_lens[r] is None else queue_lens[r])]
+
+
+def affinity_ranks(
+    key: str | None,
+    queue_lens: Mapping[str, int | None],
+    max_ongoing: Mapping[str, int],
+    imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD,
+) -> list[list[str]]:
+    """Ranks of replicas to try: the key's replica alone first while it has room and is not
+    much busier than the rest, then every replica, least loaded first."""
+    fallback = least_loaded(queue_lens)
+    if key is None or not queue_lens:
+        return fallback
+    preferred = rendezvous_order(key, list(queue_lens))[0]
+    load = queue_lens[preferred]
+    known = [q for q in queue_lens.values() if q is not None]
+    lightest = min(known) if known else 0
+    if load is not None and (
+        load >= max_ongoing[preferred] or load - lightest > imbalance_threshold
+    ):
+        return fallback
+    return [[preferred], *fallback]
