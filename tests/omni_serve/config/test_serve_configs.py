@@ -10,7 +10,9 @@ import yaml
 from omni_serve.config import load_pipeline_config
 
 REPO = Path(__file__).parents[3]
-SERVE_CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+SERVE_CONFIGS = sorted((REPO / "configs").glob("*.yaml")) + [
+    REPO / "load_tests" / "configs" / "qwen_image_autoscale.yaml"
+]
 
 
 @pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
@@ -23,3 +25,17 @@ def test_serve_config_is_consistent(path):
         assert attr
         pipeline = REPO / app["args"]["pipeline_config"]
         assert load_pipeline_config(pipeline).name
+
+
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
+def test_serve_accepts_the_config_and_its_autoscaling_policy(path):
+    from ray.serve.schema import ServeDeploySchema
+
+    from omni_serve.routing.autoscaling import PipelineAutoscalingPolicy
+
+    schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    for app in schema.applications:
+        if app.autoscaling_policy:
+            module, _, name = app.autoscaling_policy["policy_function"].partition(":")
+            assert (module, name) == ("omni_serve.routing.autoscaling", "PipelineAutoscalingPolicy")
+            PipelineAutoscalingPolicy(**app.autoscaling_policy.get("policy_kwargs", {}))
