@@ -17,13 +17,14 @@ def stage_setup(
     return config, config.stage(stage_name), resolve_model(config.model)
 
 
-def configure_access(config: PipelineConfig) -> None:
-    """Require the pipeline's API key on this ingress replica (refuses to start an open API
-    on a non-loopback address)."""
-    from omni_serve.api import access
+def configure_http_guards(config: PipelineConfig) -> None:
+    """Set this ingress replica's request guards: the API key (refuses to start an open API on
+    a non-loopback address) and the request body limit."""
+    from omni_serve.api import access, body_limit
     from omni_serve.compat.ray_serve import proxy_host
 
     access.configure(access.resolve_api_key(config.api, proxy_host()))
+    body_limit.configure(config.api.max_request_bytes)
 
 
 def stage_dtype(stage: StageConfig):

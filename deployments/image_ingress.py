@@ -13,8 +13,9 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
-from deployments.common import configure_access
+from deployments.common import configure_http_guards
 from omni_serve.api.access import ApiKeyMiddleware
+from omni_serve.api.body_limit import BodyLimitMiddleware
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
 from omni_serve.api.errors import ApiError, install_error_handlers, stage_failure
 from omni_serve.api.health import stage_health
@@ -26,7 +27,8 @@ from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
 from omni_serve.transport import take
 
 app = FastAPI(title="omni-serve (text to image)", version="0.1.0")
-app.add_middleware(ApiKeyMiddleware)
+app.add_middleware(BodyLimitMiddleware)
+app.add_middleware(ApiKeyMiddleware)  # added last, runs first: no body is read for a stranger
 log = logging.getLogger("ray.serve")
 install_error_handlers(app)
 
@@ -74,7 +76,7 @@ class ImageIngress:
         vae: DeploymentHandle,
     ) -> None:
         self.config = PipelineConfig.model_validate(pipeline)
-        configure_access(self.config)
+        configure_http_guards(self.config)
         self.handles = {"text_encoder": text_encoder, "dit": dit, "vae": vae}
         self.clients = _HandleClients(self.handles)
         self.metrics = ApiMetrics()

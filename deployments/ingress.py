@@ -18,9 +18,10 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
-from deployments.common import configure_access
+from deployments.common import configure_http_guards
 from omni_serve.api.access import ApiKeyMiddleware
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
+from omni_serve.api.body_limit import BodyLimitMiddleware
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
 from omni_serve.api.errors import ApiError, install_error_handlers, stage_failure
 from omni_serve.api.health import stage_health
@@ -46,7 +47,8 @@ from omni_serve.models.qwen3_omni.request import prepare_prompt
 from omni_serve.transport import make_channel
 
 app = FastAPI(title="omni-serve", version="0.1.0")
-app.add_middleware(ApiKeyMiddleware)
+app.add_middleware(BodyLimitMiddleware)
+app.add_middleware(ApiKeyMiddleware)  # added last, runs first: no body is read for a stranger
 log = logging.getLogger("ray.serve")
 install_error_handlers(app)
 
@@ -140,7 +142,7 @@ class Ingress:
         from omni_serve.models.qwen3_omni.checkpoint import load_config
 
         self.config = PipelineConfig.model_validate(pipeline)
-        configure_access(self.config)
+        configure_http_guards(self.config)
         model_path = resolve_model(self.config.model)
         self.processor = AutoProcessor.from_pretrained(model_path)
         self.voices = set(load_config(model_path).talker_config.speaker_id)

@@ -76,6 +76,12 @@ class ApiSettings(_Strict):
         2048, ge=1, description="Largest max_tokens a request may ask for."
     )
     default_max_tokens: int = Field(256, ge=1, description="max_tokens when a request omits it.")
+    max_request_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted (413 past it), before any parsing; leaves "
+        "room for base64 media up to max_audio_bytes.",
+    )
     max_audio_bytes: int = Field(
         10 * 1024 * 1024, ge=1, description="Largest decoded input audio file accepted."
     )

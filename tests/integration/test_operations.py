@@ -81,6 +81,12 @@ def test_requests_need_the_api_key_and_health_does_not(served):
     assert generate(SMALL).status_code == 200
 
 
+def test_an_oversized_body_is_a_413_and_strangers_are_refused_before_it_is_read(served):
+    big = {**SMALL, "prompt": "x" * 2_000_000}
+    assert generate(big).status_code == 413
+    assert generate(big, headers={}).status_code == 401
+
+
 def test_a_burst_past_the_queues_gets_503_with_retry_after_not_a_hang(served):
     """24 at once against an ingress that takes 4 (+1 queued) and a DiT that takes 1 (+1):
     the proxy refuses some (Retry-After 1, the ingress's), the ingress refuses others for the
