@@ -103,6 +103,7 @@ def summarize(replicas: list[dict], requests: list[dict], bounds: dict) -> dict:
         "scale_up_s": {s: first_time(replicas, high_start, lambda x, s=s: x.get(s, 0) >= 2)
                        for s in ("dit", "vae")},
         "scale_down_s": {s: first_time(replicas, high_end, lambda x, s=s: x.get(s, 0) == 1)
+                         if any(x.get(s, 0) >= 2 for x in replicas) else None
                          for s in ("dit", "vae")},
         "max_replicas": {s: max((x.get(s, 0) for x in replicas), default=0) for s in STAGES},
         "failed_requests": sum(p["failed"] for p in phases.values()),
