@@ -38,6 +38,7 @@ from omni_serve.api.protocol import (
     usage_dict,
 )
 from omni_serve.api.sse import DONE, ChunkWriter, sse
+from omni_serve.api.websocket import IdleTimeout, receive_request
 from omni_serve.config import PipelineConfig
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models import resolve_model
@@ -261,15 +262,15 @@ class Ingress:
         try:
             while True:
                 try:
-                    message = await ws.receive_json()
+                    message = await receive_request(ws, self.config.api.ws_idle_timeout_s)
                     events = self._ws_events(message)
-                except WebSocketDisconnect:
+                except (WebSocketDisconnect, IdleTimeout):
                     raise
                 except Exception as exc:  # bad input: say why, keep the socket
                     await ws.send_json(_ws_error(exc))
                     continue
                 await self._ws_answer(ws, events)
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, IdleTimeout):
             return
 
     def _ws_events(self, message: Any):

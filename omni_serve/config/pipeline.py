@@ -109,6 +109,12 @@ class ApiSettings(_Strict):
         description="Longest a request may run on the server; past it the request is "
         "cancelled in every stage (504, or an error event once streaming). None = no limit.",
     )
+    ws_idle_timeout_s: float | None = Field(
+        300.0,
+        gt=0,
+        description="A WebSocket client that sends no request for this long is closed (it "
+        "holds an ingress slot while open). None = never.",
+    )
     image_default_size: str = Field(
         "1024x1024", description="Image size ('WxH') when a request omits it (image models)."
     )
