@@ -9,6 +9,7 @@ the default handler before exec (CPU_STACK.md, Ray 2.60).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,14 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).parents[2]  # the repo root (editable install)
+
+
+def replica_pids(deployment: str) -> set[int]:
+    """PIDs of the Serve replica processes of one deployment, by Ray's process title
+    (``ray::ServeReplica:<app>:<deployment>``), for tests that kill replicas."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    title = re.compile(rf"^\s*(\d+) ray::ServeReplica:[^:]+:{deployment}(\.|\s|$)")
+    return {int(m.group(1)) for line in out.splitlines() if (m := title.match(line))}
 
 
 def _restore_sigint() -> None:

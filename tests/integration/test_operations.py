@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from omni_serve.testing.serve_process import REPO, ServeProcess
+from omni_serve.testing.serve_process import REPO, ServeProcess, replica_pids
 
 pytestmark = pytest.mark.integration
 URL = "http://127.0.0.1:8000"
@@ -53,13 +52,6 @@ def generate_retrying_503(body: dict) -> httpx.Response:
             return response
         time.sleep(float(response.headers["retry-after"]))
     return response
-
-
-def replica_pids(deployment: str) -> set[int]:
-    """PIDs of the Serve replica processes of one deployment (by Ray's process title)."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    title = re.compile(rf"^\s*(\d+) ray::ServeReplica:[^:]+:{deployment}(\.|\s|$)")
-    return {int(m.group(1)) for line in out.splitlines() if (m := title.match(line))}
 
 
 def wait_for(predicate, timeout_s: float, what: str):

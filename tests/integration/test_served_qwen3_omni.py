@@ -4,7 +4,10 @@ Qwen3-Omni graph, and the official openai client gets text plus a 24 kHz WAV bac
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import io
+import os
+import signal
 import time
 
 import httpx
@@ -12,7 +15,7 @@ import openai
 import pytest
 import soundfile as sf
 
-from omni_serve.testing.serve_process import ServeProcess
+from omni_serve.testing.serve_process import ServeProcess, replica_pids
 
 pytestmark = pytest.mark.integration
 URL = "http://127.0.0.1:8000"
@@ -382,3 +385,27 @@ async def test_websocket_streams_text_and_pcm_and_survives_bad_input(served):
         events = await _ws_collect(ws)
         assert events[-1]["type"] == "response.done"
         assert sum(len(f) for f in events if isinstance(f, bytes)) > 0
+
+
+def test_a_killed_code2wav_replica_is_replaced_and_the_spoken_reply_still_arrives(client, served):
+    """Code2wav (its only replica) dies mid-request: the request's later decode calls wait for
+    the replacement Serve starts, and the client gets its whole spoken reply, not a 500. (The
+    kill usually lands between two short decode calls; a call cut off while running is sent
+    again, shown with the VAE in test_operations.py.)"""
+    [pid] = replica_pids("code2wav")
+    talker = {"max_tokens": 100, "seed": 3}  # ~8 s of audio: the kill lands mid-request
+    ask = dict(model="qwen3-omni", messages=[{"role": "user", "content": "Tell a story."}],
+               max_tokens=8, modalities=["text", "audio"], audio={"voice": "ethan"},
+               extra_body={"stage_overrides": {"talker": talker}})  # fmt: skip
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(client.chat.completions.create, **ask)
+        time.sleep(1.5)
+        os.kill(pid, signal.SIGKILL)
+        message = reply.result(timeout=240).choices[0].message
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(message.audio.data)))
+    assert rate == 24000 and len(samples) > 0
+    deadline = time.monotonic() + 90  # the replacement replica loads its model first
+    while httpx.get(f"{URL}/health", timeout=30).status_code != 200:
+        assert time.monotonic() < deadline, "the app is not healthy again after the kill"
+        time.sleep(1)
+    assert replica_pids("code2wav") - {pid}, "Serve did not replace the Code2wav replica"
