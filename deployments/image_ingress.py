@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -115,7 +116,12 @@ class ImageIngress:
         if "image" not in body.modalities:
             raise ApiError(400, "modalities: this model generates images: send ['image']",
                            "modalities")  # fmt: skip
-        request = ImageGenerationRequest(prompt=_chat_prompt(body), seed=body.seed)
+        try:
+            request = ImageGenerationRequest(prompt=_chat_prompt(body), seed=body.seed)
+        except ValidationError as exc:  # e.g. an empty or overlong prompt in the message
+            reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            message = f"messages: the last user message is not a usable prompt ({reason})"
+            raise ApiError(400, message, "messages") from None
         result = await self._run(self._options(request), body.timeout_s)
         parts = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png_b64(i)}"}}
                  for i in result.images]  # fmt: skip

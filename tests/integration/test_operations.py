@@ -19,6 +19,8 @@ import time
 
 import httpx
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
 
 from omni_serve.testing.serve_process import REPO, ServeProcess, replica_pids
 
@@ -77,6 +79,32 @@ def test_an_oversized_body_is_a_413_and_strangers_are_refused_before_it_is_read(
     big = {**SMALL, "prompt": "x" * 2_000_000}
     assert generate(big).status_code == 413
     assert generate(big, headers={}).status_code == 401
+
+
+def test_fuzzed_requests_never_get_a_server_error(served):
+    """Schemathesis builds requests from the app's own OpenAPI spec (valid and invalid bodies,
+    odd types and sizes), 25 per operation: every answer is below 500, a 503 backpressure
+    refusal with Retry-After, or the 504 of a request that asked for a tiny timeout_s."""
+    schema = schemathesis.openapi.from_url(f"{URL}/openapi.json", headers=KEY)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {op.path for op in operations} >= {"/v1/images/generations", "/v1/chat/completions"}
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=25, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        def answers_without_a_server_error(case):
+            response = case.call(headers=KEY, timeout=120)
+            if response.status_code == 503:
+                assert "retry-after" in response.headers, response.text[:300]
+            elif response.status_code == 504:  # the fuzzer asked for a tiny timeout_s
+                assert isinstance(case.body, dict) and case.body.get("timeout_s"), response.text
+                assert response.json()["error"]["type"] == "timeout_error"
+            else:
+                where = (case.method, case.path, case.body)
+                assert response.status_code < 500, (where, response.status_code, response.text)
+
+        answers_without_a_server_error()
 
 
 def test_a_burst_past_the_queues_gets_503_with_retry_after_not_a_hang(served):
