@@ -17,6 +17,23 @@ def stage_setup(
     return config, config.stage(stage_name), resolve_model(config.model)
 
 
+def ingress_app(title: str):
+    """The FastAPI app of an ingress: OpenAI-shaped errors, the API key check, then the body
+    limit (middleware added last runs first: no body is read for a client without the key).
+    ``configure_http_guards`` sets their values per replica."""
+    from fastapi import FastAPI
+
+    from omni_serve.api.access import ApiKeyMiddleware
+    from omni_serve.api.body_limit import BodyLimitMiddleware
+    from omni_serve.api.errors import install_error_handlers
+
+    app = FastAPI(title=title, version="0.1.0")
+    app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(ApiKeyMiddleware)
+    install_error_handlers(app)
+    return app
+
+
 def configure_http_guards(config: PipelineConfig) -> None:
     """Set this ingress replica's request guards: the API key (refuses to start an open API on
     a non-loopback address) and the request body limit."""

@@ -7,18 +7,15 @@ import logging
 import time
 from typing import Any
 
-from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
-from deployments.common import configure_http_guards
-from omni_serve.api.access import ApiKeyMiddleware
-from omni_serve.api.body_limit import BodyLimitMiddleware
+from deployments.common import configure_http_guards, ingress_app
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
-from omni_serve.api.errors import ApiError, install_error_handlers, stage_failure
+from omni_serve.api.errors import ApiError, stage_failure
 from omni_serve.api.health import stage_health
 from omni_serve.api.images import ImageGenerationRequest, parse_size, png_b64
 from omni_serve.api.metrics import ApiMetrics
@@ -27,11 +24,8 @@ from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
 from omni_serve.transport import take
 
-app = FastAPI(title="omni-serve (text to image)", version="0.1.0")
-app.add_middleware(BodyLimitMiddleware)
-app.add_middleware(ApiKeyMiddleware)  # added last, runs first: no body is read for a stranger
+app = ingress_app("omni-serve (text to image)")
 log = logging.getLogger("ray.serve")
-install_error_handlers(app)
 
 
 class _HandleClients:

@@ -11,19 +11,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
-from deployments.common import configure_http_guards
-from omni_serve.api.access import ApiKeyMiddleware
+from deployments.common import configure_http_guards, ingress_app
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
-from omni_serve.api.body_limit import BodyLimitMiddleware
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
-from omni_serve.api.errors import ApiError, install_error_handlers, stage_failure
+from omni_serve.api.errors import ApiError, stage_failure
 from omni_serve.api.health import stage_health
 from omni_serve.api.media import MediaError
 from omni_serve.api.metrics import ApiMetrics
@@ -47,11 +45,8 @@ from omni_serve.models.qwen3_omni.pipeline import ChatOptions, run_chat, stream_
 from omni_serve.models.qwen3_omni.request import prepare_prompt
 from omni_serve.transport import make_channel
 
-app = FastAPI(title="omni-serve", version="0.1.0")
-app.add_middleware(BodyLimitMiddleware)
-app.add_middleware(ApiKeyMiddleware)  # added last, runs first: no body is read for a stranger
+app = ingress_app("omni-serve")
 log = logging.getLogger("ray.serve")
-install_error_handlers(app)
 
 
 SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac",
