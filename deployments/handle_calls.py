@@ -8,7 +8,9 @@ clear 503.
 - A replica that dies (crash, OOM kill, node loss) fails its in-flight calls with
   ``RayActorError``. Stage calls are pure functions of their arguments, so a call that has
   produced nothing yet is sent again, to another replica; a stream that has already yielded
-  is not (the client has part of the answer), its error goes to the client.
+  is not (the client has part of the answer): it ends with ``ReplicaDied`` naming the stage
+  (503 with Retry-After). A request whose client has seen nothing yet (a unary chat or speech
+  request) is run again from the start once: ``rerun_after_replica_death``.
 - Serve's ``BackPressureError`` / ``DeploymentUnavailableError`` become ``StageUnavailable``
   (503 with Retry-After).
 """
@@ -17,17 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from omni_serve.api.errors import StageUnavailable
+from omni_serve.api.errors import ReplicaDied, StageUnavailable
+from omni_serve.compat.ray_serve import dead_deployment
 
 log = logging.getLogger("ray.serve")
 UNAVAILABLE_RETRY_AFTER_S = 5.0  # a stage with no running replica: Serve is replacing it
 RETRIES_AFTER_REPLICA_DEATH = 1
+T = TypeVar("T")
 
 
 def _unavailable(exc: Exception) -> StageUnavailable:
@@ -49,7 +53,7 @@ async def call(method: Any, *args: Any) -> Any:
             raise _unavailable(exc) from None
         except RayActorError as exc:
             if attempt == RETRIES_AFTER_REPLICA_DEATH:
-                raise
+                raise ReplicaDied(dead_deployment(exc)) from exc
             log.warning("a replica died during a stage call; sending it again: %s", exc)
     raise AssertionError("unreachable")
 
@@ -69,8 +73,21 @@ async def stream(method: Any, *args: Any) -> AsyncIterator[Any]:
             raise _unavailable(exc) from None
         except RayActorError as exc:
             if yielded or attempt == RETRIES_AFTER_REPLICA_DEATH:
-                raise
+                raise ReplicaDied(dead_deployment(exc)) from exc
             log.warning("a replica died before streaming anything; sending it again: %s", exc)
         finally:  # cancelled, closed early, or failed: stop the stage's work on it
             if not finished:
                 responses.cancel()
+
+
+async def rerun_after_replica_death(run: Callable[[], Awaitable[T]]) -> T:
+    """``await run()``, once more from the start if a stage replica died under it.
+
+    For requests whose client has received nothing yet: the rerun waits for Serve's replacement
+    replica (or goes to another one) and the client gets a whole answer instead of a 503.
+    """
+    try:
+        return await run()
+    except ReplicaDied as exc:
+        log.warning("%s; running the request again", exc)
+        return await run()

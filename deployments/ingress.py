@@ -76,6 +76,12 @@ def _ws_error(exc: Exception) -> dict[str, Any]:
     return {"type": "error", **stage_failure(exc).body}
 
 
+def _outcome(failure: ApiError) -> str:
+    """The ``omni_requests`` status label: "unavailable" (503: busy, or a replica died) is
+    the client's cue to retry, "error" a failure to look into."""
+    return "unavailable" if failure.status == 503 else "error"
+
+
 def _talker_overrides(body: ChatCompletionRequest | SpeechRequest) -> dict[str, Any]:
     overrides = body.stage_overrides.talker if body.stage_overrides else None
     if overrides is None:
@@ -180,15 +186,19 @@ class Ingress:
         self.metrics.in_flight.inc()
         try:
             result = await await_within(
-                run_chat(self.clients, prompt, options, request_id), self._deadline(body)
+                handle_calls.rerun_after_replica_death(
+                    lambda: run_chat(self.clients, prompt, options, request_id)
+                ),
+                self._deadline(body),
             )
         except RequestTimeout as exc:
             self.metrics.requests.labels("timeout").inc()
             raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
         except Exception as exc:  # a stage failed: say so, in the API's error shape
             log.exception("chat request failed in a stage")
-            self.metrics.requests.labels("error").inc()
-            raise stage_failure(exc) from None
+            failure = stage_failure(exc)
+            self.metrics.requests.labels(_outcome(failure)).inc()
+            raise failure from None
         finally:
             self.metrics.in_flight.dec()
         audio = None
@@ -219,17 +229,24 @@ class Ingress:
             raise ApiError(400, "streamed audio must be wav or pcm", "response_format")
         if body.stream_format and body.speed != 1.0:
             raise ApiError(400, "speed other than 1.0 is not supported when streaming", "speed")
-        events = self._speech_events(body)
         media_type = SPEECH_MEDIA_TYPES[body.response_format]
         if body.stream_format == "audio":
+            events = self._speech_events(body)
             return StreamingResponse(self._speech_bytes(events, fmt), media_type=media_type)
         if body.stream_format == "sse":
+            events = self._speech_events(body)
             return StreamingResponse(self._speech_sse(events), media_type="text/event-stream")
-        audio = np.zeros(0, dtype=np.float32)
-        try:
-            async for event in events:
+
+        async def spoken() -> np.ndarray:
+            async for event in self._speech_events(body, deadline=False):
                 if event.kind == "done":
-                    audio = event.result.audio
+                    return event.result.audio
+            return np.zeros(0, dtype=np.float32)
+
+        try:
+            audio = await await_within(
+                handle_calls.rerun_after_replica_death(spoken), self._deadline(body)
+            )
         except RequestTimeout as exc:
             raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
         except Exception as exc:
@@ -238,7 +255,7 @@ class Ingress:
         data = encode_audio(_change_speed(audio, body.speed), SAMPLE_RATE, fmt)
         return Response(data, media_type=media_type)
 
-    def _speech_events(self, body: SpeechRequest):
+    def _speech_events(self, body: SpeechRequest, deadline: bool = True):
         messages = [ChatMessage(role="user", content=body.input)]
         prompt = prepare_prompt(self.processor, messages, self.config.api)
         tokenizer = self.processor.tokenizer
@@ -248,7 +265,7 @@ class Ingress:
         options = ChatOptions(sampling, True, body.voice, _talker_overrides(body), reply_ids=reply,
                               session_id=body.session_id)  # fmt: skip
         events = stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
-        return iterate_within(events, self._deadline(body))
+        return iterate_within(events, self._deadline(body)) if deadline else events
 
     @app.websocket("/v1/audio/stream")
     async def audio_stream(self, ws: WebSocket) -> None:
@@ -397,8 +414,8 @@ class Ingress:
             yield writer.error(str(exc), "timeout_error")
         except Exception as exc:  # headers are sent: report in-band, then end the stream
             log.exception("streamed chat request failed in a stage")
-            self.metrics.requests.labels("error").inc()
             failure = stage_failure(exc)
+            self.metrics.requests.labels(_outcome(failure)).inc()
             yield writer.error(failure.message, failure.type)
         finally:
             self.metrics.in_flight.dec()

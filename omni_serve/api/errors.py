@@ -35,13 +35,34 @@ class StageUnavailable(Exception):
         self.retry_after_s = retry_after_s
 
 
+class ReplicaDied(Exception):
+    """A stage replica died (crash, OOM kill, node loss) while it worked on the request, after
+    part of the answer was out. Serve replaces the replica; the request can be sent again."""
+
+    RETRY_AFTER_S = 5.0  # about what a tiny stage takes to come back; large ones take longer
+
+    def __init__(self, stage: str | None) -> None:
+        which = f"stage {stage!r}" if stage else "a stage"
+        super().__init__(
+            f"a replica of {which} died during the request; Serve is replacing it, "
+            "send the request again"
+        )
+        self.stage = stage
+
+
+def _retry_after(seconds: float | None) -> dict[str, str] | None:
+    return {"Retry-After": str(max(0, math.ceil(seconds)))} if seconds is not None else None
+
+
 def stage_failure(exc: BaseException) -> ApiError:
     """What a client hears when a stage could not serve its request: 503 with Retry-After when
-    the stage is at capacity (retry), 500 naming the failure otherwise."""
+    the stage is at capacity or lost its replica (retry), 500 naming the failure otherwise."""
     if isinstance(exc, StageUnavailable):
-        retry = exc.retry_after_s
-        headers = {"Retry-After": str(max(0, math.ceil(retry)))} if retry is not None else None
+        headers = _retry_after(exc.retry_after_s)
         return ApiError(503, str(exc), type_="server_error", code="overloaded", headers=headers)
+    if isinstance(exc, ReplicaDied):
+        headers = _retry_after(exc.RETRY_AFTER_S)
+        return ApiError(503, str(exc), type_="server_error", code="replica_died", headers=headers)
     message = f"generation failed: {type(exc).__name__}: {exc}"[:500]
     return ApiError(500, message, type_="server_error")
 

@@ -1,17 +1,24 @@
 """Stage calls from the ingress: one retry when the replica died before answering, never
-after a stream has yielded; Serve's "no room" errors become a 503-worthy StageUnavailable;
-a caller that stops waiting cancels the stage's request."""
+after a stream has yielded (then ReplicaDied names the stage); Serve's "no room" errors become
+a 503-worthy StageUnavailable; a caller that stops waiting cancels the stage's request."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from ray.core.generated.common_pb2 import ActorDiedErrorContext
 from ray.exceptions import ActorDiedError
 from ray.serve.exceptions import BackPressureError
 
 from deployments import handle_calls
-from omni_serve.api.errors import StageUnavailable
+from omni_serve.api.errors import ReplicaDied, StageUnavailable
+
+
+def thinker_died() -> ActorDiedError:
+    """As Ray 2.60 raises it when a Thinker replica's process is killed."""
+    context = ActorDiedErrorContext(class_name="ServeReplica:default:thinker", actor_id=bytes(16))
+    return ActorDiedError(context)
 
 
 class FakeResponse:
@@ -57,9 +64,10 @@ class FakeMethod:
 async def test_a_call_whose_replica_died_is_sent_again_once():
     method = FakeMethod(ActorDiedError(), "decoded")
     assert await handle_calls.call(method, "x") == "decoded" and len(method.sent) == 2
-    twice = FakeMethod(ActorDiedError(), ActorDiedError())
-    with pytest.raises(ActorDiedError):
+    twice = FakeMethod(ActorDiedError(), thinker_died())
+    with pytest.raises(ReplicaDied) as died:
         await handle_calls.call(twice)
+    assert died.value.stage == "thinker" and "'thinker' died" in str(died.value)
 
 
 async def test_a_stream_is_retried_only_before_its_first_item():
@@ -67,10 +75,38 @@ async def test_a_stream_is_retried_only_before_its_first_item():
     assert [x async for x in handle_calls.stream(fresh)] == ["a", "b"]
     started = FakeMethod(["a", ActorDiedError()], ["never"])
     got = []
-    with pytest.raises(ActorDiedError):
+    with pytest.raises(ReplicaDied) as died:
         async for item in handle_calls.stream(started):
             got.append(item)
     assert got == ["a"] and len(started.sent) == 1
+    assert died.value.stage is None and "a replica of a stage died" in str(died.value)
+
+
+async def test_a_request_is_run_again_from_the_start_once_after_a_replica_death():
+    runs = []
+
+    async def run():
+        runs.append(1)
+        if len(runs) == 1:
+            raise ReplicaDied("talker")
+        return "whole answer"
+
+    assert await handle_calls.rerun_after_replica_death(run) == "whole answer" and len(runs) == 2
+
+    async def always_dies():
+        raise ReplicaDied("talker")
+
+    with pytest.raises(ReplicaDied):
+        await handle_calls.rerun_after_replica_death(always_dies)
+
+    async def bad_input():
+        runs.append(1)
+        raise ValueError("not a replica death")
+
+    runs.clear()
+    with pytest.raises(ValueError):
+        await handle_calls.rerun_after_replica_death(bad_input)
+    assert len(runs) == 1
 
 
 async def test_backpressure_becomes_stage_unavailable_with_retry_after():

@@ -19,9 +19,8 @@ import time
 
 import httpx
 import pytest
-import schemathesis
-from hypothesis import HealthCheck, given, settings
 
+from omni_serve.testing.abuse import fuzz_without_server_errors, wait_for
 from omni_serve.testing.serve_process import REPO, ServeProcess, replica_pids
 
 pytestmark = pytest.mark.integration
@@ -56,16 +55,6 @@ def generate_retrying_503(body: dict) -> httpx.Response:
     return response
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
 def test_requests_need_the_api_key_and_health_does_not(served):
     missing = generate(SMALL, headers={})
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
@@ -82,29 +71,9 @@ def test_an_oversized_body_is_a_413_and_strangers_are_refused_before_it_is_read(
 
 
 def test_fuzzed_requests_never_get_a_server_error(served):
-    """Schemathesis builds requests from the app's own OpenAPI spec (valid and invalid bodies,
-    odd types and sizes), 25 per operation: every answer is below 500, a 503 backpressure
-    refusal with Retry-After, or the 504 of a request that asked for a tiny timeout_s."""
-    schema = schemathesis.openapi.from_url(f"{URL}/openapi.json", headers=KEY)
-    operations = [result.ok() for result in schema.get_all_operations()]
-    assert {op.path for op in operations} >= {"/v1/images/generations", "/v1/chat/completions"}
-    for operation in operations:
-
-        @given(case=operation.as_strategy())
-        @settings(max_examples=25, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
-        def answers_without_a_server_error(case):
-            response = case.call(headers=KEY, timeout=120)
-            if response.status_code == 503:
-                assert "retry-after" in response.headers, response.text[:300]
-            elif response.status_code == 504:  # the fuzzer asked for a tiny timeout_s
-                assert isinstance(case.body, dict) and case.body.get("timeout_s"), response.text
-                assert response.json()["error"]["type"] == "timeout_error"
-            else:
-                where = (case.method, case.path, case.body)
-                assert response.status_code < 500, (where, response.status_code, response.text)
-
-        answers_without_a_server_error()
+    """Requests built from the app's OpenAPI spec get no 5xx beyond backpressure/deadlines."""
+    paths = fuzz_without_server_errors(URL, KEY)
+    assert paths >= {"/v1/images/generations", "/v1/chat/completions"}
 
 
 def test_a_burst_past_the_queues_gets_503_with_retry_after_not_a_hang(served):

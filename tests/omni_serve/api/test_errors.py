@@ -1,11 +1,17 @@
-"""A stage at capacity is a 503 with Retry-After (retry later); any other stage failure a 500."""
+"""A stage at capacity or a dead replica is a 503 with Retry-After (retry later); any other
+stage failure a 500."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from omni_serve.api.errors import StageUnavailable, install_error_handlers, stage_failure
+from omni_serve.api.errors import (
+    ReplicaDied,
+    StageUnavailable,
+    install_error_handlers,
+    stage_failure,
+)
 
 
 def test_a_full_stage_is_a_503_with_retry_after_rounded_up():
@@ -27,3 +33,10 @@ def test_other_stage_failures_are_a_500_naming_the_error():
     error = stage_failure(RuntimeError("engine died"))
     assert error.status == 500 and error.headers is None
     assert error.body["error"]["message"] == "generation failed: RuntimeError: engine died"
+
+
+def test_a_dead_replica_is_a_503_naming_the_stage():
+    error = stage_failure(ReplicaDied("talker"))
+    assert error.status == 503 and error.headers == {"Retry-After": "5"}
+    assert error.body["error"]["code"] == "replica_died"
+    assert "stage 'talker' died" in error.message and "send the request again" in error.message

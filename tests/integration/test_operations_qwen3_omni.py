@@ -1,0 +1,170 @@
+"""User story: an operator serves Qwen3-Omni; fuzzed and idle clients cannot break it, and when
+a replica of any stage dies, clients get a whole answer or a clear error naming the stage, never
+a hang, while Serve replaces the replica and the app serves on without a restart.
+
+One app (the tiny graph from tests/integration/pipelines/qwen3_omni_ops.yaml) serves every test
+here. The Code2wav kill is in test_served_qwen3_omni.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import io
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+import soundfile as sf
+
+from omni_serve.testing.abuse import fuzz_without_server_errors, wait_for
+from omni_serve.testing.serve_process import ServeProcess, replica_pids
+
+pytestmark = pytest.mark.integration
+URL = "http://127.0.0.1:8000"
+WS_URL = "ws://127.0.0.1:8000/v1/audio/stream"
+MODEL = {"model": "qwen3-omni"}
+SPOKEN = {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
+
+
+@pytest.fixture(scope="module")
+def served():
+    config = "pipeline_config=tests/integration/pipelines/qwen3_omni_ops.yaml"
+    server = ServeProcess("graphs.qwen3_omni:build_app", URL, args=(config,))
+    server.start()
+    yield server
+    server.stop()
+
+
+def chat(body: dict, timeout: float = 240) -> httpx.Response:
+    return httpx.post(f"{URL}/v1/chat/completions", json={**MODEL, **body}, timeout=timeout)
+
+
+def ask(text: str, **extra) -> dict:
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+def healthy_again(stage: str, old_pid: int) -> None:
+    """/health turns 200 again and the stage runs on a new process."""
+    wait_for(lambda: httpx.get(f"{URL}/health", timeout=30).status_code == 200, 120,
+             f"the {stage} is replaced and /health is 200 again")  # fmt: skip
+    assert replica_pids(stage) - {old_pid}, f"Serve did not replace the {stage} replica"
+
+
+def test_fuzzed_requests_never_get_a_server_error(served):
+    """Requests built from the app's OpenAPI spec (chat, speech, models, health, metrics) get
+    no 5xx beyond backpressure/deadlines; the model name is fixed so most reach the stages."""
+    paths = fuzz_without_server_errors(URL, body_fields=MODEL)
+    assert paths >= {"/v1/chat/completions", "/v1/audio/speech"}
+
+
+async def test_idle_websocket_clients_are_closed_and_do_not_lock_others_out(served):
+    """Twenty clients open the audio WebSocket and send nothing (slowloris-style): a working
+    client on another socket and plain HTTP requests are served meanwhile, and after the 2 s
+    idle timeout each idle client gets an idle_timeout error event and a normal close."""
+    import websockets
+
+    idle = [await websockets.connect(WS_URL) for _ in range(20)]
+    async with websockets.connect(WS_URL, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "speech", "input": "Hello there.",
+                                  "stage_overrides": {"talker": {"max_tokens": 20}}}))  # fmt: skip
+        while not isinstance(frame := await ws.recv(), str) or json.loads(frame)["type"] not in (
+            "response.done",
+            "error",
+        ):
+            pass
+        assert json.loads(frame)["type"] == "response.done", frame
+    reply = await asyncio.to_thread(chat, ask("Hi", max_tokens=4))
+    assert reply.status_code == 200
+    for ws in idle:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert event["type"] == "error" and event["error"]["code"] == "idle_timeout"
+        with pytest.raises(websockets.ConnectionClosedOK):
+            await asyncio.wait_for(ws.recv(), 10)
+
+
+def test_a_thinker_killed_mid_stream_ends_it_with_an_error_naming_the_thinker(served):
+    """The client has part of the text when the Thinker dies: the stream ends with an error
+    event saying the Thinker died (and to send again) and [DONE], at once, not after a hang."""
+    [pid] = replica_pids("thinker")
+    body = {**MODEL, **ask("Tell a long story.", max_tokens=256, stream=True)}
+    events = []
+    began = time.monotonic()
+    with httpx.stream("POST", f"{URL}/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line.removeprefix("data: "))
+            if len(events) == 3:  # the role chunk and two text deltas
+                os.kill(pid, signal.SIGKILL)
+    assert events[-1] == "[DONE]" and time.monotonic() - began < 30
+    error = json.loads(events[-2])["error"]
+    assert (
+        "stage 'thinker' died" in error["message"]
+        and "send the request again" in (error["message"])
+    )
+    healthy_again("thinker", pid)
+    assert chat(ask("Hi again", max_tokens=4)).status_code == 200
+
+
+def test_a_talker_killed_mid_request_is_rerun_and_the_client_gets_the_whole_answer(served):
+    """A non-streamed spoken reply: the client has seen nothing when the Talker dies a second
+    in, so the request runs again once the replacement is up and the client gets its whole
+    reply, the same as an undisturbed run (greedy, seeded)."""
+    body = ask("Tell a story.", max_tokens=16, **SPOKEN,
+               stage_overrides={"talker": {"max_tokens": 200, "seed": 3}})  # fmt: skip
+    undisturbed = chat(body).json()
+    [pid] = replica_pids("talker")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(chat, body)
+        time.sleep(1.0)  # the reply takes ~2.5 s: the Talker is mid-request
+        os.kill(pid, signal.SIGKILL)
+        response = reply.result(timeout=300)
+    assert response.status_code == 200, response.text[:500]
+    message = response.json()["choices"][0]["message"]
+    assert message["content"] == undisturbed["choices"][0]["message"]["content"]
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(message["audio"]["data"])))
+    expected, _ = sf.read(io.BytesIO(base64.b64decode(
+        undisturbed["choices"][0]["message"]["audio"]["data"])))  # fmt: skip
+    assert rate == 24000 and len(samples) == len(expected) > 0
+    healthy_again("talker", pid)
+
+
+def audio_question() -> dict:
+    """An audio-only prompt: the encoder stage encodes it (mixed prompts stay in the Thinker)."""
+    from tests.reference import test_audio
+
+    buf = io.BytesIO()
+    sf.write(buf, test_audio(), 16000, format="WAV", subtype="FLOAT")
+    sound = {"data": base64.b64encode(buf.getvalue()).decode(), "format": "wav"}
+    content = [{"type": "input_audio", "input_audio": sound},
+               {"type": "text", "text": "What do you hear?"}]  # fmt: skip
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": 4}
+
+
+def test_a_killed_encoder_replica_is_replaced_while_audio_requests_keep_succeeding(served):
+    """Two clients send audio questions for 10 s; the encoder is killed 2 s in. Calls that hit
+    the dead replica are sent again and wait for the replacement: no request fails."""
+    body = audio_question()
+    [pid] = replica_pids("encoder")
+    stop = time.monotonic() + 10
+    results: list[httpx.Response] = []
+
+    def client():
+        while time.monotonic() < stop:
+            results.append(chat(body))
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(client) for _ in range(2)]
+        time.sleep(2)
+        os.kill(pid, signal.SIGKILL)
+        for future in running:
+            future.result()
+    failed = [(r.status_code, r.text[:300]) for r in results if r.status_code != 200]
+    assert len(results) > 4 and not failed, failed
+    healthy_again("encoder", pid)
