@@ -44,6 +44,28 @@ def configure_http_guards(config: PipelineConfig) -> None:
     body_limit.configure(config.api.max_request_bytes)
 
 
+def serve_problems() -> dict[str, str]:
+    """Serve's own account of each deployment of this app that is not healthy (e.g. why its
+    replica failed to start), for /health. Blocking (a controller call): run it in a thread."""
+    from ray import serve
+
+    app = serve.status().applications.get(serve.get_replica_context().app_name)
+    if app is None:
+        return {}
+    return {
+        name: _last_lines(f"{d.status}: {d.message}")
+        for name, d in app.deployments.items()
+        if d.status != "HEALTHY" and d.message
+    }
+
+
+def _last_lines(text: str, max_chars: int = 600) -> str:
+    """The whole lines at the end of ``text``: the end of a traceback says what went wrong."""
+    if len(text) <= max_chars:
+        return text
+    return text[-max_chars:].split("\n", 1)[-1]
+
+
 def stage_dtype(stage: StageConfig):
     """The torch dtype a stage's engine asks for (float32 on CPU by default)."""
     import torch

@@ -18,7 +18,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
-from deployments.common import configure_http_guards, ingress_app
+from deployments.common import configure_http_guards, ingress_app, serve_problems
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
 from omni_serve.api.errors import ApiError, stage_failure
@@ -161,7 +161,7 @@ class Ingress:
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        return await stage_health(self.handles)
+        return await stage_health(self.handles, explain=serve_problems)
 
     @app.get("/metrics")
     async def metrics(self) -> Response:

@@ -3,6 +3,9 @@ channel and only their reference rides the stream."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +17,9 @@ from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.vllm_engine import VLLMEngine
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
 from omni_serve.transport import take
+
+log = logging.getLogger("ray.serve")
+ENGINE_WATCH_PERIOD_S = 1.0
 
 
 @serve.deployment
@@ -35,6 +41,7 @@ class ThinkerDeployment:
         )
         await self.engine.start()
         self.eos = self.engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._watchdog = asyncio.get_running_loop().create_task(self._exit_when_engine_dies())
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         sampling = SamplingConfig(**request["sampling"], stop_token_ids=[self.eos])
@@ -55,7 +62,19 @@ class ThinkerDeployment:
             sampling=sampling,
             capture_layers=layers,
         )
+        try:
+            async for out in self._generate(ar, request, layers):
+                yield out
+        except Exception:
+            if not self.engine.running:  # a request must not fail for a dead engine: exit
+                self._exit_for_dead_engine()
+            raise
+
+    async def _generate(
+        self, ar: ARRequest, request: dict[str, Any], layers: tuple[int, ...]
+    ) -> AsyncIterator[dict[str, Any]]:
         n_prompt = len(request["prompt_ids"])
+        by_embeds = ar.prompt_embeds is not None
         rows: dict[int, list[torch.Tensor]] = {k: [] for k in layers}
         sent_rows = False
         async for chunk in self.engine.generate(ar):
@@ -66,7 +85,7 @@ class ThinkerDeployment:
                 "finish_reason": chunk.finish_reason,
                 "num_prompt_tokens": chunk.num_prompt_tokens,
                 # vLLM has no real ids for an embeddings prompt; the caller's ids stand.
-                "prompt_token_ids": None if "prompt_embeds" in prompt else chunk.prompt_token_ids,
+                "prompt_token_ids": None if by_embeds else chunk.prompt_token_ids,
             }
             for k, v in chunk.hidden.items():
                 rows[k].append(v)
@@ -90,6 +109,20 @@ class ThinkerDeployment:
         embeds = self.embed_tokens[ids].clone()
         embeds[slots] = rows.to(embeds.dtype)
         return embeds
+
+    async def _exit_when_engine_dies(self) -> None:
+        """vLLM runs its engine in child processes; when one dies (OOM-killed, say) this replica
+        can never serve again. Exiting at once lets Serve replace it now and makes callers see a
+        dead replica, which they retry on the replacement, instead of every request failing
+        with EngineDeadError until Serve's health checks notice (~25 s, measured)."""
+        while self.engine.running:
+            await asyncio.sleep(ENGINE_WATCH_PERIOD_S)
+        self._exit_for_dead_engine()
+
+    def _exit_for_dead_engine(self) -> None:
+        log.error("the Thinker's vLLM engine died; exiting so that Serve replaces this replica")
+        logging.shutdown()
+        os._exit(1)
 
     async def check_health(self) -> None:
         if not self.engine.running:

@@ -45,14 +45,8 @@ class ServeProcess:
         self.log_path = REPO / ".serve_run.log"
 
     def start(self, timeout_s: float = 240.0) -> None:
-        env = {**os.environ, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled"}
-        self.log_path.parent.mkdir(exist_ok=True)
-        log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
-        serve_bin = Path(sys.executable).parent / "serve"
-        self.proc = subprocess.Popen(
-            [str(serve_bin), "run", self.target, *self.args], cwd=REPO, env=env, stdout=log,
-            stderr=subprocess.STDOUT, preexec_fn=_restore_sigint,
-        )  # fmt: skip
+        """Launch, and return once the app answers /health with 200."""
+        self.launch()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -62,6 +56,17 @@ class ServeProcess:
             time.sleep(2)
         self.stop()
         raise TimeoutError(f"serve run not ready in {timeout_s}s:\n{self.tail()}")
+
+    def launch(self) -> None:
+        """Start ``serve run`` without waiting for it (tests of apps that never get ready)."""
+        env = {**os.environ, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled"}
+        self.log_path.parent.mkdir(exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
+        serve_bin = Path(sys.executable).parent / "serve"
+        self.proc = subprocess.Popen(
+            [str(serve_bin), "run", self.target, *self.args], cwd=REPO, env=env, stdout=log,
+            stderr=subprocess.STDOUT, preexec_fn=_restore_sigint,
+        )  # fmt: skip
 
     def _answers(self) -> bool:
         """Ready when /health is 200: the ingress is up and every stage's ``ready()`` answers."""

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 import time
 
 import httpx
@@ -168,3 +169,27 @@ def test_a_killed_encoder_replica_is_replaced_while_audio_requests_keep_succeedi
     failed = [(r.status_code, r.text[:300]) for r in results if r.status_code != 200]
     assert len(results) > 4 and not failed, failed
     healthy_again("encoder", pid)
+
+
+def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(served):
+    """vLLM's engine process dies under the Thinker (as an OOM kill would do it): the log says
+    so, /health is 503 naming the Thinker, and a request sent meanwhile waits for the
+    replacement replica and succeeds instead of failing with EngineDeadError."""
+    [pid] = replica_pids("thinker")
+    [engine] = [p for p in engine_core_pids() if parent_pid(p) == pid]
+    os.kill(engine, signal.SIGKILL)
+    unhealthy = wait_for(lambda: (r := httpx.get(f"{URL}/health", timeout=10)).status_code == 503
+                         and r, 30, "/health reports the Thinker")  # fmt: skip
+    assert any(s.startswith("thinker:") for s in unhealthy.json()["stages"])
+    assert chat(ask("Still there?", max_tokens=4)).status_code == 200
+    assert "the Thinker's vLLM engine died" in served.tail(200_000)
+    healthy_again("thinker", pid)
+
+
+def engine_core_pids() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "VLLM::EngineCore"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def parent_pid(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
