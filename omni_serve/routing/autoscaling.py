@@ -15,10 +15,14 @@ stage's own ``min/max_replicas`` and up/downscale delays on top.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+
+log = logging.getLogger("ray.serve")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class PipelineAutoscalingPolicy:
 
     def __init__(self, follow: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.follow = {name: Follow(**rule) for name, rule in (follow or {}).items()}
+        self._last_wanted: dict[str, str] = {}  # Serve asks every ~0.1 s: log changes only
         for name, rule in self.follow.items():
             if rule.ratio <= 0:
                 raise ValueError(f"follow.{name}.ratio must be > 0, got {rule.ratio}")
@@ -81,5 +86,11 @@ class PipelineAutoscalingPolicy:
             for name, (_, ctx) in by_name.items()
         }
         desired = desired_replicas(loads, self.follow)
+        changes = {n: f"{loads[n].current_replicas}->{r}" for n, r in desired.items()
+                   if r != loads[n].current_replicas}  # fmt: skip
+        if changes and changes != self._last_wanted:  # Serve's delays and bounds then act
+            ongoing = {n: round(load.ongoing_requests, 1) for n, load in loads.items()}
+            log.info("pipeline autoscaling wants %s (ongoing requests %s)", changes, ongoing)
+        self._last_wanted = changes
         decisions = {by_name[name][0]: replicas for name, replicas in desired.items()}
         return decisions, {deployment_id: {} for deployment_id in decisions}
