@@ -3,6 +3,8 @@ raised with its leader in the same decision (within its own bounds)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from ray.serve._private.common import DeploymentID
 from ray.serve.config import AutoscalingConfig, AutoscalingContext
@@ -52,3 +54,14 @@ def test_the_policy_speaks_serves_interface():
     assert set(state) == set(contexts)
     with pytest.raises(ValueError, match="ratio must be > 0"):
         PipelineAutoscalingPolicy(follow={"talker": {"leader": "thinker", "ratio": 0}})
+
+
+def test_the_policy_logs_what_it_asks_for_once_per_change(caplog):
+    """Serve asks every ~0.1 s: the controller log gets one line per new decision."""
+    policy = PipelineAutoscalingPolicy(follow={"talker": {"leader": "thinker", "ratio": 1.0}})
+    busy = {c.deployment_id: c for c in (context("thinker", 8), context("talker", 0))}
+    with caplog.at_level(logging.INFO, logger="ray.serve"):
+        for _ in range(5):
+            policy(busy)
+    wants = [r.getMessage() for r in caplog.records if "pipeline autoscaling" in r.getMessage()]
+    assert len(wants) == 1 and "'talker': '1->4'" in wants[0] and "'thinker': 8.0" in wants[0]
