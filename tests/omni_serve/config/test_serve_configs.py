@@ -11,7 +11,8 @@ from omni_serve.config import load_pipeline_config
 
 REPO = Path(__file__).parents[3]
 SERVE_CONFIGS = sorted((REPO / "configs").glob("*.yaml")) + [
-    REPO / "load_tests" / "configs" / "qwen_image_autoscale.yaml"
+    REPO / "load_tests" / "configs" / "qwen_image_autoscale.yaml",
+    REPO / "load_tests" / "configs" / "qwen3_omni_autoscale.yaml",
 ]
 
 
