@@ -124,6 +124,28 @@ def test_a_killed_vae_replica_is_replaced_while_requests_keep_succeeding(served)
     assert generate(SMALL).status_code == 200
 
 
+def test_a_killed_text_encoder_is_replaced_and_requests_wait_for_it(served):
+    """The only text-encoder replica dies while two clients send requests: calls that hit it
+    are sent again and wait for the replacement; no request fails."""
+    [pid] = replica_pids("text_encoder")
+    stop = time.monotonic() + 8
+    results: list[httpx.Response] = []
+
+    def client():
+        while time.monotonic() < stop:
+            results.append(generate_retrying_503(SMALL))
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(client) for _ in range(2)]
+        time.sleep(2)
+        os.kill(pid, signal.SIGKILL)
+        for future in running:
+            future.result()
+    failed = [(r.status_code, r.text[:300]) for r in results if r.status_code != 200]
+    assert len(results) > 4 and not failed, failed
+    assert wait_for(lambda: replica_pids("text_encoder") - {pid}, 90, "a new text encoder")
+
+
 def test_a_dead_dit_shows_on_health_until_serve_replaces_it(served):
     [pid] = replica_pids("dit")
     os.kill(pid, signal.SIGKILL)
