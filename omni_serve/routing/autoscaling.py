@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-
 log = logging.getLogger("ray.serve")
 
 
