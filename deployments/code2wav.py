@@ -58,4 +58,9 @@ class Code2WavDeployment:
         return True
 
     def stats(self) -> dict[str, int]:
-        return {"steps": self.batches, "max_batch": self.max_batch, "running": 0}
+        streams = self.codec.streams
+        return {
+            "steps": self.batches, "max_batch": self.max_batch, "running": 0,
+            "stream_state_hits": streams.hits if streams else 0,
+            "stream_state_misses": streams.misses if streams else 0,
+        }  # fmt: skip

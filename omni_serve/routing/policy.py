@@ -21,7 +21,11 @@ DEFAULT_IMBALANCE_THRESHOLD = 4
 
 
 def affinity_key(request: Any, prefix_tokens: int = DEFAULT_PREFIX_TOKENS) -> str | None:
-    """The key of a stage request (a dict with ``session_id`` and/or ``prompt_ids``)."""
+    """The key of a stage request: a dict with ``session_id`` and/or ``prompt_ids``, or a
+    list of codec decode jobs of one stream (their ``stream_id``: the replica holding the
+    stream's decoder state)."""
+    if isinstance(request, list) and request and getattr(request[0], "stream_id", None):
+        return f"stream:{request[0].stream_id}"
     if not isinstance(request, Mapping):
         return None
     if request.get("session_id"):

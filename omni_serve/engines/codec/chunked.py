@@ -15,6 +15,7 @@ the full decode's end (a causal codec's transposed convs drop a fixed tail of sa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,6 +27,13 @@ class DecodeJob:
     keep_samples: int | None  # samples to keep; None = to the end of an unpadded decode
     first_frame: int  # index of the chunk's first frame in the stream
     num_frames: int  # frames the chunk covers
+    context_start: int = 0  # index in the stream of ``codes``' first frame
+    stream_id: str | None = None  # lets a stateful decoder carry work over from earlier chunks
+
+    @property
+    def last(self) -> bool:
+        """The stream's final job: nothing of it follows."""
+        return self.keep_samples is None
 
 
 class ChunkPlanner:
@@ -39,6 +47,7 @@ class ChunkPlanner:
         left_context: int = 72,
         lookahead: int = 1,
         growth: float = 2.0,
+        stream_id: str | None = None,
     ) -> None:
         if first_chunk < 1 or chunk < 1 or left_context < 0 or lookahead < 0 or growth < 1:
             raise ValueError("chunk sizes must be >= 1, context/look-ahead >= 0, growth >= 1")
@@ -48,6 +57,7 @@ class ChunkPlanner:
         self.left_context = left_context
         self.lookahead = lookahead
         self.growth = growth
+        self.stream_id = stream_id
         self._size = 0  # frames of the last job
         self._frames: list[torch.Tensor] = []  # [Q, k] pieces
         self._num_frames = 0
@@ -69,6 +79,8 @@ class ChunkPlanner:
             keep_samples=None if last else (end - start) * self.samples_per_frame,
             first_frame=start,
             num_frames=end - start,
+            context_start=ctx_start,
+            stream_id=self.stream_id,
         )
         self._emitted = end
         return job
@@ -111,9 +123,10 @@ class CodecDecoder:
 
     ``conv_history``: for codecs whose long-range part (a windowed transformer at frame rate) is
     cheap and whose expensive part (upsampling convs at sample rate) sees only a few frames
-    back, ``decode_fn(codes, trims)`` runs the long part over all frames and the convs only
-    from frame ``trims[i]`` on; each job is trimmed to ``conv_history`` frames before its
-    chunk. Exact, and it avoids decoding the whole left context at sample rate.
+    back, ``decode_fn(codes, trims, jobs)`` runs the long part over all frames and the convs
+    only from frame ``trims[i]`` on; each job is trimmed to ``conv_history`` frames before its
+    chunk. Exact, and it avoids decoding the whole left context at sample rate. (``jobs`` lets
+    a decoder that keeps per-stream state skip the left context altogether.)
     """
 
     def __init__(
@@ -129,14 +142,15 @@ class CodecDecoder:
         self.samples_per_frame = samples_per_frame
         self.pad_code = pad_code
         self.conv_history = conv_history
+        self.streams: Any = None  # a stateful decode_fn's per-stream state (hit/miss counts)
         with torch.no_grad():
-            probe = self._decode(torch.zeros(1, 16, 2, dtype=torch.long), [0])
+            probe = self._decode(torch.zeros(1, 16, 2, dtype=torch.long), [0], [])
         self.tail_loss = 2 * samples_per_frame - probe.shape[-1]
 
-    def _decode(self, codes: torch.Tensor, trims: list[int]) -> torch.Tensor:
+    def _decode(self, codes: torch.Tensor, trims: list[int], jobs: list[DecodeJob]) -> torch.Tensor:
         if self.conv_history is None:
             return self.decode_fn(codes)
-        return self.decode_fn(codes, trims)
+        return self.decode_fn(codes, trims, jobs)
 
     def full_length(self, num_frames: int) -> int:
         return num_frames * self.samples_per_frame - self.tail_loss
@@ -161,7 +175,7 @@ class CodecDecoder:
             batch[i, :, : job.codes.shape[1]] = job.codes
             history = self.conv_history
             trims.append(0 if history is None else max(0, job.skip_samples // spf - history))
-        wav = self._decode(batch, trims)
+        wav = self._decode(batch, trims, jobs)
         out = []
         for i, job in enumerate(jobs):
             skip = job.skip_samples - trims[i] * spf

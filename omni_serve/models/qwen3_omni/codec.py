@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 
-from omni_serve.engines.codec.chunked import CodecDecoder
+from omni_serve.engines.codec.chunked import CodecDecoder, DecodeJob
 from omni_serve.models.qwen3_omni.checkpoint import load_code2wav
+from omni_serve.models.qwen3_omni.code2wav_streams import Code2wavStreams
 
 SAMPLE_RATE = 24_000
 # Frames of history the causal upsampling/decoder convs after Code2wav's transformer need
@@ -29,22 +30,44 @@ def exact_left_context(code2wav_config) -> int:
 
 
 def load_code2wav_decoder(
-    checkpoint: str | Path, dtype: torch.dtype = torch.float32, max_batch: int = 1
+    checkpoint: str | Path,
+    dtype: torch.dtype = torch.float32,
+    max_batch: int = 1,
+    stream_state: bool = True,
 ) -> tuple[CodecDecoder, int]:
-    """The batched decoder and its exact left context in frames."""
+    """The batched decoder and its exact left context in frames. ``stream_state``: keep each
+    stream's transformer state between its jobs (``Code2wavStreams``; exact either way)."""
     code2wav, config = load_code2wav(checkpoint, dtype)
+    streams = Code2wavStreams(code2wav) if stream_state else None
 
-    def decode(codes: torch.Tensor, trims: list[int] | None = None) -> torch.Tensor:
+    def transformer_rows(codes: torch.Tensor, trims: list[int], jobs: list[DecodeJob]):
+        """Per batch row, the transformer's output from frame ``trims[i]`` of ``codes`` on:
+        from the stream's state when it has one, else over all of ``codes[i]``."""
+        out: list[torch.Tensor | None] = [None] * codes.shape[0]
+        for i, job in enumerate(jobs):
+            if streams is not None and job.stream_id is not None:
+                out[i] = streams.rows(job, job.context_start + trims[i])
+        cold = [i for i, rows in enumerate(out) if rows is None]
+        if cold:
+            hidden = code2wav.code_embedding(codes[cold] + code2wav.code_offset).mean(1)
+            hidden = code2wav.pre_transformer(inputs_embeds=hidden).last_hidden_state
+            for k, i in enumerate(cold):
+                width = jobs[i].codes.shape[1] if i < len(jobs) else codes.shape[2]
+                out[i] = hidden[k, trims[i] : width]
+        return out
+
+    def decode(
+        codes: torch.Tensor, trims: list[int] | None = None, jobs: list[DecodeJob] | None = None
+    ) -> torch.Tensor:
         """transformers' ``Qwen3OmniMoeCode2Wav.forward``, split: the windowed transformer
-        over every frame (it needs the long context, and runs at frame rate: cheap), the
-        upsampling and decoder convs (sample rate: the cost) from frame ``trims[i]`` on."""
-        hidden = code2wav.code_embedding(codes + code2wav.code_offset).mean(1)
-        hidden = code2wav.pre_transformer(inputs_embeds=hidden).last_hidden_state
-        trims = trims or [0] * hidden.shape[0]
-        length = max(hidden.shape[1] - t for t in trims)
-        rows = torch.zeros(hidden.shape[0], length, hidden.shape[2], dtype=hidden.dtype)
-        for i, t in enumerate(trims):
-            rows[i, : hidden.shape[1] - t] = hidden[i, t:]
+        (it needs the long context, and runs at frame rate: cheap), then the upsampling and
+        decoder convs (sample rate: the cost) from frame ``trims[i]`` on."""
+        trims = trims or [0] * codes.shape[0]
+        per_row = transformer_rows(codes, trims, jobs or [])
+        length = max(r.shape[0] for r in per_row)
+        rows = torch.zeros(len(per_row), length, per_row[0].shape[1], dtype=per_row[0].dtype)
+        for i, r in enumerate(per_row):
+            rows[i, : r.shape[0]] = r
         x = rows.permute(0, 2, 1)
         for blocks in code2wav.upsample:
             for block in blocks:
@@ -59,4 +82,5 @@ def load_code2wav_decoder(
         conv_history=CONV_HISTORY_FRAMES,
         max_batch=max_batch,
     )
+    decoder.streams = streams
     return decoder, exact_left_context(config.code2wav_config)

@@ -10,6 +10,7 @@ Heavy tensors (the Thinker's prompt rows) travel as opaque references the Talker
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -129,7 +130,7 @@ async def stream_chat(
         planner = ChunkPlanner(
             info["samples_per_frame"], first_chunk=info["first_chunk_frames"],
             chunk=info["chunk_frames"], growth=info["chunk_growth"],
-            left_context=info["left_context"],
+            left_context=info["left_context"], stream_id=uuid.uuid4().hex,  # new per attempt
         )  # fmt: skip
     else:
         events = clients.thinker(thinker_request)

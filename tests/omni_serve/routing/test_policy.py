@@ -23,6 +23,14 @@ def test_turns_of_one_conversation_share_a_key_and_different_ones_do_not():
     assert policy.affinity_key(["not", "a", "request"]) is None
 
 
+def test_a_streams_decode_jobs_share_its_key():
+    """Code2wav keeps each stream's transformer state: its jobs go where the state is."""
+    job = collections.namedtuple("Job", "stream_id")
+    assert policy.affinity_key([job("s1"), job("s1")]) == policy.affinity_key([job("s1")])
+    assert policy.affinity_key([job("s1")]) == "stream:s1"
+    assert policy.affinity_key([job(None)]) is None and policy.affinity_key([]) is None
+
+
 def test_keys_spread_over_replicas_and_a_removed_replica_moves_only_its_keys():
     keys = [f"session:{i}" for i in range(400)]
     owner = {k: policy.rendezvous_order(k, REPLICAS)[0] for k in keys}
