@@ -9,6 +9,7 @@ import torch
 from omni_serve.engines.codec.chunked import CodecDecoder, DecodeJob
 from omni_serve.models.qwen3_omni.checkpoint import load_code2wav
 from omni_serve.models.qwen3_omni.code2wav_streams import Code2wavStreams
+from omni_serve.models.qwen3_omni.snake import use_in_place_snake
 
 SAMPLE_RATE = 24_000
 # Frames of history the causal upsampling/decoder convs after Code2wav's transformer need
@@ -38,6 +39,7 @@ def load_code2wav_decoder(
     """The batched decoder and its exact left context in frames. ``stream_state``: keep each
     stream's transformer state between its jobs (``Code2wavStreams``; exact either way)."""
     code2wav, config = load_code2wav(checkpoint, dtype)
+    use_in_place_snake(code2wav)
     streams = Code2wavStreams(code2wav) if stream_state else None
 
     def transformer_rows(codes: torch.Tensor, trims: list[int], jobs: list[DecodeJob]):
