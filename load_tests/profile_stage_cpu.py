@@ -25,7 +25,7 @@ from speech_load import run_level  # noqa: E402
 
 from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
 
-PIPELINE = "configs/pipelines/qwen3_omni_small.yaml"
+PIPELINE = os.environ.get("OMNI_PIPELINE", "configs/pipelines/qwen3_omni_small.yaml")
 
 
 def cpu_seconds() -> dict[str, tuple[int, str]]:
