@@ -5,6 +5,9 @@ Shared by the operations tests of every graph (tests/integration/test_operations
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -21,6 +24,27 @@ def wait_for(predicate: Callable[[], T], timeout_s: float, what: str) -> T:
             return value
         time.sleep(0.5)
     raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def send_while_killing(
+    send: Callable[[], T], pid: int, seconds: float, clients: int = 2, kill_after_s: float = 2.0
+) -> list[T]:
+    """``clients`` threads call ``send()`` back to back for ``seconds``; the process ``pid`` (a
+    replica) is killed with SIGKILL ``kill_after_s`` in. Returns every answer."""
+    stop = time.monotonic() + seconds
+    answers: list[T] = []
+
+    def client() -> None:
+        while time.monotonic() < stop:
+            answers.append(send())
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        running = [pool.submit(client) for _ in range(clients)]
+        time.sleep(kill_after_s)
+        os.kill(pid, signal.SIGKILL)
+        for future in running:
+            future.result()
+    return answers
 
 
 def fuzz_without_server_errors(

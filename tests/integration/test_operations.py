@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from omni_serve.testing.abuse import fuzz_without_server_errors, wait_for
+from omni_serve.testing.abuse import fuzz_without_server_errors, send_while_killing, wait_for
 from omni_serve.testing.serve_process import REPO, ServeProcess, replica_pids
 
 pytestmark = pytest.mark.integration
@@ -103,19 +103,8 @@ def test_a_burst_past_the_queues_gets_503_with_retry_after_not_a_hang(served):
 
 def test_a_killed_vae_replica_is_replaced_while_requests_keep_succeeding(served):
     before = wait_for(lambda: (p := replica_pids("vae")) and len(p) == 2 and p, 30, "2 VAEs")
-    stop = time.monotonic() + 12
-    results: list[httpx.Response] = []
-
-    def client():  # two clients: what the DiT takes (1 running + 1 queued)
-        while time.monotonic() < stop:
-            results.append(generate_retrying_503(SMALL))
-
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        running = [pool.submit(client) for _ in range(2)]
-        time.sleep(2)
-        os.kill(min(before), signal.SIGKILL)
-        for future in running:
-            future.result()
+    # two clients: what the DiT takes (1 running + 1 queued)
+    results = send_while_killing(lambda: generate_retrying_503(SMALL), min(before), 12)
     failed = [(r.status_code, r.text[:300]) for r in results if r.status_code != 200]
     assert len(results) > 10 and not failed, failed
     after = wait_for(lambda: (p := replica_pids("vae")) and len(p) == 2 and p, 90,
@@ -128,19 +117,7 @@ def test_a_killed_text_encoder_is_replaced_and_requests_wait_for_it(served):
     """The only text-encoder replica dies while two clients send requests: calls that hit it
     are sent again and wait for the replacement; no request fails."""
     [pid] = replica_pids("text_encoder")
-    stop = time.monotonic() + 8
-    results: list[httpx.Response] = []
-
-    def client():
-        while time.monotonic() < stop:
-            results.append(generate_retrying_503(SMALL))
-
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        running = [pool.submit(client) for _ in range(2)]
-        time.sleep(2)
-        os.kill(pid, signal.SIGKILL)
-        for future in running:
-            future.result()
+    results = send_while_killing(lambda: generate_retrying_503(SMALL), pid, 8)
     failed = [(r.status_code, r.text[:300]) for r in results if r.status_code != 200]
     assert len(results) > 4 and not failed, failed
     assert wait_for(lambda: replica_pids("text_encoder") - {pid}, 90, "a new text encoder")

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import soundfile as sf
 
-from omni_serve.testing.abuse import fuzz_without_server_errors, wait_for
+from omni_serve.testing.abuse import fuzz_without_server_errors, send_while_killing, wait_for
 from omni_serve.testing.serve_process import ServeProcess, replica_pids
 
 pytestmark = pytest.mark.integration
@@ -153,19 +153,7 @@ def test_a_killed_encoder_replica_is_replaced_while_audio_requests_keep_succeedi
     the dead replica are sent again and wait for the replacement: no request fails."""
     body = audio_question()
     [pid] = replica_pids("encoder")
-    stop = time.monotonic() + 10
-    results: list[httpx.Response] = []
-
-    def client():
-        while time.monotonic() < stop:
-            results.append(chat(body))
-
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        running = [pool.submit(client) for _ in range(2)]
-        time.sleep(2)
-        os.kill(pid, signal.SIGKILL)
-        for future in running:
-            future.result()
+    results = send_while_killing(lambda: chat(body), pid, 10)
     failed = [(r.status_code, r.text[:300]) for r in results if r.status_code != 200]
     assert len(results) > 4 and not failed, failed
     healthy_again("encoder", pid)
