@@ -1,13 +1,16 @@
 """Soak: many requests at high concurrency, no errors and no memory growth per replica.
 
     .venv/bin/python load_tests/soak.py [--requests 1000] [--concurrency 32] [--warmup 100]
-                                        [--target graphs.qwen_image:app]
+        [--target graphs.qwen_image:build_app]
+        [--pipeline-config load_tests/configs/qwen_image_soak_pipeline.yaml]
 
-Serves the target (default: the tiny Qwen-Image graph; small images, 2 steps, so the run is
-about the serving path, not the model), sends ``--warmup`` requests, records the resident
-memory (RSS) of every Serve replica and the proxy, sends ``--requests`` more at
-``--concurrency``, and records it again. Writes ``load_tests/results/soak.json``. Targets
-(issue 7): no failed request, memory growth under 5% per process after warmup.
+Serves the target (default: the tiny Qwen-Image graph with every edge on the shared-memory
+channel; small images, 2 steps, so the run is about the serving path, not the model), sends
+``--warmup`` requests, records the resident memory (RSS) of every Serve replica and the proxy,
+the shared-memory segments and the object store's usage, sends ``--requests`` more at
+``--concurrency``, and records them again. Writes ``load_tests/results/soak.json``. Targets:
+no failed request, private memory (USS) growth under 5% per process after warmup (issue 7);
+segments and object store usage back where they were (issue 5's leak test).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from omni_serve.testing.leaks import object_store_usage, shm_usage
 from omni_serve.testing.serve_process import ServeProcess
 
 URL = "http://127.0.0.1:8000"
@@ -39,11 +43,15 @@ def serve_processes() -> dict[str, psutil.Process]:
     return found
 
 
-def rss_mb(processes: dict[str, psutil.Process]) -> dict[str, float]:
+def memory_mb(processes: dict[str, psutil.Process]) -> dict[str, dict[str, float] | None]:
+    """RSS and USS per process. USS (private memory) is what a leak grows; RSS also counts
+    the shared-memory channel's pages a replica has touched, which grows as more of the
+    producers' pooled segments pass through it, without any leak."""
     out = {}
     for name, proc in processes.items():
         try:
-            out[name] = round(proc.memory_info().rss / 2**20, 1)
+            info = proc.memory_full_info()
+            out[name] = {"rss": round(info.rss / 2**20, 1), "uss": round(info.uss / 2**20, 1)}
         except psutil.NoSuchProcess:
             out[name] = None
     return out
@@ -87,30 +95,44 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--target", default="graphs.qwen_image:app")
+    parser.add_argument("--target", default="graphs.qwen_image:build_app")
+    parser.add_argument(
+        "--pipeline-config", default="load_tests/configs/qwen_image_soak_pipeline.yaml"
+    )
     args = parser.parse_args()
-    server = ServeProcess(args.target, URL)
+    builder_args = (f"pipeline_config={args.pipeline_config}",) if args.pipeline_config else ()
+    server = ServeProcess(args.target, URL, builder_args)
     server.start()
     try:
         warmup = asyncio.run(send(args.warmup, args.concurrency))
         processes = serve_processes()
-        before = rss_mb(processes)
+        time.sleep(2)  # the last consumers hand their segments back
+        before = memory_mb(processes)
+        leaks_before = {"shm": shm_usage().as_dict(), "object_store": object_store_usage()}
         run = asyncio.run(send(args.requests, args.concurrency))
-        after = rss_mb(processes)
+        time.sleep(2)
+        after = memory_mb(processes)
+        leaks_after = {"shm": shm_usage().as_dict(), "object_store": object_store_usage()}
     finally:
         server.stop()
-    growth = {name: round(100 * (after[name] - before[name]) / before[name], 2)
-              for name in before if before[name] and after.get(name)}  # fmt: skip
+    growth = {kind: {name: round(100 * (after[name][kind] - before[name][kind])
+                                 / before[name][kind], 2)
+                     for name in before if before[name] and after.get(name)}
+              for kind in ("rss", "uss")}  # fmt: skip
     summary = {
         "target": args.target,
+        "pipeline_config": args.pipeline_config,
         "concurrency": args.concurrency,
         "warmup": warmup,
         "run": run,
         "failed": sum(v for k, v in run["statuses"].items() if k != "200"),
-        "rss_mb_after_warmup": before,
-        "rss_mb_at_end": after,
-        "rss_growth_pct": growth,
-        "max_rss_growth_pct": max(growth.values(), default=None),
+        "memory_mb_after_warmup": before,
+        "memory_mb_at_end": after,
+        "growth_pct": growth,
+        "max_uss_growth_pct": max(growth["uss"].values(), default=None),
+        "max_rss_growth_pct": max(growth["rss"].values(), default=None),
+        "after_warmup": leaks_before,
+        "at_end": leaks_after,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "soak.json").write_text(json.dumps(summary, indent=1))

@@ -78,6 +78,15 @@ async def take(ref: TensorRef) -> Payload:
         channel.free(ref)
 
 
+def release(*refs: TensorRef | None) -> None:
+    """Free refs whose consumer will never see them: the call carrying them was refused before
+    it reached the consumer (e.g. Serve backpressure). Never for a call that reached it, since
+    the consumer may still be reading."""
+    for ref in refs:
+        if ref is not None:
+            backend_for(ref).free(ref)
+
+
 def make_channel(backend: str = "auto", inline_max_bytes: int = 64 * 1024) -> Channel:
     """The channel an edge's ``ChannelSettings`` ask for."""
     if backend == "auto":
@@ -97,5 +106,6 @@ __all__ = [
     "TensorRef",
     "backend_for",
     "make_channel",
+    "release",
     "take",
 ]

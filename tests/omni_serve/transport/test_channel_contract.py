@@ -74,6 +74,15 @@ async def test_get_after_free_fails_and_double_free_is_harmless(channel):
         await channel.get(ref)
 
 
+async def test_release_frees_refs_a_refused_call_carried_and_skips_none(channel):
+    from omni_serve.transport import release
+
+    ref = channel.put(torch.ones(3))
+    release(None, ref)
+    with pytest.raises(ChannelError, match="freed"):
+        await channel.get(ref)
+
+
 def test_auto_picks_inline_for_small_payloads():
     auto = AutoChannel(inline_max_bytes=1024)
     assert auto.put(torch.zeros(16)).backend == "inline"
