@@ -12,7 +12,9 @@ clear 503.
   (503 with Retry-After). A request whose client has seen nothing yet (a unary chat or speech
   request) is run again from the start once: ``rerun_after_replica_death``.
 - Serve's ``BackPressureError`` / ``DeploymentUnavailableError`` become ``StageUnavailable``
-  (503 with Retry-After).
+  (503 with Retry-After). Such a call never reached a replica, so the tensor-channel refs it
+  carried have no consumer: they are freed here (else their shared-memory segments stay in
+  use until the producer's lease runs out).
 """
 
 from __future__ import annotations
@@ -27,11 +29,26 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from omni_serve.api.errors import ReplicaDied, StageUnavailable
 from omni_serve.compat.ray_serve import dead_deployment
+from omni_serve.transport import TensorRef, release
 
 log = logging.getLogger("ray.serve")
 UNAVAILABLE_RETRY_AFTER_S = 5.0  # a stage with no running replica: Serve is replacing it
 RETRIES_AFTER_REPLICA_DEATH = 1
 T = TypeVar("T")
+
+
+def _carried_refs(args: tuple[Any, ...]) -> list[TensorRef]:
+    """Channel refs among a call's arguments, and in the dicts and lists it passes."""
+    refs = []
+    for arg in args:
+        items = arg.values() if isinstance(arg, dict) else arg if isinstance(arg, list) else [arg]
+        refs += [item for item in items if isinstance(item, TensorRef)]
+    return refs
+
+
+def _refused(exc: Exception, args: tuple[Any, ...]) -> StageUnavailable:
+    release(*_carried_refs(args))
+    return _unavailable(exc)
 
 
 def _unavailable(exc: Exception) -> StageUnavailable:
@@ -50,7 +67,7 @@ async def call(method: Any, *args: Any) -> Any:
             response.cancel()
             raise
         except (BackPressureError, DeploymentUnavailableError) as exc:
-            raise _unavailable(exc) from None
+            raise _refused(exc, args) from None
         except RayActorError as exc:
             if attempt == RETRIES_AFTER_REPLICA_DEATH:
                 raise ReplicaDied(dead_deployment(exc)) from exc
@@ -70,7 +87,7 @@ async def stream(method: Any, *args: Any) -> AsyncIterator[Any]:
             finished = True
             return
         except (BackPressureError, DeploymentUnavailableError) as exc:
-            raise _unavailable(exc) from None
+            raise _refused(exc, args) from None
         except RayActorError as exc:
             if yielded or attempt == RETRIES_AFTER_REPLICA_DEATH:
                 raise ReplicaDied(dead_deployment(exc)) from exc

@@ -15,14 +15,14 @@ from ray.serve.handle import DeploymentHandle
 from deployments import handle_calls
 from deployments.common import configure_http_guards, ingress_app, serve_problems
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
-from omni_serve.api.errors import ApiError, StageUnavailable, stage_failure
+from omni_serve.api.errors import ApiError, stage_failure
 from omni_serve.api.health import stage_health
 from omni_serve.api.images import ImageGenerationRequest, parse_size, png_b64
 from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import ChatCompletionRequest, model_list, new_id
 from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
-from omni_serve.transport import release, take
+from omni_serve.transport import take
 
 app = ingress_app("omni-serve (text to image)")
 log = logging.getLogger("ray.serve")
@@ -38,18 +38,10 @@ class _HandleClients:
         return await handle_calls.call(self.handles["text_encoder"].encode, prompts)
 
     async def denoise(self, request: dict[str, Any]) -> list[Any]:
-        try:
-            return await handle_calls.call(self.handles["dit"].denoise, request)
-        except StageUnavailable:  # the DiT never saw the prompt rows: free their segments
-            release(request["prompt"], request["negative"])
-            raise
+        return await handle_calls.call(self.handles["dit"].denoise, request)
 
     async def decode(self, latents: Any, height: int, width: int) -> Any:
-        try:
-            return await handle_calls.call(self.handles["vae"].decode, latents, height, width)
-        except StageUnavailable:
-            release(latents)
-            raise
+        return await handle_calls.call(self.handles["vae"].decode, latents, height, width)
 
     async def fetch(self, ref: Any) -> Any:
         return await take(ref)

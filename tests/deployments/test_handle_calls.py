@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 from ray.core.generated.common_pb2 import ActorDiedErrorContext
 from ray.exceptions import ActorDiedError
 from ray.serve.exceptions import BackPressureError
@@ -132,3 +133,22 @@ async def test_a_caller_that_stops_waiting_cancels_the_stage_request():
     assert await anext(items) == "a"
     await items.aclose()
     assert streaming.sent[0].cancelled
+
+
+async def test_a_refused_call_frees_the_channel_refs_it_carried_and_a_failed_one_does_not():
+    """Refused (backpressure): no replica saw the refs, nobody else will free them. A replica
+    that died may have been reading them: they are left to the lease."""
+    from omni_serve.transport import ChannelError, make_channel
+
+    channel = make_channel("shared_memory")
+    full = BackPressureError(num_queued_requests=1, max_queued_requests=1, retry_after_s=1.0)
+    prompt, latents, kept = (channel.put(torch.ones(4)) for _ in range(3))
+    with pytest.raises(StageUnavailable):
+        await handle_calls.call(FakeMethod(full), {"prompt": prompt, "steps": 2}, [latents], 3)
+    for ref in (prompt, latents):
+        with pytest.raises(ChannelError, match="freed"):
+            await channel.get(ref)
+    with pytest.raises(ReplicaDied):
+        await handle_calls.call(FakeMethod(ActorDiedError(), ActorDiedError()), kept)
+    assert torch.equal(await channel.get(kept), torch.ones(4))
+    channel.free(kept)
