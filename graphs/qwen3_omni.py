@@ -42,7 +42,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             if kind == "encoder":
                 continue
             raise ValueError(f"pipeline {config.name!r} has no {kind!r} stage")
-        options = stage.deployment.serve_options()
+        options = stage.serve_options()
         upstream = (bound["thinker"],) if kind == "talker" else ()  # the Talker pulls text
         bound[kind] = cls.options(name=stage.name, **options).bind(data, stage.name, *upstream)
     ingress = next(s for s in config.stages if s.kind == "ingress")

@@ -34,7 +34,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         stage = next((s for s in config.stages if s.kind == kind), None)
         if stage is None:
             raise ValueError(f"pipeline {config.name!r} has no {kind!r} stage")
-        options = stage.deployment.serve_options()
+        options = stage.serve_options()
         bound[kind] = cls.options(name=stage.name, **options).bind(data, stage.name)
     ingress = next(s for s in config.stages if s.kind == "ingress")
     return ImageIngress.options(name=ingress.name, **ingress.deployment.serve_options()).bind(

@@ -1,7 +1,7 @@
 """One pydantic schema for pipelines (stages, engines, edges, deployments, API) and its loader."""
 
 from omni_serve.config.deployment import AutoscalingConfig, DeploymentSettings, RayActorOptions
-from omni_serve.config.diffusion import StepCacheSettings
+from omni_serve.config.diffusion import DiTParallelSettings, StepCacheSettings
 from omni_serve.config.loading import ConfigError, load_pipeline_config, parse_pipeline_config
 from omni_serve.config.pipeline import (
     ApiSettings,
@@ -18,6 +18,7 @@ __all__ = [
     "ChannelSettings",
     "ConfigError",
     "DeploymentSettings",
+    "DiTParallelSettings",
     "EdgeConfig",
     "EngineSettings",
     "PipelineConfig",

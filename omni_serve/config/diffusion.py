@@ -1,4 +1,4 @@
-"""Diffusion-stage settings: cache-dit step caching of the DiT."""
+"""Diffusion-stage settings: cache-dit step caching and parallel workers of the DiT."""
 
 from __future__ import annotations
 
@@ -49,4 +49,41 @@ class StepCacheSettings(BaseModel):
     def _one_mask(self) -> StepCacheSettings:
         if self.steps_mask is not None and self.steps_mask_policy is not None:
             raise ValueError("give steps_mask or steps_mask_policy, not both")
+        return self
+
+
+class DiTParallelSettings(BaseModel):
+    """Several workers denoise one batch together (xfuser): Ulysses splits the image sequence
+    (and the attention heads) over ``ulysses_degree`` workers, CFG parallel runs the
+    conditional and unconditional passes on two. Workers = ulysses_degree x cfg_degree."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ulysses_degree: int = Field(
+        1, ge=1, description="Workers sharing the sequence (must divide the attention heads)."
+    )
+    cfg_degree: Literal[1, 2] = Field(
+        1, description="2: the CFG branches of a batch run on two workers at once."
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; auto = nccl with GPUs, else gloo."
+    )
+    worker_cpus: float = Field(
+        0.5, ge=0, description="CPUs Ray reserves for each worker (the replica keeps its own)."
+    )
+    worker_gpus: float = Field(0, ge=0, description="GPUs Ray reserves for each worker.")
+    cpu_cores: list[list[int]] | None = Field(
+        None, description="CPU cores each worker's threads are pinned to, one list per worker."
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.ulysses_degree * self.cfg_degree
+
+    @model_validator(mode="after")
+    def _cores_per_worker(self) -> DiTParallelSettings:
+        if self.cpu_cores is not None and len(self.cpu_cores) != self.world_size:
+            raise ValueError(
+                f"cpu_cores has {len(self.cpu_cores)} lists for {self.world_size} workers"
+            )
         return self

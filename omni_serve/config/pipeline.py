@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from omni_serve.config.deployment import DeploymentSettings
-from omni_serve.config.diffusion import StepCacheSettings
+from omni_serve.config.diffusion import DiTParallelSettings, StepCacheSettings
 
 StageKind = Literal[
     "encoder", "thinker", "talker", "code2wav", "text_encoder", "dit", "vae", "ingress"
@@ -35,6 +35,18 @@ class EngineSettings(_Strict):
     step_cache: StepCacheSettings | None = Field(
         None, description="DiT stages: cache-dit step caching (off when unset)."
     )
+    parallel: DiTParallelSettings | None = Field(
+        None, description="DiT stages: denoise on several workers with xfuser (one when unset)."
+    )
+
+    @model_validator(mode="after")
+    def _parallel_without_step_cache(self) -> EngineSettings:
+        # Each worker's cache-dit would decide on its own slice whether to skip a step, and
+        # workers that disagree wait on each other's collectives forever.
+        parallel = self.parallel is not None and self.parallel.world_size > 1
+        if parallel and self.step_cache is not None and self.step_cache.enabled:
+            raise ValueError("step_cache and parallel cannot be combined on one DiT stage")
+        return self
 
 
 class StageConfig(_Strict):
@@ -46,6 +58,21 @@ class StageConfig(_Strict):
     deployment: DeploymentSettings = Field(
         default_factory=DeploymentSettings, description="Serve deployment settings."
     )
+
+    def serve_options(self) -> dict[str, Any]:
+        """``Deployment.options`` for the stage: its deployment settings, plus a placement
+        group holding the replica and its parallel workers on one node when it has them."""
+        opts = self.deployment.serve_options()
+        parallel = self.engine.parallel if self.engine is not None else None
+        if parallel is not None and parallel.world_size > 1:
+            actor = self.deployment.ray_actor_options
+            worker = {"CPU": parallel.worker_cpus, "GPU": parallel.worker_gpus}
+            opts["placement_group_bundles"] = [
+                {"CPU": actor.num_cpus, "GPU": actor.num_gpus},
+                *([worker] * parallel.world_size),
+            ]
+            opts["placement_group_strategy"] = "STRICT_PACK"
+        return opts
 
 
 class ChannelSettings(_Strict):
@@ -158,6 +185,9 @@ class PipelineConfig(_Strict):
                     raise ValueError(
                         f"edges[{i}].{end}: unknown stage {getattr(edge, end)!r} (stages: {names})"
                     )
+        for stage in self.stages:
+            if stage.kind != "dit" and stage.engine is not None and stage.engine.parallel:
+                raise ValueError(f"stage {stage.name!r}: engine.parallel is for DiT stages only")
         return self
 
     def stage(self, name: str) -> StageConfig:

@@ -38,6 +38,13 @@ class ImageJob:
     # Set when nobody waits for the image any more (from another thread).
     cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
+    def __getstate__(self) -> dict:
+        # Sent to parallel DiT workers: an Event does not pickle, and each side has its own.
+        return {k: v for k, v in self.__dict__.items() if k != "cancel"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, cancel=threading.Event())
+
     @property
     def cfg(self) -> bool:
         return self.negative_embeds is not None and self.true_cfg_scale > 1
@@ -98,6 +105,30 @@ class Denoiser:
         scheduler.set_begin_index(0)
         return scheduler, timesteps
 
+    def cancelled(self, jobs: list[ImageJob]) -> bool:
+        """Checked before each step; parallel workers override it to agree on the answer."""
+        return all(job.cancel.is_set() for job in jobs)
+
+    def predict(
+        self,
+        rows: torch.Tensor,
+        timestep: torch.Tensor,
+        embeds: torch.Tensor,
+        mask: torch.Tensor | None,
+        img_shapes: list,
+        conditional: int,
+    ) -> torch.Tensor:
+        """The transformer's velocity for every row: the first ``conditional`` rows are the
+        jobs' prompts, the rest their CFG (negative prompt) twins."""
+        return self.transformer(
+            hidden_states=rows,
+            timestep=timestep,
+            encoder_hidden_states=embeds,
+            encoder_hidden_states_mask=mask,
+            img_shapes=img_shapes,
+            return_dict=False,
+        )[0]
+
     @torch.no_grad()
     def run(self, jobs: list[ImageJob]) -> list[torch.Tensor]:
         """Packed latents [seq, C] per job. Stops between steps (DenoiseCancelled) once every
@@ -116,18 +147,13 @@ class Denoiser:
             self.step_cache.begin(job.steps)
         scale = torch.tensor([jobs[i].true_cfg_scale for i in cfg_rows], dtype=dtype).view(-1, 1, 1)
         for t in timesteps:
-            if all(job.cancel.is_set() for job in jobs):
+            if self.cancelled(jobs):
                 raise DenoiseCancelled(f"{len(jobs)} image(s) cancelled")
             rows = torch.cat([latents, latents[cfg_rows]])
             timestep = t.expand(rows.shape[0]).to(dtype)
-            pred = self.transformer(
-                hidden_states=rows,
-                timestep=timestep / 1000,
-                encoder_hidden_states=embeds,
-                encoder_hidden_states_mask=mask,
-                img_shapes=img_shapes * rows.shape[0],
-                return_dict=False,
-            )[0]
+            pred = self.predict(
+                rows, timestep / 1000, embeds, mask, img_shapes * rows.shape[0], len(jobs)
+            )
             noise = pred[: len(jobs)].clone()
             if cfg_rows:
                 cond, uncond = noise[cfg_rows], pred[len(jobs) :]
