@@ -4,6 +4,7 @@ step count run as one batch (each request's CFG branches included)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import defaultdict
 from typing import Any
@@ -11,7 +12,9 @@ from typing import Any
 from ray import serve
 
 from deployments.common import StageWorker, edge_channel, pin_to_cores, stage_dtype, stage_setup
+from deployments.dit_workers import DenoiseWorkerGroup
 from omni_serve.models.qwen_image.denoise import DenoiseCancelled, ImageJob
+from omni_serve.models.qwen_image.parallel import load_parallel_denoiser
 from omni_serve.models.qwen_image.stages import load_denoiser
 from omni_serve.transport import TensorRef, take
 
@@ -23,7 +26,15 @@ class DiTDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "dit") -> None:
         config, stage, model_path = stage_setup(pipeline, stage_name)
         pin_to_cores(stage.deployment.cpu_cores)
-        self.denoiser = load_denoiser(model_path, stage_dtype(stage), stage.engine.step_cache)
+        parallel = stage.engine.parallel
+        self.group: DenoiseWorkerGroup | None = None
+        if parallel is not None and parallel.world_size > 1:
+            # The workers hold the transformer; this replica batches and hands batches over.
+            load = functools.partial(load_parallel_denoiser, model_path, stage_dtype(stage))
+            self.group = DenoiseWorkerGroup(parallel, str(model_path), load)
+            self.denoiser = None
+        else:
+            self.denoiser = load_denoiser(model_path, stage_dtype(stage), stage.engine.step_cache)
         self.channel = edge_channel(config, stage_name)
         self.worker = StageWorker("dit")
         self.denoise_batched.set_max_batch_size(stage.engine.max_batch_size)
@@ -60,13 +71,13 @@ class DiTDeployment:
                      key[0], key[2])  # fmt: skip
             self.running += len(members)
             try:
-                latents = await self.worker.run(self.denoiser.run, [jobs[i] for i in members])
+                latents = await self._denoise([jobs[i] for i in members])
             except DenoiseCancelled:
                 log.info("DiT batch cancelled: nobody waits for its %d image(s)", len(members))
                 continue
             finally:
                 self.running -= len(members)
-            if self.denoiser.step_cache is not None:
+            if self.denoiser is not None and self.denoiser.step_cache is not None:
                 log.info("DiT batch took %d of %d steps from the step cache",
                          self.denoiser.last_cached_steps, key[2])  # fmt: skip
             for i, lat in zip(members, latents, strict=True):
@@ -75,8 +86,17 @@ class DiTDeployment:
             self.max_batch = max(self.max_batch, len(members))
         return out
 
+    async def _denoise(self, jobs: list[ImageJob]) -> list[Any]:
+        if self.group is not None:
+            return await self.group.run(jobs)
+        return await self.worker.run(self.denoiser.run, jobs)
+
     async def ready(self) -> bool:
         return True
+
+    async def check_health(self) -> None:
+        if self.group is not None:
+            await self.group.check_health()
 
     def stats(self) -> dict[str, int]:
         return {"steps": self.batches, "max_batch": self.max_batch, "running": self.running}

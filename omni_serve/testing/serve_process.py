@@ -21,12 +21,22 @@ import httpx
 REPO = Path(__file__).parents[2]  # the repo root (editable install)
 
 
+def _pids_titled(title: str) -> set[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    pattern = re.compile(rf"^\s*(\d+) ray::{title}(\.|\s|$)")
+    return {int(m.group(1)) for line in out.splitlines() if (m := pattern.match(line))}
+
+
 def replica_pids(deployment: str) -> set[int]:
     """PIDs of the Serve replica processes of one deployment, by Ray's process title
     (``ray::ServeReplica:<app>:<deployment>``), for tests that kill replicas."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    title = re.compile(rf"^\s*(\d+) ray::ServeReplica:[^:]+:{deployment}(\.|\s|$)")
-    return {int(m.group(1)) for line in out.splitlines() if (m := title.match(line))}
+    return _pids_titled(rf"ServeReplica:[^:]+:{deployment}")
+
+
+def actor_pids(actor_class: str) -> set[int]:
+    """PIDs of the Ray actors of one class (``ray::<class>``, ``ray::<class>.<method>`` while
+    busy), e.g. a replica's parallel DiT workers."""
+    return _pids_titled(actor_class)
 
 
 def _restore_sigint() -> None:

@@ -59,6 +59,65 @@ def test_defaults_fill_in():
             "<root>",
             "edges[0].target: unknown stage 'talker'",
         ),
+        (
+            minimal(
+                stages=[
+                    {
+                        "name": "t",
+                        "kind": "thinker",
+                        "engine": {"kind": "vllm", "parallel": {"ulysses_degree": 2}},
+                    }
+                ]
+            ),
+            "<root>",
+            "engine.parallel is for DiT stages only",
+        ),
+        (
+            minimal(
+                stages=[
+                    {
+                        "name": "d",
+                        "kind": "dit",
+                        "engine": {
+                            "kind": "diffusers",
+                            "parallel": {"cfg_degree": 2},
+                            "step_cache": {"enabled": True},
+                        },
+                    }
+                ]
+            ),
+            "stages.0.engine",
+            "step_cache and parallel cannot be combined",
+        ),
+        (
+            minimal(
+                stages=[
+                    {
+                        "name": "d",
+                        "kind": "dit",
+                        "engine": {"kind": "diffusers", "parallel": {"cfg_degree": 3}},
+                    }
+                ]
+            ),
+            "stages.0.engine.parallel.cfg_degree",
+            "Input should be 1 or 2",
+        ),
+        (
+            minimal(
+                stages=[
+                    {
+                        "name": "d",
+                        "kind": "dit",
+                        "engine": {
+                            "kind": "diffusers",
+                            "parallel": {"ulysses_degree": 2, "cpu_cores": [[0]]},
+                        },
+                    }
+                ]
+            ),
+            "stages.0.engine.parallel",
+            "cpu_cores has 1 lists for 2 workers",
+        ),
     ],
 )
 def test_bad_configs_name_the_field_and_reason(data, where, reason):
@@ -91,6 +150,31 @@ def test_serve_accepts_the_deployment_options_with_backpressure():
 
     config = Stage.options(**opts)._deployment_config
     assert config.max_queued_requests == 4 and config.backpressure_config.retry_after_s == 2.5
+
+
+def test_a_parallel_dit_reserves_its_workers_on_one_node():
+    from ray import serve
+
+    config = parse_pipeline_config(minimal(stages=[{
+        "name": "dit", "kind": "dit",
+        "engine": {"kind": "diffusers", "parallel": {"ulysses_degree": 2, "cfg_degree": 2,
+                                                     "worker_cpus": 0.25, "worker_gpus": 1}},
+        "deployment": {"ray_actor_options": {"num_cpus": 0.1}},
+    }]))  # fmt: skip
+    opts = config.stage("dit").serve_options()
+    assert opts["placement_group_strategy"] == "STRICT_PACK"
+    worker = {"CPU": 0.25, "GPU": 1}
+    assert opts["placement_group_bundles"] == [{"CPU": 0.1, "GPU": 0}] + [worker] * 4
+
+    @serve.deployment
+    class Stage:
+        pass
+
+    replica = Stage.options(**opts)._replica_config
+    assert replica.placement_group_bundles == opts["placement_group_bundles"]
+    single = parse_pipeline_config(minimal(stages=[{"name": "dit", "kind": "dit",
+                                                    "engine": {"kind": "diffusers"}}]))  # fmt: skip
+    assert "placement_group_bundles" not in single.stage("dit").serve_options()
 
 
 def test_yaml_errors_are_config_errors(tmp_path):
