@@ -73,6 +73,14 @@ def stage_dtype(stage: StageConfig):
     return getattr(torch, stage.engine.dtype if stage.engine else "float32")
 
 
+def stage_device(gpus: float) -> str:
+    """Where a torch stage runs: on its GPU when it reserves one (Ray then makes it visible as
+    cuda:0), else on the CPU."""
+    import torch
+
+    return "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
+
+
 def edge_channel(config: PipelineConfig, source: str) -> Channel:
     """The tensor channel for what ``source`` sends downstream (its edge's settings)."""
     for edge in config.edges:

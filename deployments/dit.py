@@ -11,7 +11,14 @@ from typing import Any
 
 from ray import serve
 
-from deployments.common import StageWorker, edge_channel, pin_to_cores, stage_dtype, stage_setup
+from deployments.common import (
+    StageWorker,
+    edge_channel,
+    pin_to_cores,
+    stage_device,
+    stage_dtype,
+    stage_setup,
+)
 from deployments.dit_workers import DenoiseWorkerGroup
 from omni_serve.models.qwen_image.denoise import DenoiseCancelled, ImageJob
 from omni_serve.models.qwen_image.parallel import load_parallel_denoiser
@@ -34,7 +41,10 @@ class DiTDeployment:
             self.group = DenoiseWorkerGroup(parallel, str(model_path), load)
             self.denoiser = None
         else:
-            self.denoiser = load_denoiser(model_path, stage_dtype(stage), stage.engine.step_cache)
+            device = stage_device(stage.deployment.ray_actor_options.num_gpus)
+            self.denoiser = load_denoiser(
+                model_path, stage_dtype(stage), stage.engine.step_cache, device
+            )
         self.channel = edge_channel(config, stage_name)
         self.worker = StageWorker("dit")
         self.denoise_batched.set_max_batch_size(stage.engine.max_batch_size)

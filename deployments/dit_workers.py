@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from deployments.common import pin_to_cores
+from deployments.common import pin_to_cores, stage_device
 from omni_serve.config import DiTParallelSettings
 from omni_serve.models.qwen_image.denoise import ImageJob
 
@@ -28,7 +28,8 @@ GROUP_SETTLE_S = 10.0
 
 
 class DenoiseWorker:
-    """One rank. ``load`` builds its denoiser after the group exists (its layers need it)."""
+    """One rank. ``load(device=...)`` builds its denoiser after the group exists (its layers
+    need it)."""
 
     def __init__(
         self,
@@ -44,7 +45,7 @@ class DenoiseWorker:
         pin_to_cores(parsed.cpu_cores[rank] if parsed.cpu_cores else None)
         join_group(rank, parsed, init_method, model_path)
         self.rank = rank
-        self.denoiser = load()
+        self.denoiser = load(device=stage_device(parsed.worker_gpus))
         self.jobs: dict[str, list[ImageJob]] = {}
 
     def run(self, batch_id: str, jobs: list[ImageJob]) -> list[Any] | None:

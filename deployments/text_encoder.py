@@ -10,7 +10,14 @@ from typing import Any
 
 from ray import serve
 
-from deployments.common import StageWorker, edge_channel, pin_to_cores, stage_dtype, stage_setup
+from deployments.common import (
+    StageWorker,
+    edge_channel,
+    pin_to_cores,
+    stage_device,
+    stage_dtype,
+    stage_setup,
+)
 from omni_serve.models.qwen_image.stages import PromptEncoder
 from omni_serve.transport import TensorRef
 
@@ -20,7 +27,11 @@ class TextEncoderDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "text_encoder") -> None:
         config, stage, model_path = stage_setup(pipeline, stage_name)
         pin_to_cores(stage.deployment.cpu_cores)
-        self.encoder = PromptEncoder(model_path, stage_dtype(stage))
+        self.encoder = PromptEncoder(
+            model_path,
+            stage_dtype(stage),
+            stage_device(stage.deployment.ray_actor_options.num_gpus),
+        )
         self.channel = edge_channel(config, stage_name)
         self.worker = StageWorker("text-encoder")
         self.prompts = 0

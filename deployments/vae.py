@@ -7,7 +7,14 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import StageWorker, edge_channel, pin_to_cores, stage_dtype, stage_setup
+from deployments.common import (
+    StageWorker,
+    edge_channel,
+    pin_to_cores,
+    stage_device,
+    stage_dtype,
+    stage_setup,
+)
 from omni_serve.models.qwen_image.stages import LatentDecoder
 from omni_serve.transport import TensorRef, take
 
@@ -17,7 +24,11 @@ class VAEDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "vae") -> None:
         config, stage, model_path = stage_setup(pipeline, stage_name)
         pin_to_cores(stage.deployment.cpu_cores)
-        self.decoder = LatentDecoder(model_path, stage_dtype(stage))
+        self.decoder = LatentDecoder(
+            model_path,
+            stage_dtype(stage),
+            stage_device(stage.deployment.ray_actor_options.num_gpus),
+        )
         self.channel = edge_channel(config, stage_name)
         self.worker = StageWorker("vae")
         self.images = 0

@@ -29,3 +29,13 @@ def test_edge_channel_follows_the_edge_settings():
     )  # fmt: skip
     assert edge_channel(config, "a").name == "inline"
     assert edge_channel(config, "b").name == "auto"
+
+
+def test_a_stage_runs_on_a_gpu_only_when_it_reserves_one_and_one_is_visible(monkeypatch):
+    import torch
+
+    from deployments.common import stage_device
+
+    assert stage_device(0) == "cpu" and stage_device(1) == "cpu"  # no GPU on this machine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert stage_device(0.25) == "cuda" and stage_device(0) == "cpu"

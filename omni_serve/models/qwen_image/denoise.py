@@ -58,12 +58,15 @@ class DenoiseCancelled(Exception):
     """Every job of the batch was cancelled; the loop stopped between two steps."""
 
 
-def initial_latents(job: ImageJob, channels: int, dtype: torch.dtype) -> torch.Tensor:
-    """Packed noise [seq, C] exactly as the pipeline draws it for ``generator=seed``."""
+def initial_latents(
+    job: ImageJob, channels: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Packed noise [seq, C] exactly as the pipeline draws it for ``generator=seed`` (a CPU
+    generator, so the noise is the same on any device)."""
     h = 2 * (job.height // (VAE_SCALE_FACTOR * 2))
     w = 2 * (job.width // (VAE_SCALE_FACTOR * 2))
     generator = torch.Generator().manual_seed(job.seed)
-    noise = randn_tensor((1, 1, channels, h, w), generator=generator, dtype=dtype)
+    noise = randn_tensor((1, 1, channels, h, w), generator=generator, device=device, dtype=dtype)
     return QwenImagePipeline._pack_latents(noise, 1, channels, h, w)[0]
 
 
@@ -73,7 +76,7 @@ def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | Non
     longest = max(r.shape[0] for r in rows)
     embeds = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, longest - len(r))) for r in rows])
     mask = torch.stack([
-        torch.arange(longest) < len(r) for r in rows
+        torch.arange(longest, device=r.device) < len(r) for r in rows
     ]).long()  # fmt: skip
     return embeds, (None if bool(mask.all()) else mask)
 
@@ -90,7 +93,9 @@ class Denoiser:
         self.step_cache = step_cache
         self.last_cached_steps = 0
 
-    def _timesteps(self, seq_len: int, steps: int) -> tuple[FlowMatchEulerDiscreteScheduler, list]:
+    def _timesteps(
+        self, seq_len: int, steps: int, device: torch.device
+    ) -> tuple[FlowMatchEulerDiscreteScheduler, list]:
         scheduler = FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config)
         cfg = scheduler.config
         mu = calculate_shift(
@@ -101,7 +106,7 @@ class Denoiser:
             cfg.get("max_shift", 1.15),
         )
         sigmas = np.linspace(1.0, 1 / steps, steps)
-        timesteps, _ = retrieve_timesteps(scheduler, steps, "cpu", sigmas=sigmas, mu=mu)
+        timesteps, _ = retrieve_timesteps(scheduler, steps, device, sigmas=sigmas, mu=mu)
         scheduler.set_begin_index(0)
         return scheduler, timesteps
 
@@ -136,16 +141,20 @@ class Denoiser:
         if len({job.shape_key for job in jobs}) != 1:
             raise ValueError("jobs of one batch must share height, width and steps")
         dtype = self.transformer.dtype
-        latents = torch.stack([initial_latents(job, self.channels, dtype) for job in jobs])
+        device = self.transformer.device
+        latents = torch.stack([
+            initial_latents(job, self.channels, dtype, device) for job in jobs
+        ])  # fmt: skip
         cfg_rows = [i for i, job in enumerate(jobs) if job.cfg]
         text = [job.prompt_embeds for job in jobs] + [jobs[i].negative_embeds for i in cfg_rows]
-        embeds, mask = pad_rows([t.to(dtype) for t in text])
+        embeds, mask = pad_rows([t.to(device=device, dtype=dtype) for t in text])
         job, patch = jobs[0], VAE_SCALE_FACTOR * 2
         img_shapes = [[(1, job.height // patch, job.width // patch)]]
-        scheduler, timesteps = self._timesteps(latents.shape[1], job.steps)
+        scheduler, timesteps = self._timesteps(latents.shape[1], job.steps, device)
         if self.step_cache is not None:
             self.step_cache.begin(job.steps)
-        scale = torch.tensor([jobs[i].true_cfg_scale for i in cfg_rows], dtype=dtype).view(-1, 1, 1)
+        scale = torch.tensor([jobs[i].true_cfg_scale for i in cfg_rows], dtype=dtype, device=device)
+        scale = scale.view(-1, 1, 1)
         for t in timesteps:
             if self.cancelled(jobs):
                 raise DenoiseCancelled(f"{len(jobs)} image(s) cancelled")
@@ -163,4 +172,4 @@ class Denoiser:
             latents = scheduler.step(noise, t, latents, return_dict=False)[0]
         if self.step_cache is not None:
             self.last_cached_steps = self.step_cache.cached_steps()
-        return list(latents)
+        return list(latents.cpu())  # the channel carries host tensors

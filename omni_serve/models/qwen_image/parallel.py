@@ -152,8 +152,10 @@ class ParallelDenoiser(Denoiser):
         return gather_cfg_branches(part)
 
 
-def load_parallel_denoiser(path: str | Path, dtype: torch.dtype = torch.float32) -> Denoiser:
+def load_parallel_denoiser(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> Denoiser:
     """Called on each worker after it joined the group (``join_group``)."""
-    transformer = load_sequence_parallel_transformer(path, dtype)
+    transformer = load_sequence_parallel_transformer(path, dtype).to(device)
     scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(str(path), subfolder="scheduler")
     return ParallelDenoiser(transformer, dict(scheduler.config))

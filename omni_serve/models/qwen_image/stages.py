@@ -33,24 +33,31 @@ def _load(path: str | Path, dtype: torch.dtype, keep: set[str]) -> QwenImagePipe
 class PromptEncoder:
     """Text (and negative text) to the DiT's conditioning rows."""
 
-    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> None:
         self.pipe = _load(path, dtype, {"text_encoder", "tokenizer"})
+        self.pipe.text_encoder.to(device)
+        self.device = device
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> list[torch.Tensor]:
-        """One [L_i, D] tensor per prompt (its valid rows, padding dropped)."""
-        embeds, mask = self.pipe.encode_prompt(prompts, device="cpu")
+        """One [L_i, D] host tensor per prompt (its valid rows, padding dropped)."""
+        embeds, mask = self.pipe.encode_prompt(prompts, device=self.device)
+        embeds = embeds.cpu()
         if mask is None:
             return list(embeds)
-        return [row[: int(m.sum())] for row, m in zip(embeds, mask, strict=True)]
+        return [row[: int(m.sum())] for row, m in zip(embeds, mask.cpu(), strict=True)]
 
 
 def load_denoiser(
     path: str | Path,
     dtype: torch.dtype = torch.float32,
     step_cache: StepCacheSettings | None = None,
+    device: str = "cpu",
 ) -> Denoiser:
     pipe = _load(path, dtype, {"transformer", "scheduler"})
+    pipe.transformer.to(device)
     cache = None
     if step_cache is not None and step_cache.enabled:
         cache = StepCache(pipe.transformer, step_cache)
@@ -60,8 +67,10 @@ def load_denoiser(
 class LatentDecoder:
     """Packed latents to RGB uint8 images [H, W, 3]."""
 
-    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
-        self.vae = _load(path, dtype, {"vae"}).vae.eval()
+    def __init__(
+        self, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> None:
+        self.vae = _load(path, dtype, {"vae"}).vae.eval().to(device)
         self.processor = VaeImageProcessor(vae_scale_factor=VAE_SCALE_FACTOR * 2)
         config = self.vae.config
         self.mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1)
@@ -71,8 +80,9 @@ class LatentDecoder:
     @torch.no_grad()
     def decode(self, packed: torch.Tensor, height: int, width: int) -> np.ndarray:
         latents = QwenImagePipeline._unpack_latents(packed[None], height, width, VAE_SCALE_FACTOR)
-        latents = latents.to(self.vae.dtype)
-        latents = latents / self.inv_std.to(latents.dtype) + self.mean.to(latents.dtype)
+        latents = latents.to(device=self.vae.device, dtype=self.vae.dtype)
+        mean, inv_std = (t.to(latents.device, latents.dtype) for t in (self.mean, self.inv_std))
+        latents = latents / inv_std + mean
         if height * width >= VAE_TILING_MIN_PIXELS:
             self.vae.enable_tiling()
         else:
