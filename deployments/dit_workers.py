@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -47,9 +48,13 @@ class DenoiseWorker:
         self.rank = rank
         self.denoiser = load(device=stage_device(parsed.worker_gpus))
         self.jobs: dict[str, list[ImageJob]] = {}
+        # Batches cancelled before their run started here (the two calls race).
+        self.cancelled: deque[str] = deque(maxlen=256)
 
     def run(self, batch_id: str, jobs: list[ImageJob]) -> list[Any] | None:
         self.jobs[batch_id] = jobs
+        if batch_id in self.cancelled:
+            self.cancel(batch_id)
         try:
             latents = self.denoiser.run(jobs)
         finally:
@@ -58,6 +63,7 @@ class DenoiseWorker:
 
     def cancel(self, batch_id: str) -> None:
         """Runs beside ``run`` (two threads per actor)."""
+        self.cancelled.append(batch_id)
         for job in self.jobs.get(batch_id, []):
             job.cancel.set()
 
