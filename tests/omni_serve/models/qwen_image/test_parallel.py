@@ -4,16 +4,14 @@ and image sequences that do not split evenly."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from omni_serve.config import DiTParallelSettings
 from omni_serve.models.qwen_image.denoise import ImageJob
 from omni_serve.models.qwen_image.parallel import usp_key_mask
 from omni_serve.models.qwen_image.stages import load_denoiser
+from omni_serve.testing.parallel_dit import run_on_workers
 
 TOLERANCE = 1e-4
 TEXT_DIM = 64  # tiny-qwen-image's joint_attention_dim
@@ -38,34 +36,6 @@ def batches() -> list[list[ImageJob]]:
     ]  # fmt: skip
 
 
-def _worker(rank: int, settings: dict, init_method: str, path: str, results) -> None:
-    torch.set_num_threads(1)
-    from omni_serve.engines.diffusion.parallel import join_group, leave_group
-    from omni_serve.models.qwen_image.parallel import load_parallel_denoiser
-
-    parsed = DiTParallelSettings.model_validate(settings)
-    join_group(rank, parsed, init_method, path)
-    denoiser = load_parallel_denoiser(path)
-    outputs = [[lat.numpy().copy() for lat in denoiser.run(batch)] for batch in batches()]
-    if rank == 0:
-        results.put(outputs)
-    leave_group()
-
-
-def run_on_workers(path, settings: DiTParallelSettings) -> list[list[torch.Tensor]]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    args = (settings.model_dump(), f"tcp://127.0.0.1:{port}", str(path), results)
-    context = mp.start_processes(_worker, args, nprocs=settings.world_size, join=False,
-                                 start_method="spawn")  # fmt: skip
-    while not context.join(timeout=1):  # raises if a worker failed
-        pass
-    return [[torch.from_numpy(a) for a in batch] for batch in results.get()]
-
-
 @pytest.fixture(scope="module")
 def single_worker(tiny_image_path):
     denoiser = load_denoiser(tiny_image_path)
@@ -78,7 +48,7 @@ def single_worker(tiny_image_path):
     ids=["ulysses2", "cfg2"],
 )
 def test_two_workers_match_one(tiny_image_path, single_worker, settings):
-    parallel = run_on_workers(tiny_image_path, settings)
+    parallel, _ = run_on_workers(tiny_image_path, settings, batches)
     for got_batch, want_batch in zip(parallel, single_worker, strict=True):
         for got, want in zip(got_batch, want_batch, strict=True):
             assert got.shape == want.shape
