@@ -1,5 +1,7 @@
-"""DiT stage (Qwen-Image): owns the denoising loop; concurrent requests of the same size and
-step count run as one batch (each request's CFG branches included)."""
+"""DiT stage (Qwen-Image): owns the denoising loop. Concurrent requests of the same size share
+each transformer call (each request's CFG branches included): by default the batch is re-formed
+before every step (a request joins at the next step); with cache-dit or a parallel DiT, requests
+that arrive together (same size and step count) run as one batch to the end."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from deployments.common import (
     stage_setup,
 )
 from deployments.dit_workers import DenoiseWorkerGroup
-from omni_serve.models.qwen_image.denoise import DenoiseCancelled, ImageJob
+from omni_serve.engines.diffusion.step_batching import StepBatcher
+from omni_serve.models.qwen_image.denoise import DenoiseCancelled, DenoiseState, ImageJob
 from omni_serve.models.qwen_image.parallel import load_parallel_denoiser
 from omni_serve.models.qwen_image.stages import load_denoiser
 from omni_serve.transport import TensorRef, take
@@ -46,7 +49,13 @@ class DiTDeployment:
                 model_path, stage_dtype(stage), stage.engine.step_cache, device
             )
         self.channel = edge_channel(config, stage_name)
-        self.worker = StageWorker("dit")
+        self.steps: StepBatcher | None = None
+        if self.group is None and stage.engine.step_batching:
+            self.steps = StepBatcher(
+                self.denoiser, stage.engine.max_batch_size, result=_host_latents, logger=log
+            )
+        elif self.group is None:
+            self.worker = StageWorker("dit")
         self.denoise_batched.set_max_batch_size(stage.engine.max_batch_size)
         self.batches = 0
         self.max_batch = 0
@@ -62,13 +71,17 @@ class DiTDeployment:
             for seed in request["seeds"]
         ]  # fmt: skip
         # The request's n images join the same batch (and other requests' images with them).
+        denoise = self.denoise_batched if self.steps is None else self._denoise_stepped
         try:
-            latents = await asyncio.gather(*(self.denoise_batched(job) for job in jobs))
+            latents = await asyncio.gather(*(denoise(job) for job in jobs))
         except asyncio.CancelledError:  # the caller went away: stop its steps
             for job in jobs:
                 job.cancel.set()
             raise
         return [self.channel.put(lat) for lat in latents]
+
+    async def _denoise_stepped(self, job: ImageJob) -> Any:
+        return await asyncio.wrap_future(self.steps.submit(job))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def denoise_batched(self, jobs: list[ImageJob]) -> list[Any]:
@@ -109,4 +122,20 @@ class DiTDeployment:
             await self.group.check_health()
 
     def stats(self) -> dict[str, int]:
+        if self.steps is not None:
+            stats = self.steps.stats
+            return {
+                "steps": stats.steps,
+                "max_batch": stats.max_batch,
+                "running": self.steps.active,
+                "joined_running": stats.joined_running,
+            }
         return {"steps": self.batches, "max_batch": self.max_batch, "running": self.running}
+
+    def __del__(self) -> None:
+        if getattr(self, "steps", None) is not None:
+            self.steps.close()
+
+
+def _host_latents(state: DenoiseState) -> Any:
+    return state.latents.cpu()  # the channel carries host tensors

@@ -91,6 +91,7 @@ class ImageIngress:
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
+        await self.metrics.poll_stages(self.handles)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/images/generations")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import time
@@ -165,14 +164,8 @@ class Ingress:
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        for name in ("encoder", "talker", "code2wav"):
-            if name not in self.handles:
-                continue
-            try:
-                stats = await asyncio.wait_for(self.handles[name].stats.remote(), 2.0)
-                self.metrics.observe_stage_stats(name, stats)
-            except Exception:  # a stage that does not answer keeps its last values
-                log.warning("no stats from stage %s", name)
+        stages = ("encoder", "talker", "code2wav")
+        await self.metrics.poll_stages({n: h for n, h in self.handles.items() if n in stages})
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions")

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+log = logging.getLogger("ray.serve")
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -47,6 +52,17 @@ class ApiMetrics:
             self.rtf.observe(timings["rtf"])
         self.tokens.inc(tokens)
         self.audio_seconds.inc(audio_s)
+
+    async def poll_stages(self, handles: dict[str, Any], timeout_s: float = 2.0) -> None:
+        """Refreshes the stage gauges from each stage's ``stats()``; a stage that does not
+        answer keeps its last values (a scrape never waits on a busy stage for long)."""
+        for name, handle in handles.items():
+            try:
+                stats = await asyncio.wait_for(handle.stats.remote(), timeout_s)
+            except Exception:
+                log.warning("no stats from stage %s", name)
+                continue
+            self.observe_stage_stats(name, stats)
 
     def observe_stage_stats(self, stage: str, stats: dict[str, int]) -> None:
         self.stage_queue.labels(stage).set(stats.get("running", 0))

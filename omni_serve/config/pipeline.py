@@ -39,6 +39,31 @@ class EngineSettings(_Strict):
         None, description="DiT stages: denoise on several workers with xfuser (one when unset)."
     )
 
+    batching: Literal["auto", "request", "step"] = Field(
+        "auto",
+        description="DiT stages: 'step' re-forms the batch before every denoising step (a new "
+        "request joins at the next step, one that finishes leaves); 'request' batches requests "
+        "that arrive together and runs them to the end; 'auto' is 'step' unless step_cache or "
+        "parallel needs 'request'.",
+    )
+
+    @property
+    def step_batching(self) -> bool:
+        """Whether the DiT batches per step (see ``batching``)."""
+        return self.batching == "step" or (self.batching == "auto" and not self._per_batch())
+
+    def _per_batch(self) -> bool:
+        # cache-dit decides per transformer call whether a step is cached, for the whole batch;
+        # parallel workers would each have to agree on every join and leave.
+        cache = self.step_cache is not None and self.step_cache.enabled
+        return cache or (self.parallel is not None and self.parallel.world_size > 1)
+
+    @model_validator(mode="after")
+    def _step_batching_alone(self) -> EngineSettings:
+        if self.batching == "step" and self._per_batch():
+            raise ValueError("batching 'step' cannot be combined with step_cache or parallel")
+        return self
+
     @model_validator(mode="after")
     def _parallel_without_step_cache(self) -> EngineSettings:
         # Each worker's cache-dit would decide on its own slice whether to skip a step, and
@@ -188,6 +213,8 @@ class PipelineConfig(_Strict):
         for stage in self.stages:
             if stage.kind != "dit" and stage.engine is not None and stage.engine.parallel:
                 raise ValueError(f"stage {stage.name!r}: engine.parallel is for DiT stages only")
+            if stage.kind != "dit" and stage.engine is not None and stage.engine.batching != "auto":
+                raise ValueError(f"stage {stage.name!r}: engine.batching is for DiT stages only")
         return self
 
     def stage(self, name: str) -> StageConfig:

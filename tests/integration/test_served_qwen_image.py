@@ -82,10 +82,34 @@ def test_concurrent_requests_batch_in_the_dit(served):
     assert [r.status_code for r in responses] == [200] * 6
     images = [png(r.json()["data"][0]["b64_json"]) for r in responses]
     assert len({i.tobytes() for i in images}) == 6
-    log = served.tail(200_000)
-    assert "DiT batch of 1 image" in log and any(
-        f"DiT batch of {k} image" in log for k in range(2, 7)
-    )
+    metrics = httpx.get(f"{URL}/metrics", timeout=30).text
+    assert any(
+        line.startswith('omni_stage_max_batch_size{stage="dit"}') and float(line.split()[-1]) >= 2
+        for line in metrics.splitlines()
+    ), metrics
+
+
+def test_a_short_request_joins_the_running_batch_and_finishes_first(served):
+    """Step-level batching: a 2-step request that arrives while a 100-step one denoises (~3 s
+    here) joins it at the next step instead of waiting for all 100."""
+    import time
+
+    long = {"prompt": "a long walk", "size": "1024x1024", "num_inference_steps": 100, "seed": 1}
+    short = {**long, "prompt": "a dot", "num_inference_steps": 2, "seed": 2}
+    done: dict[str, float] = {}
+
+    def post(name: str, body: dict) -> int:
+        r = httpx.post(f"{URL}/v1/images/generations", json=body, timeout=300)
+        done[name] = time.monotonic()
+        return r.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, "long", long)
+        time.sleep(1.0)  # the long one is denoising by now
+        second = pool.submit(post, "short", short)
+        assert first.result() == second.result() == 200
+    assert done["short"] < done["long"], done
+    assert "joined a running batch" in served.tail(200_000)
 
 
 def test_chat_completions_with_image_modality(served):

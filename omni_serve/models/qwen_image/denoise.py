@@ -54,6 +54,26 @@ class ImageJob:
         return (self.height, self.width, self.steps)
 
 
+@dataclass
+class DenoiseState:
+    """One job between two steps: its latents and where it is in its own schedule."""
+
+    job: ImageJob
+    latents: torch.Tensor  # [seq, C]
+    scheduler: FlowMatchEulerDiscreteScheduler
+    timesteps: torch.Tensor
+    index: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.index >= len(self.timesteps)
+
+    @property
+    def batch_key(self) -> tuple[int, int]:
+        """Jobs that can share a step: the same image size (the same sequence length)."""
+        return (self.job.height, self.job.width)
+
+
 class DenoiseCancelled(Exception):
     """Every job of the batch was cancelled; the loop stopped between two steps."""
 
@@ -134,42 +154,60 @@ class Denoiser:
             return_dict=False,
         )[0]
 
-    @torch.no_grad()
-    def run(self, jobs: list[ImageJob]) -> list[torch.Tensor]:
-        """Packed latents [seq, C] per job. Stops between steps (DenoiseCancelled) once every
-        job is cancelled; a batch with one job still wanted runs to the end."""
-        if len({job.shape_key for job in jobs}) != 1:
-            raise ValueError("jobs of one batch must share height, width and steps")
-        dtype = self.transformer.dtype
+    def start(self, job: ImageJob) -> DenoiseState:
+        """The job's noise and its own schedule, before its first step."""
         device = self.transformer.device
-        latents = torch.stack([
-            initial_latents(job, self.channels, dtype, device) for job in jobs
-        ])  # fmt: skip
+        latents = initial_latents(job, self.channels, self.transformer.dtype, device)
+        scheduler, timesteps = self._timesteps(latents.shape[0], job.steps, device)
+        return DenoiseState(job, latents, scheduler, timesteps)
+
+    @torch.no_grad()
+    def step(self, states: list[DenoiseState]) -> None:
+        """One transformer call advances every state by one of its own steps. States may be at
+        different steps (each row gets its own timestep, each job keeps its own scheduler),
+        which is what lets a job join a batch that is already running."""
+        if len({(s.job.height, s.job.width) for s in states}) != 1:
+            raise ValueError("jobs of one step must share height and width")
+        dtype, device = self.transformer.dtype, self.transformer.device
+        jobs = [s.job for s in states]
+        latents = torch.stack([s.latents for s in states])
         cfg_rows = [i for i, job in enumerate(jobs) if job.cfg]
         text = [job.prompt_embeds for job in jobs] + [jobs[i].negative_embeds for i in cfg_rows]
         embeds, mask = pad_rows([t.to(device=device, dtype=dtype) for t in text])
-        job, patch = jobs[0], VAE_SCALE_FACTOR * 2
-        img_shapes = [[(1, job.height // patch, job.width // patch)]]
-        scheduler, timesteps = self._timesteps(latents.shape[1], job.steps, device)
+        patch = VAE_SCALE_FACTOR * 2
+        img_shapes = [[(1, jobs[0].height // patch, jobs[0].width // patch)]]
+        t = torch.stack([s.timesteps[s.index] for s in states])
+        rows = torch.cat([latents, latents[cfg_rows]])
+        timestep = torch.cat([t, t[cfg_rows]]).to(dtype)
+        pred = self.predict(
+            rows, timestep / 1000, embeds, mask, img_shapes * rows.shape[0], len(jobs)
+        )
+        noise = pred[: len(jobs)].clone()
+        if cfg_rows:
+            scale = torch.tensor([jobs[i].true_cfg_scale for i in cfg_rows], dtype=dtype)
+            scale = scale.to(device).view(-1, 1, 1)
+            cond, uncond = noise[cfg_rows], pred[len(jobs) :]
+            combined = uncond + scale * (cond - uncond)
+            rescale = cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True)
+            noise[cfg_rows] = combined * rescale
+        for state, velocity, t_i in zip(states, noise, t, strict=True):
+            state.latents = state.scheduler.step(velocity, t_i, state.latents, return_dict=False)[0]
+            state.index += 1
+
+    @torch.no_grad()
+    def run(self, jobs: list[ImageJob]) -> list[torch.Tensor]:
+        """Packed latents [seq, C] per job, all started together. Stops between steps
+        (DenoiseCancelled) once every job is cancelled; a batch with one job still wanted runs
+        to the end."""
+        if len({job.shape_key for job in jobs}) != 1:
+            raise ValueError("jobs of one batch must share height, width and steps")
+        states = [self.start(job) for job in jobs]
         if self.step_cache is not None:
-            self.step_cache.begin(job.steps)
-        scale = torch.tensor([jobs[i].true_cfg_scale for i in cfg_rows], dtype=dtype, device=device)
-        scale = scale.view(-1, 1, 1)
-        for t in timesteps:
+            self.step_cache.begin(jobs[0].steps)
+        for _ in range(jobs[0].steps):
             if self.cancelled(jobs):
                 raise DenoiseCancelled(f"{len(jobs)} image(s) cancelled")
-            rows = torch.cat([latents, latents[cfg_rows]])
-            timestep = t.expand(rows.shape[0]).to(dtype)
-            pred = self.predict(
-                rows, timestep / 1000, embeds, mask, img_shapes * rows.shape[0], len(jobs)
-            )
-            noise = pred[: len(jobs)].clone()
-            if cfg_rows:
-                cond, uncond = noise[cfg_rows], pred[len(jobs) :]
-                combined = uncond + scale * (cond - uncond)
-                rescale = cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True)
-                noise[cfg_rows] = combined * rescale
-            latents = scheduler.step(noise, t, latents, return_dict=False)[0]
+            self.step(states)
         if self.step_cache is not None:
             self.last_cached_steps = self.step_cache.cached_steps()
-        return list(latents.cpu())  # the channel carries host tensors
+        return [s.latents.cpu() for s in states]  # the channel carries host tensors

@@ -10,6 +10,7 @@ import yaml
 from omni_serve.config import (
     ConfigError,
     DeploymentSettings,
+    EngineSettings,
     PipelineConfig,
     load_pipeline_config,
     parse_pipeline_config,
@@ -118,6 +119,36 @@ def test_defaults_fill_in():
             "stages.0.engine.parallel",
             "cpu_cores has 1 lists for 2 workers",
         ),
+        (
+            minimal(
+                stages=[
+                    {
+                        "name": "d",
+                        "kind": "dit",
+                        "engine": {
+                            "kind": "diffusers",
+                            "batching": "step",
+                            "step_cache": {"enabled": True},
+                        },
+                    }
+                ]
+            ),
+            "stages.0.engine",
+            "batching 'step' cannot be combined with step_cache or parallel",
+        ),
+        (
+            minimal(
+                stages=[
+                    {
+                        "name": "v",
+                        "kind": "vae",
+                        "engine": {"kind": "diffusers", "batching": "step"},
+                    }
+                ]
+            ),
+            "<root>",
+            "engine.batching is for DiT stages only",
+        ),
     ],
 )
 def test_bad_configs_name_the_field_and_reason(data, where, reason):
@@ -125,6 +156,23 @@ def test_bad_configs_name_the_field_and_reason(data, where, reason):
         parse_pipeline_config(data)
     message = str(err.value)
     assert f"{where}:" in message and reason in message
+
+
+@pytest.mark.parametrize(
+    ("engine", "per_step"),
+    [
+        ({}, True),
+        ({"batching": "request"}, False),
+        ({"step_cache": {"enabled": True}}, False),
+        ({"step_cache": {"enabled": False}}, True),
+        ({"parallel": {"ulysses_degree": 2}}, False),
+        ({"parallel": {"ulysses_degree": 1}}, True),
+    ],
+)
+def test_dit_batching_auto_is_per_step_unless_cache_or_parallel_need_whole_batches(
+    engine, per_step
+):
+    assert EngineSettings(kind="diffusers", **engine).step_batching is per_step
 
 
 def test_replicas_and_autoscaling_are_exclusive():

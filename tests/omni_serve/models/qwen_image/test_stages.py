@@ -3,10 +3,13 @@ pipeline for the same seed, with and without CFG, also when requests share a bat
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
 
+from omni_serve.engines.diffusion.step_batching import StepBatcher
 from omni_serve.models.qwen_image.denoise import ImageJob, pad_rows
 from omni_serve.models.qwen_image.stages import LatentDecoder, PromptEncoder, load_denoiser
 
@@ -50,6 +53,28 @@ def test_staged_equals_one_pass_also_in_a_batch(stages, negative):
     assert np.abs(alone.astype(int) - reference).max() <= 1
     assert np.abs(decoder.decode(batched[1], 128, 96).astype(int) - reference).max() <= 1
     assert np.abs(decoder.decode(batched[0], 128, 96).astype(int) - reference).max() > 10
+
+
+def test_a_job_that_joins_a_running_batch_still_equals_one_pass(stages):
+    """Step-level batching: the job starts at the neighbour's third step (so every transformer
+    call mixes two timesteps, and their step counts differ); both images stay diffusers'."""
+    pipe, encoder, denoiser, decoder = stages
+    prompt, negative, other = encoder.encode([PROMPT, "blurry", "a much longer other prompt"])
+    batcher = StepBatcher(denoiser, max_batch_size=4, result=lambda s: s.latents)
+    try:
+        neighbour = batcher.submit(ImageJob(other, 128, 96, 9, seed=5))
+        deadline = time.monotonic() + 60
+        while batcher.stats.steps < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        late = batcher.submit(ImageJob(prompt, 128, 96, 6, seed=3, negative_embeds=negative))
+        latents, neighbour_latents = late.result(timeout=120), neighbour.result(timeout=120)
+    finally:
+        batcher.close()
+    assert batcher.stats.joined_running == 1 and batcher.stats.max_batch == 2
+    reference = one_pass(pipe, "blurry", seed=3)
+    assert np.abs(decoder.decode(latents, 128, 96).astype(int) - reference).max() <= 1
+    alone = denoiser.run([ImageJob(other, 128, 96, 9, seed=5)])[0]
+    assert torch.allclose(neighbour_latents, alone, atol=1e-4)
 
 
 def test_cfg_changes_the_image_and_seed_matters(stages):
@@ -97,7 +122,6 @@ def test_large_images_decode_in_tiles_close_to_one_pass(stages, monkeypatch):
 
 def test_denoising_stops_between_steps_once_every_job_is_cancelled(stages):
     import threading
-    import time
 
     from omni_serve.models.qwen_image.denoise import DenoiseCancelled
 
