@@ -30,6 +30,10 @@ class SequenceLayout:
     """What the transformer's forward knows and its attention layers need."""
 
     image_tokens: int = 0
+    # The key mask of the current forward, built by its first block and reused by the others
+    # (the wrapper hands every block the same attention_mask tensor).
+    key_mask: torch.Tensor | None = None
+    key_mask_of: torch.Tensor | None = None
 
 
 def usp_key_mask(
@@ -74,15 +78,19 @@ class MaskedUSPProcessor:
         if attention_mask is None:
             raise ValueError("the parallel DiT needs the prompt mask (ParallelDenoiser sends it)")
         local_text, local_image = encoder_hidden_states.shape[1], hidden_states.shape[1]
-        # The wrapper passes [prompt mask over the whole unsplit text, ones over local image].
-        text_mask = attention_mask[:, : attention_mask.shape[1] - local_image]
-        key_mask = usp_key_mask(
-            text_mask,
-            self.layout.image_tokens,
-            local_text,
-            local_image,
-            get_sequence_parallel_world_size(),
-        )
+        layout = self.layout
+        if layout.key_mask_of is not attention_mask:
+            # The wrapper passes [prompt mask over the whole unsplit text, ones over local image].
+            text_mask = attention_mask[:, : attention_mask.shape[1] - local_image]
+            layout.key_mask = usp_key_mask(
+                text_mask,
+                layout.image_tokens,
+                local_text,
+                local_image,
+                get_sequence_parallel_world_size(),
+            )
+            layout.key_mask_of = attention_mask
+        key_mask = layout.key_mask
         head_dim = attn.inner_dim // attn.heads
         streams = []
         for x, q, k, v, norm_q, norm_k, freqs in (
@@ -121,6 +129,7 @@ def load_sequence_parallel_transformer(path: str | Path, dtype: torch.dtype):
     class MaskedSequenceParallelTransformer(xFuserQwenImageTransformerWrapper):
         def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
             self.layout.image_tokens = hidden_states.shape[1]
+            self.layout.key_mask_of = None  # a new forward: the first block builds the mask
             return super().forward(hidden_states, *args, **kwargs)
 
     model = MaskedSequenceParallelTransformer.from_pretrained(
