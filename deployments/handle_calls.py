@@ -12,9 +12,11 @@ clear 503.
   (503 with Retry-After). A request whose client has seen nothing yet (a unary chat or speech
   request) is run again from the start once: ``rerun_after_replica_death``.
 - Serve's ``BackPressureError`` / ``DeploymentUnavailableError`` become ``StageUnavailable``
-  (503 with Retry-After). Such a call never reached a replica, so the tensor-channel refs it
-  carried have no consumer: they are freed here (else their shared-memory segments stay in
-  use until the producer's lease runs out).
+  (503 with Retry-After).
+- Once a call has ended in any way (answered, refused, failed, cancelled while still queued at
+  the replica), the tensor-channel refs it carried that no consumer read are freed here (else
+  their shared-memory segments stay in use until the producer's lease runs out); refs a
+  consumer read are its own to hand back.
 """
 
 from __future__ import annotations
@@ -37,18 +39,16 @@ RETRIES_AFTER_REPLICA_DEATH = 1
 T = TypeVar("T")
 
 
-def _carried_refs(args: tuple[Any, ...]) -> list[TensorRef]:
-    """Channel refs among a call's arguments, and in the dicts and lists it passes."""
-    refs = []
-    for arg in args:
-        items = arg.values() if isinstance(arg, dict) else arg if isinstance(arg, list) else [arg]
-        refs += [item for item in items if isinstance(item, TensorRef)]
-    return refs
-
-
-def _refused(exc: Exception, args: tuple[Any, ...]) -> StageUnavailable:
-    release(*_carried_refs(args))
-    return _unavailable(exc)
+def _carried_refs(args: Any) -> list[TensorRef]:
+    """Channel refs among a call's arguments, at any depth of the dicts, lists and tuples
+    it passes (a Talker request carries the Thinker request, which carries encoder rows)."""
+    if isinstance(args, TensorRef):
+        return [args]
+    if isinstance(args, dict):
+        args = list(args.values())
+    if isinstance(args, list | tuple):
+        return [ref for arg in args for ref in _carried_refs(arg)]
+    return []
 
 
 def _unavailable(exc: Exception) -> StageUnavailable:
@@ -59,42 +59,48 @@ def _unavailable(exc: Exception) -> StageUnavailable:
 
 async def call(method: Any, *args: Any) -> Any:
     """``await method.remote(*args)`` for a handle method, e.g. ``call(handle.decode, x)``."""
-    for attempt in range(RETRIES_AFTER_REPLICA_DEATH + 1):
-        response = method.remote(*args)
-        try:
-            return await response
-        except asyncio.CancelledError:
-            response.cancel()
-            raise
-        except (BackPressureError, DeploymentUnavailableError) as exc:
-            raise _refused(exc, args) from None
-        except RayActorError as exc:
-            if attempt == RETRIES_AFTER_REPLICA_DEATH:
-                raise ReplicaDied(dead_deployment(exc)) from exc
-            log.warning("a replica died during a stage call; sending it again: %s", exc)
-    raise AssertionError("unreachable")
+    try:
+        for attempt in range(RETRIES_AFTER_REPLICA_DEATH + 1):
+            response = method.remote(*args)
+            try:
+                return await response
+            except asyncio.CancelledError:
+                response.cancel()
+                raise
+            except (BackPressureError, DeploymentUnavailableError) as exc:
+                raise _unavailable(exc) from None
+            except RayActorError as exc:
+                if attempt == RETRIES_AFTER_REPLICA_DEATH:
+                    raise ReplicaDied(dead_deployment(exc)) from exc
+                log.warning("a replica died during a stage call; sending it again: %s", exc)
+        raise AssertionError("unreachable")
+    finally:
+        release(*_carried_refs(args))
 
 
 async def stream(method: Any, *args: Any) -> AsyncIterator[Any]:
     """``async for item in method.remote(*args)`` for a streaming handle method."""
-    for attempt in range(RETRIES_AFTER_REPLICA_DEATH + 1):
-        responses = method.remote(*args)
-        finished, yielded = False, False
-        try:
-            async for item in responses:
-                yielded = True
-                yield item
-            finished = True
-            return
-        except (BackPressureError, DeploymentUnavailableError) as exc:
-            raise _refused(exc, args) from None
-        except RayActorError as exc:
-            if yielded or attempt == RETRIES_AFTER_REPLICA_DEATH:
-                raise ReplicaDied(dead_deployment(exc)) from exc
-            log.warning("a replica died before streaming anything; sending it again: %s", exc)
-        finally:  # cancelled, closed early, or failed: stop the stage's work on it
-            if not finished:
-                responses.cancel()
+    try:
+        for attempt in range(RETRIES_AFTER_REPLICA_DEATH + 1):
+            responses = method.remote(*args)
+            finished, yielded = False, False
+            try:
+                async for item in responses:
+                    yielded = True
+                    yield item
+                finished = True
+                return
+            except (BackPressureError, DeploymentUnavailableError) as exc:
+                raise _unavailable(exc) from None
+            except RayActorError as exc:
+                if yielded or attempt == RETRIES_AFTER_REPLICA_DEATH:
+                    raise ReplicaDied(dead_deployment(exc)) from exc
+                log.warning("a replica died before streaming anything; sending it again: %s", exc)
+            finally:  # cancelled, closed early, or failed: stop the stage's work on it
+                if not finished:
+                    responses.cancel()
+    finally:
+        release(*_carried_refs(args))
 
 
 async def rerun_after_replica_death(run: Callable[[], Awaitable[T]]) -> T:

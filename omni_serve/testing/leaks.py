@@ -12,14 +12,14 @@ import contextlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from omni_serve.transport.shared_memory import HEADER, IN_USE, PREFIX, SHM_DIR
+from omni_serve.transport.shared_memory import FREE, HEADER, PREFIX, SHM_DIR
 
 
 @dataclass(frozen=True)
 class ShmUsage:
     segments: int
     bytes: int
-    in_use: int  # segments whose header says a consumer still holds them
+    in_use: int  # segments put and not handed back yet (read or not)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -37,7 +37,7 @@ def shm_usage(directory: Path = SHM_DIR) -> ShmUsage:
                 header = f.read(HEADER.size)
             segments += 1
             size += path.stat().st_size
-            if len(header) == HEADER.size and HEADER.unpack(header)[1] == IN_USE:
+            if len(header) == HEADER.size and HEADER.unpack(header)[1] != FREE:
                 in_use += 1
     return ShmUsage(segments, size, in_use)
 

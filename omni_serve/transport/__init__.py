@@ -61,6 +61,9 @@ class AutoChannel:
     def free(self, ref: TensorRef) -> None:
         backend_for(ref).free(ref)
 
+    def abandon(self, ref: TensorRef) -> None:
+        backend_for(ref).abandon(ref)
+
 
 def backend_for(ref: TensorRef) -> Channel:
     try:
@@ -79,12 +82,12 @@ async def take(ref: TensorRef) -> Payload:
 
 
 def release(*refs: TensorRef | None) -> None:
-    """Free refs whose consumer will never see them: the call carrying them was refused before
-    it reached the consumer (e.g. Serve backpressure). Never for a call that reached it, since
-    the consumer may still be reading."""
+    """Caller side, once a call carrying ``refs`` has ended in any way (refused, failed,
+    cancelled, or done): frees those no consumer read (the call never ran, was cancelled while
+    queued, or failed before reading them); those a consumer read are its to hand back."""
     for ref in refs:
         if ref is not None:
-            backend_for(ref).free(ref)
+            backend_for(ref).abandon(ref)
 
 
 def make_channel(backend: str = "auto", inline_max_bytes: int = 64 * 1024) -> Channel:

@@ -37,6 +37,11 @@ class Channel(Protocol):
 
     def free(self, ref: TensorRef) -> None: ...
 
+    def abandon(self, ref: TensorRef) -> None:
+        """Caller side, after the call carrying ``ref`` failed or was cancelled: free it if
+        no consumer read it; never disturbs one that did."""
+        ...
+
 
 def payload_spec(payload: Payload) -> tuple[int, dict[str, tuple[str, tuple[int, ...]]]]:
     tensors = payload if isinstance(payload, dict) else {"": payload}

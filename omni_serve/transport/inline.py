@@ -21,3 +21,6 @@ class InlineChannel:
 
     def free(self, ref: TensorRef) -> None:
         ref.handle = None  # idempotent: a second free is a no-op
+
+    def abandon(self, ref: TensorRef) -> None:
+        ref.handle = None  # the caller's copy; the consumer's (pickled) copy is its own

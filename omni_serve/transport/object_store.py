@@ -50,3 +50,7 @@ class ObjectStoreChannel:
 
     def free(self, ref: TensorRef) -> None:
         ref.handle = None
+
+    def abandon(self, ref: TensorRef) -> None:
+        # Ray's refcount frees the object once neither side holds an ObjectRef to it.
+        ref.handle = None

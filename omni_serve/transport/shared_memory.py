@@ -6,23 +6,31 @@ a pool of segments (``omni-shm-<pid>-p-<id>``; one-shot ones are ``-o-``), copie
 into a free one, and the consumer maps it copy-on-write and gets tensors that VIEW it
 (zero-copy; writing to them touches only the consumer's private pages).
 
-A segment's 64-byte header holds a generation, a state (free / in use) and the time of the
-put. The consumer hands the segment back when the last tensor viewing it dies (a finalizer on
-its mapping flips the state to free), or on ``free`` if it never read it; a ref whose
-generation no longer matches is "freed". Crash cleanup: a segment in use for longer than the
-lease is reclaimed by its producer (its consumer died); segments of a dead producer are
-unlinked by ``sweep_orphans``, which every producer runs now and then. Payloads beyond the
-pool's budget get a one-shot segment that ``free`` unlinks.
+A segment's 64-byte header holds a generation, a state (free / in use / read) and the time of
+the put. The consumer marks it read when it maps it, and hands it back when the last tensor
+viewing it dies (a finalizer on its mapping flips the state to free), or on ``free`` if it
+never read it; a ref whose generation no longer matches is "freed". A caller whose call failed
+or was cancelled ``abandon``s the refs it carried: freed if no consumer read them (the call
+never ran, or failed before reading), left to the consumer otherwise. State changes hold an
+exclusive ``flock`` on the segment, so an abandon and a read cannot both win.
+
+Crash cleanup: a segment in use for longer than the lease is reclaimed by its producer (its
+consumer died); segments of a dead producer are unlinked by ``sweep_orphans``, which every
+producer runs now and then. Payloads beyond the pool's budget get a one-shot segment that
+``free`` unlinks.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import mmap
 import os
+import queue
 import socket
 import struct
+import threading
 import time
 import uuid
 import weakref
@@ -37,7 +45,7 @@ SHM_DIR = Path("/dev/shm")
 PREFIX = "omni-shm-"
 ALIGN = 64  # bytes; every tensor (and the data after the header) starts on a cache line
 HEADER = struct.Struct("<QQd")  # generation, state, time of the put
-FREE, IN_USE = 0, 1
+FREE, IN_USE, READ = 0, 1, 2  # READ: a consumer has mapped it (and will hand it back)
 LEASE_S = 600.0  # a segment in use for longer than this has lost its consumer
 SWEEP_EVERY_S = 30.0
 POOL_BYTES = int(os.environ.get("OMNI_SHM_POOL_BYTES", 2 << 30))
@@ -153,29 +161,80 @@ atexit.register(_pool.close)
 _live_views: dict[tuple[str, int], int] = {}  # consumer side: mappings not yet released
 
 
-def _release(path: Path, generation: int, pooled: bool) -> None:
-    """The segment is done with: back to its producer's pool (or gone, if one-shot)."""
-    if not pooled:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
+@contextlib.contextmanager
+def _locked(path: Path, blocking: bool = True):
+    """The segment's fd under an exclusive flock (None if the segment is gone). Not
+    blocking: BlockingIOError if someone, this process included, holds the lock."""
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
-        return  # its producer exited
+        yield None  # freed one-shot, or its producer exited
+        return
     try:
-        current, _, _ = HEADER.unpack(os.pread(fd, HEADER.size, 0))
-        if current == generation:  # not reused already (a second free is a no-op)
-            os.pwrite(fd, struct.pack("<Q", FREE), 8)
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        try:
+            yield fd
+        finally:
+            # Explicitly: an mmap made from fd dups it, which would keep the lock held.
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+_deferred: queue.SimpleQueue = queue.SimpleQueue()
+_deferred_thread: threading.Thread | None = None
+
+
+def _release_later_if_locked(path: Path, generation: int, pooled: bool) -> None:
+    """Release from a finalizer. The GC may run one while this very thread holds a segment's
+    lock (inside ``get``), and a second flock on the same file would wait forever: if the lock
+    is taken, a helper thread waits for it instead."""
+    global _deferred_thread
+    try:
+        _release(path, generation, pooled, blocking=False)
+        return
+    except BlockingIOError:
+        pass
+    _deferred.put((path, generation, pooled))  # SimpleQueue.put is safe in finalizers
+    if _deferred_thread is None:
+        _deferred_thread = threading.Thread(target=_release_deferred, daemon=True)
+        _deferred_thread.start()
+
+
+def _release_deferred() -> None:
+    while True:
+        _release(*_deferred.get())
+
+
+def _set_state(fd: int, state: int) -> None:
+    os.pwrite(fd, struct.pack("<Q", state), 8)
+
+
+def _release(
+    path: Path, generation: int, pooled: bool, unread_only: bool = False, blocking: bool = True
+) -> None:
+    """The segment is done with: back to its producer's pool (or gone, if one-shot). With
+    ``unread_only``, only if no consumer has read it."""
+    with _locked(path, blocking) as fd:
+        if fd is None:
+            return
+        current, state, _ = HEADER.unpack(os.pread(fd, HEADER.size, 0))
+        if current != generation or state == FREE:  # reused already, or a second free
+            return
+        if unread_only and state != IN_USE:
+            return
+        if pooled:
+            _set_state(fd, FREE)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 def _views_gone(key: tuple[str, int], path: Path, pooled: bool) -> None:
     _live_views[key] -= 1
     if _live_views[key] == 0:
         del _live_views[key]
-        _release(path, key[1], pooled)
+        _release_later_if_locked(path, key[1], pooled)
 
 
 class SharedMemoryChannel:
@@ -209,18 +268,16 @@ class SharedMemoryChannel:
                 "use the object_store (or direct) backend for cross-node edges"
             )
         path = SHM_DIR / ref.key
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise ChannelError(f"ref {ref.key} was freed (or its producer died)") from None
-        try:
+        with _locked(path) as fd:
+            if fd is None:
+                raise ChannelError(f"ref {ref.key} was freed (or its producer died)")
             current, state, _ = HEADER.unpack(os.pread(fd, HEADER.size, 0))
-            if current != generation or state != IN_USE:
+            # READ again: a consumer that died mid-call; its call is being retried.
+            if current != generation or state == FREE:
                 raise ChannelError(f"ref {ref.key} was freed")
+            _set_state(fd, READ)
             # Copy-on-write: consumers get writable tensors without touching the segment.
             view = mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
         key = (ref.key, generation)
         _live_views[key] = _live_views.get(key, 0) + 1
         weakref.finalize(view, _views_gone, key, path, pooled)
@@ -243,3 +300,11 @@ class SharedMemoryChannel:
         _, generation, _, _, _, pooled = ref.handle
         if (ref.key, generation) not in _live_views:
             _release(SHM_DIR / ref.key, generation, pooled)
+
+    def abandon(self, ref: TensorRef) -> None:
+        """The call carrying ``ref`` failed or was cancelled: free it unless a consumer read
+        it (that one hands it back itself; freeing it under its views would let the producer
+        overwrite tensors still in use)."""
+        host, generation, _, _, _, pooled = ref.handle
+        if host == socket.gethostname():
+            _release(SHM_DIR / ref.key, generation, pooled, unread_only=True)

@@ -135,20 +135,50 @@ async def test_a_caller_that_stops_waiting_cancels_the_stage_request():
     assert streaming.sent[0].cancelled
 
 
-async def test_a_refused_call_frees_the_channel_refs_it_carried_and_a_failed_one_does_not():
-    """Refused (backpressure): no replica saw the refs, nobody else will free them. A replica
-    that died may have been reading them: they are left to the lease."""
+async def test_a_call_that_ended_frees_the_refs_no_consumer_read():
+    """Refused (backpressure), cancelled while queued at the replica, failed, or answered: the
+    refs it carried that no consumer read (nested ones too) are freed at once instead of
+    waiting for the producer's lease; one a consumer read (a replica that died reading it) is
+    left to the consumer's side."""
     from omni_serve.transport import ChannelError, make_channel
 
     channel = make_channel("shared_memory")
     full = BackPressureError(num_queued_requests=1, max_queued_requests=1, retry_after_s=1.0)
-    prompt, latents, kept = (channel.put(torch.ones(4)) for _ in range(3))
+    prompt, latents, nested, read, cancelled, unused = (
+        channel.put(torch.ones(4)) for _ in range(6)
+    )
     with pytest.raises(StageUnavailable):
-        await handle_calls.call(FakeMethod(full), {"prompt": prompt, "steps": 2}, [latents], 3)
-    for ref in (prompt, latents):
+        request = {"prompt": prompt, "thinker": {"rows": [nested]}}
+        await handle_calls.call(FakeMethod(full), request, [latents], 3)
+    view = await channel.get(read)  # the consumer read it, then its replica died
+    with pytest.raises(ReplicaDied):
+        await handle_calls.call(FakeMethod(ActorDiedError(), ActorDiedError()), read)
+    task = asyncio.ensure_future(handle_calls.call(FakeMethod("hang"), cancelled))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await handle_calls.call(FakeMethod("done"), {"unused": unused}) == "done"
+    for ref in (prompt, latents, nested, cancelled, unused):
         with pytest.raises(ChannelError, match="freed"):
             await channel.get(ref)
-    with pytest.raises(ReplicaDied):
-        await handle_calls.call(FakeMethod(ActorDiedError(), ActorDiedError()), kept)
-    assert torch.equal(await channel.get(kept), torch.ones(4))
-    channel.free(kept)
+    assert torch.equal(view, torch.ones(4)) and torch.equal(await channel.get(read), view)
+    channel.free(read)
+
+
+async def test_a_retried_call_keeps_its_refs_for_the_second_replica():
+    from omni_serve.transport import make_channel
+    from omni_serve.transport import shared_memory as shm
+
+    channel = make_channel("shared_memory")
+    ref = channel.put(torch.arange(6.0))
+    states = []
+
+    class Recording(FakeMethod):
+        def remote(self, *args):
+            with open(shm.SHM_DIR / ref.key, "rb") as f:
+                states.append(shm.HEADER.unpack(f.read(shm.HEADER.size))[1])
+            return super().remote(*args)
+
+    assert await handle_calls.call(Recording(ActorDiedError(), "ok"), ref) == "ok"
+    assert states == [shm.IN_USE, shm.IN_USE]  # still there for the replacement replica

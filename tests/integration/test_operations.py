@@ -132,6 +132,23 @@ def test_requests_leave_no_shared_memory_or_object_store_behind(served):
     assert object_store_usage()["objects"] <= store["objects"] + 20
 
 
+def test_requests_cancelled_while_queued_at_the_dit_free_their_prompt_rows_at_once(served):
+    """Four requests whose deadline passes while they wait for the DiT (busy with a long one)
+    never reach it: the prompt rows each carried on shared memory are freed when its call is
+    cancelled, not by the producer's 10-minute lease (else 4 segments stay in use)."""
+    long = {"prompt": "a long road", "size": "1024x1024", "num_inference_steps": 100, "seed": 3}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(generate, long)
+        time.sleep(1.0)  # the long one holds the DiT (max_ongoing_requests 1)
+        for i in range(4):
+            r = generate({**SMALL, "seed": 10 + i, "timeout_s": 0.3})
+            assert r.status_code == 504, r.text
+        assert not busy.done()  # they were cancelled while it still ran
+        assert busy.result().status_code == 200
+    after = wait_for(lambda: (u := shm_usage()).in_use <= 3 and u, 10, "segments handed back")
+    assert after.in_use <= 3  # at most each edge's last payload, held by its consumer
+
+
 def test_a_killed_vae_replica_is_replaced_while_requests_keep_succeeding(served):
     before = wait_for(lambda: (p := replica_pids("vae")) and len(p) == 2 and p, 30, "2 VAEs")
     # two clients: what the DiT takes (1 running + 1 queued)

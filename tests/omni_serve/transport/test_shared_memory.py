@@ -41,13 +41,64 @@ async def test_reads_are_views_and_writes_stay_private():
     first[0] = -1.0
     assert second[0] == 0.0  # copy-on-write: the segment and other readers are untouched
     channel.free(ref)
-    assert _state(ref) == shm.IN_USE  # views still alive: not reusable yet
+    assert _state(ref) == shm.READ  # views still alive: not reusable yet
     assert second.sum() == sum(range(1024))
     del first, second
     gc.collect()
     assert _state(ref) == shm.FREE  # the last view died: back to the pool
     with pytest.raises(ChannelError, match="freed"):
         await channel.get(ref)
+
+
+async def test_abandon_frees_an_unread_ref_and_never_one_being_read():
+    """What a caller does once a call carrying refs has ended: the ref nobody read (the call
+    was cancelled while queued) is free at once; the one a consumer is reading stays its own."""
+    channel = SharedMemoryChannel()
+    unread, read = channel.put(torch.ones(512)), channel.put(torch.arange(512.0))
+    view = await channel.get(read)
+    channel.abandon(unread)
+    channel.abandon(read)
+    assert _state(unread) == shm.FREE and _state(read) == shm.READ
+    with pytest.raises(ChannelError, match="freed"):
+        await channel.get(unread)
+    reused = channel.put(torch.full((512,), 7.0))  # takes the freed segment, not the read one
+    assert reused.key == unread.key and reused.key != read.key
+    assert torch.equal(view, torch.arange(512.0))  # the reader's tensor is untouched
+    del view
+    gc.collect()
+    assert _state(read) == shm.FREE  # handed back by its reader
+    channel.abandon(unread)  # a stale abandon does not free the segment's next payload
+    assert _state(reused) == shm.IN_USE
+
+
+async def test_a_consumer_reading_while_the_caller_abandons_gets_a_clean_answer():
+    """An abandon and a read of the same ref race from two processes: the read either wins
+    (the ref stays in use) or fails with "freed"; never a read of a segment being reused."""
+    channel = SharedMemoryChannel()
+    outcomes = set()
+    for _ in range(20):
+        ref = channel.put(torch.arange(4096.0))
+        script = (
+            "import asyncio, pickle, sys, torch\n"
+            "from omni_serve.transport import SharedMemoryChannel, ChannelError\n"
+            "ref = pickle.loads(sys.stdin.buffer.read())\n"
+            "try:\n"
+            "    t = asyncio.run(SharedMemoryChannel().get(ref))\n"
+            "    print('read', bool(torch.equal(t, torch.arange(4096.0))))\n"
+            "except ChannelError:\n"
+            "    print('freed')\n"
+        )
+        reader = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=False)  # fmt: skip
+        reader.stdin.write(pickle.dumps(ref))
+        reader.stdin.close()
+        time.sleep(0.05 * (_ % 5))
+        channel.abandon(ref)
+        answer = reader.stdout.read().decode().strip()
+        reader.wait(timeout=30)
+        assert answer in ("read True", "freed"), answer
+        outcomes.add(answer)
+    assert outcomes  # (which ones depends on timing)
 
 
 async def test_a_released_segment_is_reused_and_stale_refs_stay_dead():
