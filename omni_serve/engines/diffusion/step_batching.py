@@ -99,8 +99,9 @@ class StepBatcher:
 
     @property
     def active(self) -> int:
-        """Jobs started and not finished."""
-        return sum(len(group) for group in self._running.values())
+        """Jobs started and not finished (read from other threads: the values are copied in
+        one step under the GIL while the loop may be changing the dict)."""
+        return sum(len(group) for group in list(self._running.values()))
 
     def close(self) -> None:
         """Stops the loop after its current step; jobs still queued or running get
