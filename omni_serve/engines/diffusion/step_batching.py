@@ -114,7 +114,9 @@ class StepBatcher:
             idle = not self._running and not any(self._waiting.values())
             if not self._receive(block=idle):
                 break
-            for key in list(self._running.keys() | self._waiting.keys()):
+            # Groups in a stable order (running ones first, as they started): each takes one
+            # step per round, so no size gets two steps in a row while another waits.
+            for key in list(dict.fromkeys([*self._running, *self._waiting])):
                 self._admit(key)
                 self._step(key)
         for entry in [e for g in [*self._running.values(), *self._waiting.values()] for e in g]:
