@@ -71,6 +71,22 @@ async def test_abandon_frees_an_unread_ref_and_never_one_being_read():
     assert _state(reused) == shm.IN_USE
 
 
+async def test_a_view_dying_while_this_process_holds_its_lock_is_released_later():
+    """The GC may run a view's finalizer inside ``get`` (which holds a segment's lock): the
+    release must not wait on that lock (it would wait forever); a helper thread does it."""
+    channel = SharedMemoryChannel()
+    ref = channel.put(torch.ones(64))
+    view = await channel.get(ref)
+    with shm._locked(shm.SHM_DIR / ref.key):
+        del view
+        gc.collect()
+        assert _state(ref) == shm.READ  # returned at once, not handed back yet
+    deadline = time.monotonic() + 5
+    while _state(ref) != shm.FREE:
+        assert time.monotonic() < deadline, "the helper never released the segment"
+        time.sleep(0.01)
+
+
 async def test_a_consumer_reading_while_the_caller_abandons_gets_a_clean_answer():
     """An abandon and a read of the same ref race from two processes: the read either wins
     (the ref stays in use) or fails with "freed"; never a read of a segment being reused."""
