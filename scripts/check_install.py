@@ -28,7 +28,8 @@ def main() -> int:
     from omni_serve.compat import torchvision as tv_compat
 
     tv_compat.install()
-    for module in ("torchvision", "vllm", "ray.serve", "diffusers", "cache_dit", "soundfile"):
+    modules = ["torchvision", "vllm", "ray.serve", "diffusers", "cache_dit", "soundfile"]
+    for module in [*modules, "nixl_cu12"]:
         try:
             importlib.import_module(module)
         except Exception as exc:  # report every broken import, not only the first

@@ -1,12 +1,14 @@
-"""Tensor channel: ``TensorRef`` plus backends (inline, shared memory, object store); chosen
-per edge, by default by size and locality."""
+"""Tensor channel: ``TensorRef`` plus backends (inline, shared memory, object store, direct);
+chosen per edge, by default by size and locality."""
 
 from __future__ import annotations
 
 import socket
 import time
 
+from omni_serve.compat.nixl import nixl_available
 from omni_serve.transport.base import Channel, ChannelError, Payload, TensorRef, payload_spec
+from omni_serve.transport.direct import DirectChannel
 from omni_serve.transport.inline import InlineChannel
 from omni_serve.transport.object_store import ObjectStoreChannel
 from omni_serve.transport.shared_memory import SharedMemoryChannel
@@ -15,6 +17,7 @@ _BACKENDS = {
     "inline": InlineChannel,
     "object_store": ObjectStoreChannel,
     "shared_memory": SharedMemoryChannel,
+    "direct": DirectChannel,
 }
 LOCALITY_TTL_S = 60.0
 
@@ -32,7 +35,8 @@ def cluster_is_one_host() -> bool:
 
 class AutoChannel:
     """Inline up to ``inline_max_bytes``; above, shared memory while the cluster is one host
-    (checked once a minute), else the object store. ``large`` pins the large-payload backend."""
+    (checked once a minute), else direct (NIXL) where installed, else the object store.
+    ``large`` pins the large-payload backend."""
 
     name = "auto"
 
@@ -53,7 +57,9 @@ class AutoChannel:
             return self.large
         if time.monotonic() - self._checked > LOCALITY_TTL_S:
             self._local, self._checked = cluster_is_one_host(), time.monotonic()
-        return _BACKENDS["shared_memory" if self._local else "object_store"]()
+        if self._local:
+            return _BACKENDS["shared_memory"]()
+        return _BACKENDS["direct" if nixl_available() else "object_store"]()
 
     async def get(self, ref: TensorRef) -> Payload:
         return await backend_for(ref).get(ref)
@@ -95,7 +101,12 @@ def make_channel(backend: str = "auto", inline_max_bytes: int = 64 * 1024) -> Ch
     if backend == "auto":
         return AutoChannel(inline_max_bytes)
     if backend not in _BACKENDS:
-        raise ValueError(f"channel backend {backend!r} is not available yet")
+        raise ValueError(f"channel backend {backend!r} is not available")
+    if backend == "direct" and not nixl_available():
+        raise ValueError(
+            "channel backend 'direct' needs NIXL: pip install 'nixl-cu12==1.5.1' "
+            "(the project's [direct] extra)"
+        )
     return _BACKENDS[backend]()
 
 
@@ -103,6 +114,7 @@ __all__ = [
     "AutoChannel",
     "Channel",
     "ChannelError",
+    "DirectChannel",
     "InlineChannel",
     "ObjectStoreChannel",
     "SharedMemoryChannel",

@@ -1,5 +1,6 @@
 """User story: two stages on different Ray nodes exchange tensors over the channel: the object
-store works from any node, and on nodes that share a host the default (auto) channel picks
+store works from any node, the direct backend reads across nodes over TCP (UCX_TLS=tcp: the
+wire between two hosts), and on nodes that share a host the default (auto) channel picks
 shared memory and still delivers."""
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ def two_nodes():
     cluster.shutdown()
 
 
-@pytest.mark.parametrize("backend", ["object_store", "auto"])
+@pytest.mark.parametrize("backend", ["object_store", "direct", "auto"])
 def test_a_payload_crosses_nodes(two_nodes, backend):
     ray = two_nodes
+    tcp_only = {"env_vars": {"UCX_TLS": "tcp"}}
 
-    @ray.remote(num_cpus=0, resources={"node_a": 0.1})
+    @ray.remote(num_cpus=0, resources={"node_a": 0.1}, runtime_env=tcp_only)
     class Producer:
         def put(self, backend: str):
             from omni_serve.transport import make_channel
@@ -40,7 +42,7 @@ def test_a_payload_crosses_nodes(two_nodes, backend):
             node = ray.get_runtime_context().get_node_id()
             return node, make_channel(backend).put(payload)
 
-    @ray.remote(num_cpus=0, resources={"node_b": 0.1})
+    @ray.remote(num_cpus=0, resources={"node_b": 0.1}, runtime_env=tcp_only)
     class Consumer:
         async def take(self, ref):
             from omni_serve.transport import take
@@ -54,4 +56,4 @@ def test_a_payload_crosses_nodes(two_nodes, backend):
     consumed_on, total, ones, used = ray.get(consumer.take.remote(ref))
     assert produced_on != consumed_on
     assert total == float(torch.arange(1 << 20, dtype=torch.float32).sum()) and ones == 1024
-    assert used == ("object_store" if backend == "object_store" else "shared_memory")
+    assert used == ("shared_memory" if backend == "auto" else backend)

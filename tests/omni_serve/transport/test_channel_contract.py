@@ -12,6 +12,7 @@ from omni_serve.transport import AutoChannel, ChannelError, make_channel
 BACKENDS = [
     "inline",
     "shared_memory",
+    "direct",
     pytest.param("object_store", marks=pytest.mark.integration),
     "auto",
 ]

@@ -1,0 +1,52 @@
+"""NIXL workarounds, all in one place. Imported only by the direct channel backend.
+
+NIXL 1.5.1 ships as ``nixl`` (a meta package that also pulls a CUDA build of torch), or as
+``nixl-cu12`` / ``nixl-cu13`` alone (import names ``nixl_cu12`` / ``nixl_cu13``); the project
+installs ``nixl-cu12`` by itself, which runs without CUDA (UCX over shared memory and TCP).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from typing import Any
+
+_MODULES = ("nixl", "nixl_cu12", "nixl_cu13")
+
+
+def load_nixl() -> Any:
+    """The NIXL Python API module (whichever build is installed)."""
+    for name in _MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "nixl_agent"):
+            # nixl 1.5.1 logs every agent and backend it creates at INFO, to stderr.
+            logging.getLogger(module.__name__).setLevel(logging.WARNING)
+            logging.getLogger("nixl").setLevel(logging.WARNING)
+            return module
+    raise ImportError(
+        "the direct channel backend needs NIXL: pip install 'nixl-cu12==1.5.1' "
+        "(or the project's [direct] extra)"
+    )
+
+
+@functools.cache
+def nixl_available() -> bool:
+    try:
+        load_nixl()
+    except ImportError:
+        return False
+    return True
+
+
+def new_agent(name: str) -> Any:
+    """A UCX agent with NO progress thread: in nixl 1.5.1 that thread busy-polls, one full
+    core per process for as long as the agent lives (measured: 3.0 s of CPU per 3 s idle).
+    Without it, transfers progress when their state is checked and notifications when they
+    are fetched, which the backend does itself."""
+    nixl = load_nixl()
+    config = nixl.nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
+    return nixl.nixl_agent(name, config)

@@ -1,0 +1,317 @@
+"""Direct backend: the consumer reads the producer's memory itself, through NIXL (UCX).
+
+For edges the other backends serve badly: across hosts (shared memory cannot, the object store
+copies through two stores) and between GPUs (every other path goes device -> host -> device).
+UCX picks the wire: shared memory or CMA on one host, TCP or RDMA across hosts, CUDA IPC or
+GPUDirect between GPUs. Only a ref (agent metadata, address, generation: ~0.5 KB) rides the
+handle call.
+
+Each process has one NIXL agent and a pool of registered buffers (registration is the slow
+part, and it changes the agent's metadata, so buffers are reused like shared-memory
+segments). A buffer's 64-byte header holds a generation and a state, written by its owner
+before the payload; the consumer reads header and payload in one transfer, then the header
+again, and accepts the payload only if the generation matched both times and the buffer was
+in use (a seqlock: a buffer freed or reused during the read shows up as "freed", never as
+someone else's data). The consumer gets its own copy, so the owner may reuse a buffer as soon
+as it is freed or abandoned; both arrive as notifications, handled by a thread of the owner
+that also drives UCX for readers on other hosts. A consumer that dies before freeing leaves
+the buffer in use until the lease runs out; a producer that dies makes reads fail at once.
+
+Unlike shared memory, a ref taken once cannot be read again by a retried call (the first
+reader's free released it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omni_serve.transport.base import ChannelError, Payload, TensorRef, payload_spec
+
+ALIGN = 64
+HEADER = struct.Struct("<QQ")  # generation, state
+FREE, IN_USE = 0, 1
+LEASE_S = 600.0  # a buffer in use for longer than this has lost its consumer
+POOL_BYTES = int(os.environ.get("OMNI_DIRECT_POOL_BYTES", 2 << 30))
+MIN_BUFFER = 1 << 20
+TRANSFER_TIMEOUT_S = float(os.environ.get("OMNI_DIRECT_TIMEOUT_S", 30.0))
+POLL_BUSY_S, POLL_IDLE_S = 0.001, 0.05  # the owner's notification loop
+FREED_MEMORY = 4096  # refs this process freed, remembered so a second read fails here
+
+
+@dataclass(frozen=True)
+class _Where:
+    """What a consumer needs to read a payload: rides the handle call inside the ref."""
+
+    agent: str
+    metadata: bytes  # the owner's NIXL metadata when it registered this buffer
+    metadata_version: int
+    buffer: int
+    address: int
+    mem_type: str  # "DRAM" or "VRAM"
+    device_id: int
+    generation: int
+    size: int
+    offsets: dict[str, tuple[int, int]]
+    keys: list[Any] | None
+
+
+@dataclass
+class _Buffer:
+    index: int
+    memory: torch.Tensor  # uint8; registered with the agent
+    registration: Any
+    pooled: bool
+    generation: int = 0
+    state: int = FREE
+    since: float = 0.0
+
+    def mark(self, state: int) -> None:
+        self.state, self.since = state, time.time()
+        header = torch.tensor([self.generation, state], dtype=torch.int64)  # = HEADER on x86
+        self.memory[: HEADER.size].copy_(header.view(torch.uint8))
+
+
+def _layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, tuple[int, int]], int]:
+    offsets, end = {}, ALIGN
+    for key, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        offsets[key] = (end, nbytes)
+        end += -(-nbytes // ALIGN) * ALIGN
+    return offsets, end
+
+
+def _mem_type(device: torch.device) -> tuple[str, int]:
+    return ("VRAM", device.index or 0) if device.type == "cuda" else ("DRAM", 0)
+
+
+class _Endpoint:
+    """This process's NIXL agent: owner of its buffers, reader of other agents' buffers."""
+
+    def __init__(self) -> None:
+        from omni_serve.compat.nixl import new_agent
+
+        self.name = f"omni-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.agent = new_agent(self.name)
+        self.lock = threading.RLock()  # NIXL agents are not thread-safe in this mode
+        self.buffers: dict[int, _Buffer] = {}
+        self.pooled_bytes = 0
+        self.metadata, self.metadata_version = self.agent.get_agent_metadata(), 0
+        self.loaded: dict[str, int] = {}  # remote agent -> metadata version loaded
+        self.freed: deque[tuple[str, int, int]] = deque(maxlen=FREED_MEMORY)
+        self.thread: threading.Thread | None = None
+
+    # -- owner side -------------------------------------------------------------------------
+
+    def acquire(self, nbytes: int, device: torch.device) -> _Buffer:
+        with self.lock:
+            now, usable = time.time(), []
+            for buffer in self.buffers.values():
+                fits = buffer.memory.numel() >= nbytes and buffer.memory.device == device
+                if fits and (buffer.state == FREE or now - buffer.since > LEASE_S):
+                    usable.append(buffer)
+            if usable:
+                buffer = min(usable, key=lambda b: b.memory.numel())
+            else:
+                buffer = self._register(nbytes, device)
+            buffer.generation += 1
+            buffer.mark(IN_USE)
+            self._serve()
+            return buffer
+
+    def _register(self, nbytes: int, device: torch.device) -> _Buffer:
+        size = max(MIN_BUFFER, 1 << (nbytes - 1).bit_length())
+        pooled = self.pooled_bytes + size <= POOL_BYTES
+        memory = torch.zeros(size if pooled else nbytes, dtype=torch.uint8, device=device)
+        registration = self.agent.register_memory([memory])
+        index = max(self.buffers, default=-1) + 1
+        buffer = _Buffer(index, memory, registration, pooled)
+        self.buffers[index] = buffer
+        self.pooled_bytes += size if pooled else 0
+        self.metadata, self.metadata_version = self.agent.get_agent_metadata(), index + 1
+        return buffer
+
+    def release(self, index: int, generation: int) -> None:
+        with self.lock:
+            buffer = self.buffers.get(index)
+            if buffer is None or buffer.generation != generation or buffer.state == FREE:
+                return  # a second free, or the buffer serves a newer payload already
+            buffer.mark(FREE)
+            if not buffer.pooled:
+                self.agent.deregister_memory(buffer.registration)
+                del self.buffers[index]
+
+    def _serve(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._notifications, daemon=True)
+            self.thread.start()
+
+    def _notifications(self) -> None:
+        """Frees what consumers (and callers whose calls ended) hand back; each poll also
+        progresses UCX for readers that need the owner's help (TCP across hosts)."""
+        while True:
+            with self.lock:
+                notifications = self.agent.get_new_notifs()
+                busy = any(b.state == IN_USE for b in self.buffers.values())
+            for messages in notifications.values():
+                for message in messages:
+                    verb, index, generation = message.decode().split(":")
+                    if verb == "free":
+                        self.release(int(index), int(generation))
+            time.sleep(POLL_BUSY_S if busy else POLL_IDLE_S)
+
+    # -- consumer side ----------------------------------------------------------------------
+
+    def _load(self, where: _Where) -> None:
+        if self.loaded.get(where.agent, -1) < where.metadata_version:
+            try:
+                self.agent.add_remote_agent(where.metadata)  # re-adding replaces the old one
+            except Exception as exc:  # nixl raises its own exception types
+                raise ChannelError(f"direct ref from {where.agent} unreachable: {exc}") from exc
+            self.loaded[where.agent] = where.metadata_version
+
+    def read(self, where: _Where, device: torch.device) -> torch.Tensor:
+        """The payload's bytes (header included), checked against the generation."""
+        if (where.agent, where.buffer, where.generation) in self.freed:
+            raise ChannelError(f"direct ref {where.agent}/{where.buffer} was freed")
+        if where.agent == self.name:
+            return self._read_own(where, device)
+        remote = [(where.address, where.size, where.device_id)]
+        header_only = [(where.address, HEADER.size, where.device_id)]
+        # The payload, then room for the second header read (it must be registered too).
+        memory = torch.empty(where.size + ALIGN, dtype=torch.uint8, device=device)
+        with self.lock:
+            self._load(where)
+            registration = self.agent.register_memory([memory])
+        try:
+            self._transfer(memory[: where.size], remote, where)
+            first = HEADER.unpack(memory[: HEADER.size].cpu().numpy().tobytes())
+            again = memory[where.size : where.size + HEADER.size]
+            self._transfer(again, header_only, where)
+            second = HEADER.unpack(again.cpu().numpy().tobytes())
+        finally:
+            with self.lock:
+                self.agent.deregister_memory(registration)
+        if first != (where.generation, IN_USE) or second != first:
+            raise ChannelError(f"direct ref {where.agent}/{where.buffer} was freed")
+        return memory
+
+    def _read_own(self, where: _Where, device: torch.device) -> torch.Tensor:
+        with self.lock:
+            buffer = self.buffers.get(where.buffer)
+            if buffer is None or (buffer.generation, buffer.state) != (where.generation, IN_USE):
+                raise ChannelError(f"direct ref {where.agent}/{where.buffer} was freed")
+            return buffer.memory[: where.size].to(device, copy=True)
+
+    def _transfer(self, local: torch.Tensor, remote: list[tuple[int, int, int]], where: _Where):
+        handle, state = None, "ERR"
+        deadline = time.monotonic() + TRANSFER_TIMEOUT_S
+        try:
+            with self.lock:
+                handle = self.agent.initialize_xfer(
+                    "READ",
+                    self.agent.get_xfer_descs(local),
+                    self.agent.get_xfer_descs(remote, where.mem_type),
+                    where.agent,
+                )
+                state = self.agent.transfer(handle)
+            while state == "PROC" and time.monotonic() < deadline:
+                with self.lock:
+                    state = self.agent.check_xfer_state(handle)
+        except Exception as exc:  # nixl raises its own types (remote disconnected, not found)
+            raise ChannelError(f"reading direct ref from {where.agent} failed: {exc}") from exc
+        finally:
+            if handle is not None:
+                with self.lock:
+                    handle.release()
+        if state != "DONE":
+            why = "timed out" if state == "PROC" else "failed (its producer may be gone)"
+            raise ChannelError(f"reading direct ref from {where.agent} {why}")
+
+    def hand_back(self, where: _Where) -> None:
+        """Tell the owner it may reuse the buffer (at once, if the owner is this process)."""
+        self.freed.append((where.agent, where.buffer, where.generation))
+        if where.agent == self.name:
+            self.release(where.buffer, where.generation)
+            return
+        with self.lock:
+            try:
+                self._load(where)
+                self.agent.send_notif(where.agent, f"free:{where.buffer}:{where.generation}")
+            except Exception:  # the owner is gone: nothing left to free
+                return
+
+
+_endpoint: _Endpoint | None = None
+_endpoint_lock = threading.Lock()
+
+
+def endpoint() -> _Endpoint:
+    global _endpoint
+    with _endpoint_lock:
+        if _endpoint is None:
+            _endpoint = _Endpoint()
+        return _endpoint
+
+
+def _consumer_device(where: _Where) -> torch.device:
+    """GPU to GPU when both sides have one (the point of this backend); host memory else."""
+    if where.mem_type == "VRAM" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class DirectChannel:
+    name = "direct"
+
+    def put(self, payload: Payload) -> TensorRef:
+        nbytes, spec = payload_spec(payload)
+        is_dict = isinstance(payload, dict)
+        tensors = {str(k): t for k, t in (payload.items() if is_dict else [("", payload)])}
+        on_gpu = [t.device for t in tensors.values() if t.device.type == "cuda"]
+        device = on_gpu[0] if on_gpu else torch.device("cpu")
+        offsets, needed = _layout(tensors)
+        owner = endpoint()
+        buffer = owner.acquire(needed, device)
+        for key, t in tensors.items():
+            start, length = offsets[key]
+            if length:
+                raw = t.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
+                buffer.memory[start : start + length].copy_(raw)
+        mem_type, device_id = _mem_type(device)
+        where = _Where(
+            owner.name, owner.metadata, owner.metadata_version, buffer.index,
+            buffer.memory.data_ptr(), mem_type, device_id, buffer.generation, needed, offsets,
+            list(payload) if is_dict else None,
+        )  # fmt: skip
+        return TensorRef(self.name, f"{owner.name}/{buffer.index}", nbytes, spec, handle=where)
+
+    async def get(self, ref: TensorRef) -> Payload:
+        where: _Where = ref.handle
+        memory = await asyncio.to_thread(endpoint().read, where, _consumer_device(where))
+        tensors = {}
+        for name, (dtype, shape) in ref.spec.items():
+            start, length = where.offsets[name]
+            dt = getattr(torch, dtype.removeprefix("torch."))
+            tensors[name] = memory[start : start + length].view(dt).reshape(shape)
+        if where.keys is None:
+            return tensors[""]
+        return {k: tensors[str(k)] for k in where.keys}
+
+    def free(self, ref: TensorRef) -> None:
+        endpoint().hand_back(ref.handle)
+
+    def abandon(self, ref: TensorRef) -> None:
+        """The consumer got a copy, so the owner may reuse the buffer whether or not it was
+        read; a read still under way fails with "freed" (its call has ended anyway)."""
+        endpoint().hand_back(ref.handle)

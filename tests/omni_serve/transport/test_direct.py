@@ -1,0 +1,188 @@
+"""The direct (NIXL) backend between processes: what the in-process contract suite cannot show."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import time
+
+import pytest
+import torch
+
+from omni_serve.transport import AutoChannel, ChannelError, DirectChannel, make_channel, take
+from omni_serve.transport import direct as direct_module
+
+pytest.importorskip("omni_serve.compat.nixl").load_nixl()
+
+
+def _peer_main(conn, env: dict[str, str]) -> None:
+    """A stage in another process: puts, takes, abandons and reports its buffers on request."""
+    os.environ.update(env)
+    channel, refs = DirectChannel(), []
+    while True:
+        op, arg = conn.recv()
+        try:
+            if op == "put":
+                refs.append(channel.put(arg))
+                conn.send(refs[-1])
+            elif op == "take":
+                conn.send(asyncio.run(take(arg)))
+            elif op == "get":
+                conn.send(asyncio.run(channel.get(arg)))
+            elif op == "abandon":
+                channel.abandon(arg)
+                conn.send(None)
+            elif op == "in_use":
+                owner = direct_module.endpoint()
+                conn.send(sum(b.state == direct_module.IN_USE for b in owner.buffers.values()))
+            elif op == "exit":
+                return
+        except Exception as exc:  # sent back so the test sees the message
+            conn.send(exc)
+
+
+class Peer:
+    def __init__(self, **env: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_peer_main, args=(child, env), daemon=True)
+        self.process.start()
+
+    def __call__(self, op: str, arg=None):
+        self.conn.send((op, arg))
+        if not self.conn.poll(60):
+            raise TimeoutError(f"peer did not answer {op}")
+        answer = self.conn.recv()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def wait_in_use(self, expected: int, timeout: float = 3.0) -> int:
+        deadline = time.monotonic() + timeout
+        while (count := self("in_use")) != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return count
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(("exit", None))
+            self.process.join(10)
+
+
+@pytest.fixture
+def peer():
+    peer = Peer()
+    yield peer
+    peer.close()
+
+
+def _payload() -> dict[str, torch.Tensor]:
+    base = torch.randn(512, 1024, generator=torch.Generator().manual_seed(0))
+    return {"rows": base.t(), "bf16": base[:3].to(torch.bfloat16), "empty": torch.empty(0, 8)}
+
+
+def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert list(got) == list(want)
+    for key, t in want.items():
+        assert got[key].dtype == t.dtype and torch.equal(got[key], t), key
+
+
+async def test_a_payload_from_another_process_is_read_and_its_buffer_handed_back(peer):
+    ref = peer("put", _payload())
+    assert ref.backend == "direct" and peer("in_use") == 1
+    _assert_same(await take(ref), _payload())
+    assert peer.wait_in_use(0) == 0  # the free notification reached the owner
+    again = peer("put", _payload())
+    assert again.handle.buffer == ref.handle.buffer  # reused, not registered anew
+
+
+async def test_a_payload_from_here_is_read_by_another_process_and_handed_back(peer):
+    channel = DirectChannel()
+    ref = channel.put(_payload())
+    _assert_same(peer("take", ref), _payload())
+    owner = direct_module.endpoint()
+    deadline = time.monotonic() + 3
+    while owner.buffers[ref.handle.buffer].state != direct_module.FREE:
+        assert time.monotonic() < deadline, "the consumer's free never arrived"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_stale_ref_reads_as_freed_never_as_the_next_payload(peer):
+    ref = peer("put", torch.zeros(1 << 18))
+    await take(ref)
+    peer.wait_in_use(0)
+    with pytest.raises(ChannelError, match="freed"):
+        await DirectChannel().get(ref)  # remembered here as freed
+    newer = peer("put", torch.ones(1 << 18))
+    assert newer.handle.buffer == ref.handle.buffer
+    other = Peer()  # a reader that never saw the first ref: the generation check stops it
+    try:
+        with pytest.raises(ChannelError, match="freed"):
+            other("get", ref)
+        assert torch.equal(other("take", newer), torch.ones(1 << 18))
+    finally:
+        other.close()
+
+
+async def test_abandon_by_the_caller_frees_an_unread_payload(peer):
+    ref = peer("put", torch.ones(1 << 18))
+    DirectChannel().abandon(ref)  # this process only carried it
+    assert peer.wait_in_use(0) == 0
+
+
+@pytest.mark.parametrize("connected", [False, True], ids=["unknown", "connected"])
+async def test_a_dead_producer_fails_the_read_instead_of_hanging(peer, connected):
+    if connected:  # this process has read from it before: the connection is cached
+        await take(peer("put", torch.ones(1 << 18)))
+    ref = peer("put", torch.ones(1 << 18))
+    peer.process.kill()
+    peer.process.join(10)
+    start = time.monotonic()
+    with pytest.raises(ChannelError):
+        await DirectChannel().get(ref)
+    assert time.monotonic() - start < 5
+
+
+def test_a_buffer_whose_consumer_died_is_reused_after_the_lease(monkeypatch):
+    monkeypatch.setattr(direct_module, "_endpoint", None)  # an agent with no buffers yet
+    channel = DirectChannel()
+    ref = channel.put(torch.ones(1 << 18))
+    assert channel.put(torch.ones(1 << 18)).handle.buffer != ref.handle.buffer
+    monkeypatch.setattr(direct_module, "LEASE_S", 0.0)
+    time.sleep(0.01)
+    assert channel.put(torch.ones(1 << 18)).handle.buffer == ref.handle.buffer
+
+
+async def test_payloads_beyond_the_pool_budget_get_a_buffer_of_their_own(monkeypatch):
+    owner = direct_module.endpoint()
+    monkeypatch.setattr(direct_module, "POOL_BYTES", owner.pooled_bytes)
+    channel = DirectChannel()
+    ref = channel.put(torch.arange(1 << 20))  # no pooled buffer this size is free
+    assert not owner.buffers[ref.handle.buffer].pooled
+    assert torch.equal(await take(ref), torch.arange(1 << 20))
+    assert ref.handle.buffer not in owner.buffers  # deregistered and dropped
+
+
+def test_over_tcp_the_owner_drives_the_transfer():
+    """UCX_TLS=tcp is the wire between two hosts: the owner's notification loop has to make
+    progress for the reader, who would otherwise wait forever."""
+    producer, consumer = Peer(UCX_TLS="tcp"), Peer(UCX_TLS="tcp")
+    try:
+        payload = torch.randn(4 << 20, generator=torch.Generator().manual_seed(1))  # 16 MB
+        ref = producer("put", payload)
+        assert torch.equal(consumer("take", ref), payload)
+        assert producer.wait_in_use(0) == 0
+    finally:
+        producer.close()
+        consumer.close()
+
+
+def test_auto_picks_direct_across_hosts_and_shared_memory_on_one(monkeypatch):
+    import omni_serve.transport as transport
+
+    monkeypatch.setattr(transport, "cluster_is_one_host", lambda: False)
+    assert AutoChannel(inline_max_bytes=16).put(torch.zeros(64)).backend == "direct"
+    monkeypatch.setattr(transport, "nixl_available", lambda: False)
+    with pytest.raises(ValueError, match="nixl-cu12"):
+        make_channel("direct")
