@@ -6,6 +6,8 @@ and size, against plain pickled arguments and a single-thread memcpy in the same
 A round is: the producer ``put``s a preallocated float32 tensor (the copy into the channel is
 counted) and returns the ref; the consumer ``get``s it and answers its size. "pickled" sends
 the tensor itself as the actor-call argument (what a DeploymentHandle call does with it).
+"direct" is the NIXL backend on this host (UCX picks shared memory / CMA); "direct_tcp" the
+same with UCX held to TCP, as between two hosts.
 Added latency = round minus the same two calls with no payload; "gbps" counts the whole round,
 "transfer_gbps" only the added part. Writes
 load_tests/results/bench_channel.json and prints a table. Targets (issue 5): the chosen
@@ -26,7 +28,11 @@ import torch
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 RESULTS = Path(__file__).parent / "results"
 SIZES = {"4KB": 4 << 10, "1MB": 1 << 20, "16MB": 16 << 20, "64MB": 64 << 20, "256MB": 256 << 20}
-BACKENDS = ["auto", "shared_memory", "object_store", "pickled"]
+BACKENDS = ["auto", "shared_memory", "direct", "direct_tcp", "object_store", "pickled"]
+# direct_tcp: the direct backend with UCX limited to TCP, the wire it uses between two hosts
+# (its actors run with UCX_TLS=tcp); the cross-host throughput this machine can measure.
+TCP_ONLY = {"env_vars": {"UCX_TLS": "tcp"}}
+EXTRA = {"pickled": None, "direct_tcp": "direct"}  # rounds that are not a channel of their own
 
 
 def memcpy_gbps(nbytes: int, repeats: int) -> float:
@@ -76,13 +82,13 @@ def main() -> int:
             torch.set_num_threads(1)
             self.tensors = {n: torch.ones(n // 4) for n in SIZES.values()}
             # One channel per backend, as a stage holds one per edge.
-            self.channels = {b: make_channel(b) for b in BACKENDS if b != "pickled"}
+            self.channels = {b: make_channel(b) for b in BACKENDS if b not in EXTRA}
 
         def put(self, nbytes: int, backend: str):
             tensor = self.tensors[nbytes]
             if backend == "pickled":
                 return tensor
-            return self.channels[backend].put(tensor)
+            return self.channels[EXTRA.get(backend, backend)].put(tensor)
 
         def noop(self) -> None:
             return None
@@ -101,9 +107,15 @@ def main() -> int:
         def noop(self, _=None) -> None:
             return None
 
-    producer, consumer = Producer.remote(), Consumer.remote()
+    pairs = {
+        "default": (Producer.remote(), Consumer.remote()),
+        "tcp": (Producer.options(runtime_env=TCP_ONLY).remote(),
+                Consumer.options(runtime_env=TCP_ONLY).remote()),
+    }  # fmt: skip
+    producer, consumer = pairs["default"]
 
     def timed_round(nbytes: int, backend: str) -> float:
+        producer, consumer = pairs["tcp" if backend == "direct_tcp" else "default"]
         start = time.perf_counter()
         got = ray.get(consumer.get.remote(producer.put.remote(nbytes, backend)))
         assert got == nbytes
@@ -151,6 +163,10 @@ def main() -> int:
             "auto_transfer_over_memcpy_min_at_16MB_plus": worst("memcpy_gbps", "transfer_gbps"),
             "auto_over_pickled_min_at_16MB_plus": worst("pickled"),
             "added_ms_at_4KB": rows[0]["auto"]["added_ms"],
+            "direct_over_memcpy_min_at_16MB_plus": min(
+                r["direct"]["gbps"] / r["memcpy_gbps"] for r in big
+            ),
+            "direct_tcp_gbps_by_size": {r["size"]: r["direct_tcp"]["gbps"] for r in rows},
         },
     }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
