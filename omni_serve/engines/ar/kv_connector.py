@@ -1,0 +1,258 @@
+"""A vLLM KV connector that moves prefix KV blocks between engines over the tensor channel.
+
+Use: engine args ``kv_transfer_config={"kv_connector": "ChannelKVConnector",
+"kv_connector_module_path": "omni_serve.engines.ar.kv_connector", "kv_role": "kv_both"}``
+(``kv_connector_extra_config={"channel": "direct"}`` pins a backend; default auto).
+
+- Export: a request whose ``kv_transfer_params`` has ``{"omni_kv_export": true}`` puts the
+  whole blocks of its prompt on the channel once its prefill is done, and its final output's
+  ``kv_transfer_params`` carries ``{"omni_kv": <encoded KVPrefix>}``.
+- Import: a request whose ``kv_transfer_params`` has that ``omni_kv`` entry (on any engine of
+  the same model) loads the blocks its prompt shares with the prefix instead of computing them.
+  A ref is taken once (one import per export); a prefix that no longer matches, or a ref that
+  is gone, costs nothing but the prefill it would have saved.
+
+Not for an engine that captures hidden states for a Talker: rows of imported tokens are never
+computed, so they cannot be captured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+
+from omni_serve.transport import ChannelError, make_channel, take
+from omni_serve.transport.kv_blocks import KVPrefix, block_dim, put_prefix, scatter
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+EXPORT_KEY, PREFIX_KEY = "omni_kv_export", "omni_kv"
+
+
+@dataclass
+class _Load:
+    req_id: str
+    prefix: KVPrefix
+    block_ids: list[int]  # where the blocks go
+    first: int  # index of the first of the prefix's blocks to load (the rest hit locally)
+
+
+@dataclass
+class _Export:
+    req_id: str
+    block_ids: list[int]
+    token_ids: list[int]
+    mm_ids: list[str]
+
+
+@dataclass
+class ChannelKVMetadata(KVConnectorMetadata):
+    loads: list[_Load] = field(default_factory=list)
+    exports: list[_Export] = field(default_factory=list)
+
+
+@dataclass
+class ChannelKVWorkerMetadata(KVConnectorWorkerMetadata):
+    prefixes: dict[str, str] = field(default_factory=dict)  # req_id -> encoded KVPrefix
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, ChannelKVWorkerMetadata)
+        return ChannelKVWorkerMetadata({**self.prefixes, **other.prefixes})
+
+
+def _mm_ids(request: Any, before: int | None = None) -> list[str]:
+    features = getattr(request, "mm_features", None) or []
+    return [f.identifier for f in features if before is None or f.mm_position.offset < before]
+
+
+def _run(coro: Any) -> Any:
+    """Run a coroutine from the engine's synchronous step, with or without a loop here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+class ChannelKVConnector(KVConnectorBase_V1):
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.block_size = vllm_config.cache_config.block_size
+        self.num_blocks = kv_cache_config.num_blocks if kv_cache_config else 0
+        backend = self._kv_transfer_config.get_from_extra_config("channel", "auto")
+        # scheduler side
+        self._incoming: dict[str, tuple[KVPrefix, int, int]] = {}
+        self._wanted: dict[str, Request] = {}  # exports whose prefill is not done yet
+        self._block_ids: dict[str, list[int]] = {}
+        self._params: dict[str, dict[str, Any]] = {}  # exported, not finished yet
+        self._awaiting: dict[str, dict[str, Any]] = {}  # finished, export not back yet
+        # worker side
+        self._channel = make_channel(backend) if role == KVConnectorRole.WORKER else None
+        self._caches: dict[str, torch.Tensor] = {}
+        self._dims: dict[str, int] = {}
+        self._exported: dict[str, str] = {}
+        self._load_errors: set[int] = set()
+
+    # -- scheduler side ---------------------------------------------------------------------
+
+    def on_new_request(self, request: Request) -> None:
+        params = request.kv_transfer_params or {}
+        if params.get(EXPORT_KEY) and request.prompt_token_ids:
+            self._wanted[request.request_id] = request
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        encoded = (request.kv_transfer_params or {}).get(PREFIX_KEY)
+        if not encoded or not request.prompt_token_ids:
+            return 0, False
+        prefix = KVPrefix.decode(encoded)
+        if prefix.block_size != self.block_size:
+            logger.warning("KV prefix of block size %d, engine uses %d: not loaded",
+                           prefix.block_size, self.block_size)  # fmt: skip
+            return 0, False
+        usable = prefix.matching_tokens(list(request.prompt_token_ids), _mm_ids(request))
+        if usable <= num_computed_tokens:
+            return 0, False
+        first, last = num_computed_tokens // self.block_size, usable // self.block_size
+        self._incoming[request.request_id] = (prefix, first, last)
+        return usable - num_computed_tokens, False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        if num_external_tokens == 0:
+            self._incoming.pop(request.request_id, None)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = ChannelKVMetadata()
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            block_ids = list(new.block_ids[0])
+            if new.req_id in self._incoming:
+                prefix, first, last = self._incoming.pop(new.req_id)
+                meta.loads.append(_Load(new.req_id, prefix, block_ids[first:last], first))
+            if new.req_id in self._wanted:
+                self._block_ids[new.req_id] = block_ids
+                self._export_if_done(
+                    meta, new.req_id, new.num_computed_tokens + scheduled[new.req_id]
+                )
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if req_id not in self._wanted:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if new_ids is not None:
+                resumed = req_id in cached.resumed_req_ids
+                known = [] if resumed else self._block_ids.get(req_id, [])
+                self._block_ids[req_id] = known + list(new_ids[0])
+            self._export_if_done(meta, req_id, cached.num_computed_tokens[i] + scheduled[req_id])
+        return meta
+
+    def _export_if_done(self, meta: ChannelKVMetadata, req_id: str, computed: int) -> None:
+        request = self._wanted[req_id]
+        prompt = list(request.prompt_token_ids or [])
+        if computed < len(prompt):
+            return  # chunked prefill: the rest of the prompt comes in a later step
+        del self._wanted[req_id]
+        blocks = self._block_ids.pop(req_id)[: len(prompt) // self.block_size]
+        if blocks:
+            tokens = len(blocks) * self.block_size
+            meta.exports.append(_Export(req_id, blocks, prompt, _mm_ids(request, tokens)))
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        worker_meta = connector_output.kv_connector_worker_meta
+        if not isinstance(worker_meta, ChannelKVWorkerMetadata):
+            return
+        for req_id, encoded in worker_meta.prefixes.items():
+            value = encoded or None  # "" = the export failed
+            if req_id in self._awaiting:
+                # It finished in its prefill step and handed this dict to its output, which
+                # leaves the engine after this call: filled in place.
+                self._awaiting.pop(req_id)[PREFIX_KEY] = value
+            else:
+                self._params[req_id] = {PREFIX_KEY: value}
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        req_id = request.request_id
+        self._incoming.pop(req_id, None)
+        if self._wanted.pop(req_id, None) is not None:  # ended before its prefill did
+            self._block_ids.pop(req_id, None)
+            return False, {PREFIX_KEY: None}
+        if not (request.kv_transfer_params or {}).get(EXPORT_KEY):
+            return False, None
+        params = self._params.pop(req_id, None)
+        if params is None:
+            params = self._awaiting[req_id] = {}
+        return False, params
+
+    # -- worker side ------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._caches = dict(kv_caches)
+        self._dims = {name: block_dim(t, self.num_blocks) for name, t in kv_caches.items()}
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, ChannelKVMetadata)
+        for load in meta.loads:
+            try:
+                blocks = _run(take(load.prefix.ref))
+                scatter(blocks, self._caches, self._dims, load.block_ids, load.first)
+            except (ChannelError, ValueError, RuntimeError) as exc:
+                # vLLM recomputes the tokens of blocks reported here.
+                logger.warning("KV prefix for %s not loaded (%s): recomputing", load.req_id, exc)
+                self._load_errors.update(load.block_ids)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are synchronous, before the forward
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
+                      **kwargs: Any) -> None:  # fmt: skip
+        return  # exports copy whole blocks after the forward (wait_for_save)
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, ChannelKVMetadata)
+        for export in meta.exports:
+            try:
+                prefix = put_prefix(self._channel, self._caches, self._dims, export.block_ids,
+                                    export.token_ids, self.block_size, export.mm_ids)  # fmt: skip
+            except (ChannelError, OSError, RuntimeError) as exc:  # the request still answers
+                logger.warning("KV prefix of %s not exported: %s", export.req_id, exc)
+                self._exported[export.req_id] = ""
+                continue
+            self._exported[export.req_id] = prefix.encode()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        if not self._exported:
+            return None
+        meta, self._exported = ChannelKVWorkerMetadata(self._exported), {}
+        return meta
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors

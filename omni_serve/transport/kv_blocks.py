@@ -1,0 +1,103 @@
+"""Paged KV-cache blocks as a channel payload: one token prefix's blocks, layer-major.
+
+What one AR engine hands another so that the second skips that prefix's prefill (a multi-turn
+session routed to another replica), or what an AR stage hands a stage that attends to its KV.
+The descriptor (``KVPrefix``: token ids, block size, multimodal item ids, the channel ref) is
+small and rides the request; the blocks ride the tensor channel. Works on any paged cache
+whose per-layer tensor has one dimension of ``num_blocks`` (vLLM's CPU and GPU layouts alike):
+blocks are gathered along it and scattered back along the receiver's.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from dataclasses import dataclass, field
+
+import torch
+
+from omni_serve.transport.base import Channel, TensorRef
+
+
+def block_dim(cache: torch.Tensor, num_blocks: int) -> int:
+    """The dimension of a layer's paged cache that indexes blocks."""
+    for dim, size in enumerate(cache.shape):
+        if size == num_blocks:
+            return dim
+    raise ValueError(f"no dimension of size {num_blocks} (blocks) in a cache of {cache.shape}")
+
+
+@dataclass
+class KVPrefix:
+    """A prefix whose KV blocks wait on the channel: the consumer checks that its prompt starts
+    with ``token_ids`` (and the same multimodal items) before loading any."""
+
+    token_ids: list[int]
+    block_size: int
+    ref: TensorRef
+    mm_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.token_ids) // self.block_size
+
+    def encode(self) -> str:
+        """For vLLM's ``kv_transfer_params`` (msgpack between engine processes). Only ever built
+        by this process or a peer stage: the API never takes kv_transfer_params from clients."""
+        return base64.b64encode(pickle.dumps(self)).decode()
+
+    @staticmethod
+    def decode(text: str) -> KVPrefix:
+        return pickle.loads(base64.b64decode(text))
+
+    def matching_tokens(self, prompt: list[int], mm_ids: list[str]) -> int:
+        """How many leading tokens of ``prompt`` these blocks cover (whole blocks, and never
+        the prompt's last token, which the engine must compute to sample from)."""
+        limit = min(len(self.token_ids), max(len(prompt) - 1, 0))
+        same = 0
+        while same < limit and prompt[same] == self.token_ids[same]:
+            same += 1
+        if mm_ids[: len(self.mm_ids)] != self.mm_ids:
+            return 0  # same placeholder tokens, different images or audio
+        return same // self.block_size * self.block_size
+
+
+def gather(
+    caches: dict[str, torch.Tensor], dims: dict[str, int], block_ids: list[int]
+) -> dict[str, torch.Tensor]:
+    """The blocks ``block_ids`` of every layer, block dimension first (a copy)."""
+    index = torch.tensor(block_ids, dtype=torch.long)
+    out = {}
+    for name, cache in caches.items():
+        out[name] = cache.index_select(dims[name], index.to(cache.device)).movedim(dims[name], 0)
+    return {name: t.contiguous() for name, t in out.items()}
+
+
+def scatter(
+    blocks: dict[str, torch.Tensor],
+    caches: dict[str, torch.Tensor],
+    dims: dict[str, int],
+    block_ids: list[int],
+    first: int = 0,
+) -> None:
+    """Write blocks ``first:first + len(block_ids)`` of each layer into ``block_ids``."""
+    missing = set(caches) - set(blocks)
+    if missing:
+        raise ValueError(f"KV blocks lack layers {sorted(missing)[:3]}")
+    index = torch.tensor(block_ids, dtype=torch.long)
+    for name, cache in caches.items():
+        rows = blocks[name][first : first + len(block_ids)].to(cache.device, cache.dtype)
+        cache.index_copy_(dims[name], index.to(cache.device), rows.movedim(0, dims[name]))
+
+
+def put_prefix(
+    channel: Channel,
+    caches: dict[str, torch.Tensor],
+    dims: dict[str, int],
+    block_ids: list[int],
+    token_ids: list[int],
+    block_size: int,
+    mm_ids: list[str],
+) -> KVPrefix:
+    ref = channel.put(gather(caches, dims, block_ids))
+    return KVPrefix(list(token_ids[: len(block_ids) * block_size]), block_size, ref, mm_ids)

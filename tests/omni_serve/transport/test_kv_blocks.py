@@ -1,0 +1,59 @@
+"""KV-block payloads: gather/scatter on both vLLM cache layouts, prefix matching, the wire form."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_serve.transport import make_channel, take
+from omni_serve.transport.kv_blocks import KVPrefix, block_dim, put_prefix, scatter
+
+NUM_BLOCKS, BLOCK = 8, 4
+
+
+def _caches(layout: str) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    shape = {"cpu": (NUM_BLOCKS, 2, BLOCK, 16), "kv_first": (2, NUM_BLOCKS, BLOCK, 2, 8)}[layout]
+    return {f"layers.{i}.attn": torch.randn(shape, generator=gen) for i in range(3)}
+
+
+@pytest.mark.parametrize("layout", ["cpu", "kv_first"])
+async def test_blocks_move_from_one_cache_into_other_block_ids_of_another(layout):
+    source, target = _caches(layout), {k: torch.zeros_like(v) for k, v in _caches(layout).items()}
+    dims = {k: block_dim(v, NUM_BLOCKS) for k, v in source.items()}
+    tokens = list(range(3 * BLOCK + 1))
+    prefix = put_prefix(make_channel("shared_memory"), source, dims, [5, 1, 6], tokens, BLOCK, [])
+    assert prefix.num_blocks == 3 and prefix.token_ids == tokens[: 3 * BLOCK]
+    wire = KVPrefix.decode(prefix.encode())
+    scatter(await take(wire.ref), target, dims, [0, 7], first=1)  # the first block hit locally
+    for name in source:
+        dim = dims[name]
+        for src, dst in ((1, 0), (6, 7)):
+            assert torch.equal(source[name].select(dim, src), target[name].select(dim, dst))
+        assert not target[name].select(dim, 1).any()  # untouched
+
+
+def test_a_cache_without_a_block_dimension_is_refused():
+    with pytest.raises(ValueError, match="no dimension of size 9"):
+        block_dim(torch.zeros(8, 2, 4), 9)
+
+
+def test_scatter_refuses_blocks_from_another_model():
+    caches = _caches("cpu")
+    with pytest.raises(ValueError, match="lack layers"):
+        scatter({"other.0": torch.zeros(1)}, caches, dict.fromkeys(caches, 0), [0])
+
+
+@pytest.mark.parametrize(
+    ("prompt", "mm", "expected"),
+    [
+        (list(range(20)), ["img-a"], 12),  # all 12 prefix tokens: 3 whole blocks
+        (list(range(12)), ["img-a"], 8),  # the prompt's last token is always computed
+        ([*range(6), 99, *range(7, 20)], ["img-a"], 4),  # differs inside block 1
+        (list(range(20)), ["img-b"], 0),  # same placeholder tokens, another image
+        (list(range(20)), ["img-a", "img-c"], 12),  # a later item does not matter
+    ],
+)
+def test_matching_tokens(prompt, mm, expected):
+    prefix = KVPrefix(list(range(12)), BLOCK, ref=None, mm_ids=["img-a"])  # type: ignore[arg-type]
+    assert prefix.matching_tokens(prompt, mm) == expected
