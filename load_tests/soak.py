@@ -1,11 +1,12 @@
 """Soak: many requests at high concurrency, no errors and no memory growth per replica.
 
-    .venv/bin/python load_tests/soak.py [--requests 1000] [--concurrency 32] [--warmup 100]
-        [--target graphs.qwen_image:build_app]
-        [--pipeline-config load_tests/configs/qwen_image_soak_pipeline.yaml]
+    .venv/bin/python load_tests/soak.py [--graph image|omni] [--requests 1000]
+        [--concurrency 32] [--warmup 100] [--target ...] [--pipeline-config ...]
 
-Serves the target (default: the tiny Qwen-Image graph with every edge on the shared-memory
-channel; small images, 2 steps, so the run is about the serving path, not the model), sends
+Serves a graph with every edge on the shared-memory channel: ``image`` (default) the tiny
+Qwen-Image graph (small images, 2 steps), ``omni`` the tiny Qwen3-Omni graph (a short spoken
+question in, text and speech out: encoder -> Thinker -> Talker -> Code2wav; the Talker capped
+at 16 codec frames per request), so the run is about the serving path, not the model. Sends
 ``--warmup`` requests, records the resident memory (RSS) of every Serve replica and the proxy,
 the shared-memory segments and the object store's usage, sends ``--requests`` more at
 ``--concurrency``, and records them again. Writes ``load_tests/results/soak.json``. Targets:
@@ -31,7 +32,46 @@ from omni_serve.testing.serve_process import ServeProcess
 URL = "http://127.0.0.1:8000"
 RESULTS = Path(__file__).parent / "results"
 TITLE = re.compile(r"^ray::(ServeReplica:[^:]+:\w+|ProxyActor)")
-BODY = {"prompt": "a small red kite", "size": "64x64", "num_inference_steps": 2}
+GRAPHS = {  # target, pipeline config, endpoint
+    "image": ("graphs.qwen_image:build_app", "load_tests/configs/qwen_image_soak_pipeline.yaml",
+              "/v1/images/generations"),
+    "omni": ("graphs.qwen3_omni:build_app", "load_tests/configs/qwen3_omni_soak_pipeline.yaml",
+             "/v1/chat/completions"),
+}  # fmt: skip
+
+
+def request_body(graph: str, i: int) -> dict:
+    if graph == "image":
+        return {"prompt": "a small red kite", "size": "64x64", "num_inference_steps": 2, "seed": i}
+    return {
+        "model": "qwen3-omni",
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What did I say?"},
+            {"type": "input_audio", "input_audio": {"data": SPOKEN, "format": "wav"}},
+        ]}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "ethan", "format": "wav"},
+        "max_tokens": 8,
+        "seed": i,
+        "stage_overrides": {"talker": {"max_tokens": 16, "seed": i}},
+    }  # fmt: skip
+
+
+def _spoken_question() -> str:
+    """Half a second of a 440 Hz tone at 16 kHz, as a base64 WAV."""
+    import base64
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    buffer = io.BytesIO()
+    t = np.arange(8000) / 16000
+    sf.write(buffer, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000, format="WAV")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+SPOKEN = _spoken_question()
 
 
 def serve_processes() -> dict[str, psutil.Process]:
@@ -57,7 +97,7 @@ def memory_mb(processes: dict[str, psutil.Process]) -> dict[str, dict[str, float
     return out
 
 
-async def send(n: int, concurrency: int) -> dict:
+async def send(graph: str, n: int, concurrency: int) -> dict:
     statuses: dict[str, int] = {}
     latencies: list[float] = []
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -69,7 +109,7 @@ async def send(n: int, concurrency: int) -> dict:
             i = queue.get_nowait()
             t0 = time.monotonic()
             try:
-                r = await client.post(f"{URL}/v1/images/generations", json={**BODY, "seed": i})
+                r = await client.post(URL + GRAPHS[graph][2], json=request_body(graph, i))
                 key = str(r.status_code)
             except httpx.HTTPError as exc:
                 key = type(exc).__name__
@@ -95,21 +135,22 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--target", default="graphs.qwen_image:build_app")
-    parser.add_argument(
-        "--pipeline-config", default="load_tests/configs/qwen_image_soak_pipeline.yaml"
-    )
+    parser.add_argument("--graph", choices=sorted(GRAPHS), default="image")
+    parser.add_argument("--target", help="graph builder (default: the --graph's)")
+    parser.add_argument("--pipeline-config", help="pipeline config (default: the --graph's)")
     args = parser.parse_args()
+    args.target = args.target or GRAPHS[args.graph][0]
+    args.pipeline_config = args.pipeline_config or GRAPHS[args.graph][1]
     builder_args = (f"pipeline_config={args.pipeline_config}",) if args.pipeline_config else ()
     server = ServeProcess(args.target, URL, builder_args)
     server.start()
     try:
-        warmup = asyncio.run(send(args.warmup, args.concurrency))
+        warmup = asyncio.run(send(args.graph, args.warmup, args.concurrency))
         processes = serve_processes()
         time.sleep(2)  # the last consumers hand their segments back
         before = memory_mb(processes)
         leaks_before = {"shm": shm_usage().as_dict(), "object_store": object_store_usage()}
-        run = asyncio.run(send(args.requests, args.concurrency))
+        run = asyncio.run(send(args.graph, args.requests, args.concurrency))
         time.sleep(2)
         after = memory_mb(processes)
         leaks_after = {"shm": shm_usage().as_dict(), "object_store": object_store_usage()}
@@ -135,7 +176,8 @@ def main() -> None:
         "at_end": leaks_after,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "soak.json").write_text(json.dumps(summary, indent=1))
+    name = "soak.json" if args.graph == "image" else f"soak_{args.graph}.json"
+    (RESULTS / name).write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
 
 
