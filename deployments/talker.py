@@ -20,7 +20,7 @@ from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_em
 from omni_serve.models.qwen3_omni.speech_session import given_reply, speak
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
-from omni_serve.transport import take
+from omni_serve.transport import release, take
 
 # transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
@@ -61,7 +61,7 @@ class TalkerDeployment:
         if request.get("reply_ids"):
             chunks = given_reply(chunks, request["reply_ids"])
         async for event in speak(chunks, self.engine, self.builder, request, sampling,
-                                 take):  # fmt: skip
+                                 take, drop_rows=release):  # fmt: skip
             yield event
 
     async def ready(self) -> bool:

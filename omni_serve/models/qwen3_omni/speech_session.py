@@ -30,11 +30,15 @@ async def speak(
     request: dict[str, Any],
     sampling: Callable[[int], SamplingConfig],
     resolve_rows: Callable[[Any], Awaitable[dict[int, torch.Tensor]]],
+    *,
+    drop_rows: Callable[[Any], None],
 ) -> AsyncIterator[dict[str, Any]]:
     """Yields Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``).
 
     ``sampling(prompt_len)`` gives the Talker's sampling; ``resolve_rows`` turns the Thinker's
-    prompt-rows reference into ``{layer: [T, H]}``.
+    prompt-rows reference into ``{layer: [T, H]}`` (and owns it from then on); ``drop_rows``
+    hands back a reference the Talker never got to (the reply ended, failed or was cancelled
+    before its first token), which would otherwise hold its buffer until the channel's lease.
     """
     out: asyncio.Queue = asyncio.Queue()
     request_id = request["request_id"]
@@ -52,6 +56,7 @@ async def speak(
     async def run_thinker() -> None:
         talker_task = None
         prompt_ids, rows, tokens, pending = request["prompt_ids"], None, [], None
+        handed = False
         try:
             async for chunk in thinker_chunks:
                 await out.put({"kind": "text", **chunk})
@@ -65,6 +70,7 @@ async def speak(
                         engine.feed(request_id, builder.trailing_row(pending, is_last=False))
                     pending = token
                 if talker_task is None and tokens and rows is not None:
+                    handed = True
                     talker_task = await _start_talker(prompt_ids, rows, tokens)
                     for token in tokens[1:]:  # tokens that arrived with the first chunk
                         if pending is not None:
@@ -73,6 +79,8 @@ async def speak(
         except Exception as exc:
             await out.put(exc)
         finally:
+            if rows is not None and not handed:
+                drop_rows(rows)
             if talker_task is not None:
                 if pending is not None:
                     engine.feed(request_id, builder.trailing_row(pending, is_last=True))

@@ -61,6 +61,10 @@ async def identity(rows):
     return rows
 
 
+def kept(rows):
+    raise AssertionError("rows the Talker resolved must not be dropped")
+
+
 @pytest.mark.parametrize(
     ("kind", "sizes", "empty_final"),
     [
@@ -79,7 +83,7 @@ async def test_codes_match_transformers(talker_parts, reference_runs, kind, size
         e
         async for e in speak(
             thinker_stream(run, sizes, delay=0.002, empty_final=empty_final), engine,
-            talker_parts[1], session_request(run), greedy, identity,
+            talker_parts[1], session_request(run), greedy, identity, drop_rows=kept,
         )
     ]  # fmt: skip
     await engine.shutdown()
@@ -97,7 +101,7 @@ async def test_talker_starts_before_the_thinker_finishes(talker_parts, reference
         e["kind"]
         async for e in speak(
             thinker_stream(run, [1] * 64, delay=0.05), engine, talker_parts[1],
-            session_request(run), greedy, identity,
+            session_request(run), greedy, identity, drop_rows=kept,
         )
     ]  # fmt: skip
     await engine.shutdown()
@@ -112,7 +116,7 @@ async def test_closing_the_stream_cancels_both_sides(talker_parts, reference_run
     await engine.start()
     stream = speak(
         thinker_stream(run, [1] * 64, delay=0.05), engine, talker_parts[1],
-        session_request(run), greedy, identity,
+        session_request(run), greedy, identity, drop_rows=kept,
     )  # fmt: skip
     async for event in stream:
         if event["kind"] == "codes":
@@ -135,9 +139,41 @@ async def test_given_reply_speaks_exactly_those_tokens(talker_parts, reference_r
         e
         async for e in speak(
             given_reply(prefill_only, run.generated), engine, talker_parts[1],
-            session_request(run), greedy, identity,
+            session_request(run), greedy, identity, drop_rows=kept,
         )
     ]  # fmt: skip
     await engine.shutdown()
     codes = torch.stack([e["codes"] for e in events if e["kind"] == "codes"], dim=1)
     assert torch.equal(codes, run.codes)
+
+
+async def _rows_then(then: str):
+    """A Thinker that sends its prompt rows (no token yet), then fails or stalls."""
+    yield {"token_ids": [], "text": "", "finished": False, "finish_reason": None,
+           "num_prompt_tokens": 3, "prompt_token_ids": [1, 2, 3],
+           "prompt_rows": "rows-ref"}  # fmt: skip
+    if then == "fail":
+        raise RuntimeError("thinker replica died")
+    await asyncio.sleep(60)
+
+
+@pytest.mark.parametrize("then", ["fail", "cancelled"])
+async def test_rows_the_talker_never_got_are_dropped(talker_parts, then):
+    engine = new_engine(talker_parts)
+    await engine.start()
+    dropped = []
+    stream = speak(
+        _rows_then(then), engine, talker_parts[1], {"request_id": "r", "prompt_ids": [1, 2, 3],
+        "voice": SPEAKER}, greedy, identity, drop_rows=dropped.append,
+    )  # fmt: skip
+    first = await stream.__anext__()
+    assert first["kind"] == "text"
+    if then == "fail":
+        with pytest.raises(RuntimeError, match="died"):
+            await stream.__anext__()
+    else:
+        assert not dropped  # still waiting for the first token
+        await stream.aclose()  # the client went away before it came
+    await asyncio.sleep(0.01)
+    assert dropped == ["rows-ref"]
+    await engine.shutdown()
