@@ -28,17 +28,20 @@ def main() -> None:
     parser.add_argument("batch", type=int, nargs="?", default=16)
     parser.add_argument("--prof", action="store_true")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     torch.set_num_threads(1)
     path = ensure_model("small-qwen3-omni")
-    talker, config = load_talker(path)
+    talker, config = load_talker(path, dtype=dtype)
     builder = TalkerInputBuilder(talker, config, load_thinker_embeddings(path))
     runner = TalkerRunner(talker, builder.tts_pad, max_batch_size=16, max_len=4096)
     hidden = builder.tts_pad.shape[-1]
     sampling = SamplingConfig(temperature=0.9, top_k=50)
     states = []
     for i in range(args.batch):
-        request = ARRequest(str(i), prompt_embeds=torch.randn(40 + i, hidden), sampling=sampling,
+        embeds = torch.randn(40 + i, hidden, dtype=dtype)
+        request = ARRequest(str(i), prompt_embeds=embeds, sampling=sampling,
                             extra={"text_done": True})  # fmt: skip
         state = runner.new_state(request)
         runner.prefill(state)
