@@ -47,3 +47,46 @@ def payload_spec(payload: Payload) -> tuple[int, dict[str, tuple[str, tuple[int,
     tensors = payload if isinstance(payload, dict) else {"": payload}
     spec = {str(k): (str(t.dtype), tuple(t.shape)) for k, t in tensors.items()}
     return sum(t.numel() * t.element_size() for t in tensors.values()), spec
+
+
+ALIGN = 64  # bytes; every tensor (and the data after a header) starts on a cache line
+
+
+def named_tensors(payload: Payload) -> tuple[dict[str, torch.Tensor], list[Any] | None]:
+    """The payload's tensors under string keys, and its own keys (None: a bare tensor)."""
+    if isinstance(payload, dict):
+        return {str(k): t for k, t in payload.items()}, list(payload)
+    return {"": payload}, None
+
+
+def layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, tuple[int, int]], int]:
+    """(offset, nbytes) per tensor in one flat buffer, after an ALIGN-byte header; its size."""
+    offsets, end = {}, ALIGN
+    for key, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        offsets[key] = (end, nbytes)
+        end += -(-nbytes // ALIGN) * ALIGN
+    return offsets, end
+
+
+def pack(tensors: dict[str, torch.Tensor], offsets: dict[str, tuple[int, int]],
+         buffer: torch.Tensor) -> None:  # fmt: skip
+    """Copy the tensors' bytes into ``buffer`` (uint8) at their offsets."""
+    for key, t in tensors.items():
+        start, length = offsets[key]
+        if length:
+            raw = t.detach().to(buffer.device).contiguous().reshape(-1).view(torch.uint8)
+            buffer[start : start + length].copy_(raw)
+
+
+def unpack(raw: torch.Tensor, ref: TensorRef, offsets: dict[str, tuple[int, int]],
+           keys: list[Any] | None) -> Payload:  # fmt: skip
+    """The payload as tensors that VIEW ``raw`` (uint8), laid out by ``layout``."""
+    tensors = {}
+    for name, (dtype, shape) in ref.spec.items():
+        start, length = offsets[name]
+        dt = getattr(torch, dtype.removeprefix("torch."))
+        tensors[name] = raw[start : start + length].view(dt).reshape(shape)
+    if keys is None:
+        return tensors[""]
+    return {k: tensors[str(k)] for k in keys}

@@ -40,9 +40,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_serve.transport.base import ChannelError, Payload, TensorRef, payload_spec
+from omni_serve.transport.base import (
+    ALIGN,
+    ChannelError,
+    Payload,
+    TensorRef,
+    layout,
+    named_tensors,
+    pack,
+    payload_spec,
+    unpack,
+)
 
-ALIGN = 64
 HEADER = struct.Struct("<QQ")  # generation, state
 FREE, IN_USE = 0, 1
 LEASE_S = 600.0  # a buffer in use for longer than this has lost its consumer
@@ -84,15 +93,6 @@ class _Buffer:
         self.state, self.since = state, time.time()
         header = torch.tensor([self.generation, state], dtype=torch.int64)  # = HEADER on x86
         self.memory[: HEADER.size].copy_(header.view(torch.uint8))
-
-
-def _layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, tuple[int, int]], int]:
-    offsets, end = {}, ALIGN
-    for key, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        offsets[key] = (end, nbytes)
-        end += -(-nbytes // ALIGN) * ALIGN
-    return offsets, end
 
 
 def _mem_type(device: torch.device) -> tuple[str, int]:
@@ -331,37 +331,24 @@ class DirectChannel:
 
     def put(self, payload: Payload) -> TensorRef:
         nbytes, spec = payload_spec(payload)
-        is_dict = isinstance(payload, dict)
-        tensors = {str(k): t for k, t in (payload.items() if is_dict else [("", payload)])}
+        tensors, keys = named_tensors(payload)
         on_gpu = [t.device for t in tensors.values() if t.device.type == "cuda"]
         device = on_gpu[0] if on_gpu else torch.device("cpu")
-        offsets, needed = _layout(tensors)
+        offsets, needed = layout(tensors)
         owner = endpoint()
         buffer = owner.acquire(needed, device)
-        for key, t in tensors.items():
-            start, length = offsets[key]
-            if length:
-                raw = t.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
-                buffer.memory[start : start + length].copy_(raw)
+        pack(tensors, offsets, buffer.memory)
         mem_type, device_id = _mem_type(device)
         where = _Where(
             owner.name, owner.metadata, owner.metadata_version, buffer.index,
-            buffer.memory.data_ptr(), mem_type, device_id, buffer.generation, needed, offsets,
-            list(payload) if is_dict else None,
+            buffer.memory.data_ptr(), mem_type, device_id, buffer.generation, needed, offsets, keys,
         )  # fmt: skip
         return TensorRef(self.name, f"{owner.name}/{buffer.index}", nbytes, spec, handle=where)
 
     async def get(self, ref: TensorRef) -> Payload:
         where: _Where = ref.handle
         memory = await asyncio.to_thread(endpoint().read, where, _consumer_device(where))
-        tensors = {}
-        for name, (dtype, shape) in ref.spec.items():
-            start, length = where.offsets[name]
-            dt = getattr(torch, dtype.removeprefix("torch."))
-            tensors[name] = memory[start : start + length].view(dt).reshape(shape)
-        if where.keys is None:
-            return tensors[""]
-        return {k: tensors[str(k)] for k in where.keys}
+        return unpack(memory, ref, where.offsets, where.keys)
 
     def free(self, ref: TensorRef) -> None:
         endpoint().hand_back(ref.handle)

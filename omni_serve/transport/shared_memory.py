@@ -39,27 +39,25 @@ from pathlib import Path
 
 import torch
 
-from omni_serve.transport.base import ChannelError, Payload, TensorRef, payload_spec
+from omni_serve.transport.base import (
+    ChannelError,
+    Payload,
+    TensorRef,
+    layout,
+    named_tensors,
+    pack,
+    payload_spec,
+    unpack,
+)
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "omni-shm-"
-ALIGN = 64  # bytes; every tensor (and the data after the header) starts on a cache line
 HEADER = struct.Struct("<QQd")  # generation, state, time of the put
 FREE, IN_USE, READ = 0, 1, 2  # READ: a consumer has mapped it (and will hand it back)
 LEASE_S = 600.0  # a segment in use for longer than this has lost its consumer
 SWEEP_EVERY_S = 30.0
 POOL_BYTES = int(os.environ.get("OMNI_SHM_POOL_BYTES", 2 << 30))
 MIN_SEGMENT = 1 << 20
-
-
-def _layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, tuple[int, int]], int]:
-    """(offset, nbytes) per tensor, data starting after the header; the bytes needed."""
-    offsets, end = {}, ALIGN
-    for key, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        offsets[key] = (end, nbytes)
-        end += -(-nbytes // ALIGN) * ALIGN
-    return offsets, end
 
 
 def _pid_alive(pid: int) -> bool:
@@ -242,21 +240,13 @@ class SharedMemoryChannel:
 
     def put(self, payload: Payload) -> TensorRef:
         nbytes, spec = payload_spec(payload)
-        is_dict = isinstance(payload, dict)
-        tensors = {str(k): t for k, t in (payload.items() if is_dict else [("", payload)])}
-        offsets, needed = _layout(tensors)
+        tensors, keys = named_tensors(payload)
+        offsets, needed = layout(tensors)
         segment, pooled = _pool.acquire(needed)
-        buffer = torch.frombuffer(segment.view, dtype=torch.uint8)
-        for key, t in tensors.items():
-            start, length = offsets[key]
-            if length:
-                raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-                buffer[start : start + length].copy_(raw)
-        del buffer
+        pack(tensors, offsets, torch.frombuffer(segment.view, dtype=torch.uint8))
         generation = segment.claim()
         if not pooled:
             segment.view.close()
-        keys = list(payload) if is_dict else None
         handle = (socket.gethostname(), generation, segment.size, offsets, keys, pooled)
         return TensorRef(self.name, segment.name, nbytes, spec, handle=handle)
 
@@ -281,18 +271,8 @@ class SharedMemoryChannel:
         key = (ref.key, generation)
         _live_views[key] = _live_views.get(key, 0) + 1
         weakref.finalize(view, _views_gone, key, path, pooled)
-        tensors = {}
-        for name, (dtype, shape) in ref.spec.items():
-            start, length = offsets[name]
-            dt = getattr(torch, dtype.removeprefix("torch."))
-            if length == 0:
-                tensors[name] = torch.empty(shape, dtype=dt)
-                continue
-            raw = torch.frombuffer(view, dtype=torch.uint8, count=length, offset=start)
-            tensors[name] = raw.view(dt).reshape(shape)
-        if keys is None:
-            return tensors[""]
-        return {k: tensors[str(k)] for k in keys}
+        # Every tensor views the one mapping, which lives until the last of them dies.
+        return unpack(torch.frombuffer(view, dtype=torch.uint8), ref, offsets, keys)
 
     def free(self, ref: TensorRef) -> None:
         """Done with ``ref``: its segment is released now, or when this process's tensors

@@ -150,7 +150,8 @@ async def test_a_ref_from_another_host_is_refused_with_the_fix():
         await channel.get(ref)
 
 
-async def test_a_ref_from_another_process_reads_back_and_its_orphan_is_swept():
+async def test_a_ref_from_another_process_reads_back_and_its_orphan_is_swept(monkeypatch):
+    monkeypatch.setattr(shm, "SWEEP_EVERY_S", float("inf"))  # only the sweep below runs
     code = (
         "import os, pickle, sys, torch; from omni_serve.transport import SharedMemoryChannel;"
         "ref = SharedMemoryChannel().put(torch.arange(1000).view(10, 100).to(torch.bfloat16));"
