@@ -24,6 +24,7 @@ reader's free released it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 import os
 import socket
@@ -109,6 +110,7 @@ class _Landings:
     def __init__(self, agent: Any, lock: threading.RLock) -> None:
         self.agent, self.lock = agent, lock
         self.idle: deque[tuple[mmap.mmap, Any]] = deque()  # appended to by finalizers too
+        self.picking = threading.Lock()
         self.pooled_bytes = 0
 
     def take(self, nbytes: int, device: torch.device) -> tuple[torch.Tensor, Callable[[], None]]:
@@ -130,21 +132,27 @@ class _Landings:
         return memory, deregister
 
     def _idle_fitting(self, nbytes: int) -> tuple[mmap.mmap, Any] | None:
-        fitting = [landing for landing in list(self.idle) if len(landing[0]) >= nbytes]
-        if not fitting:
-            return None
-        landing = min(fitting, key=lambda landing: len(landing[0]))
-        self.idle.remove(landing)
-        return landing
+        # Reads run in worker threads and finalizers append at any time: drain the deque
+        # (popleft and append are atomic; iterating it while it changes is not).
+        with self.picking:
+            idle = []
+            with contextlib.suppress(IndexError):
+                while True:
+                    idle.append(self.idle.popleft())
+            fitting = [landing for landing in idle if len(landing[0]) >= nbytes]
+            chosen = min(fitting, key=lambda landing: len(landing[0])) if fitting else None
+            self.idle.extend(landing for landing in idle if landing is not chosen)
+            return chosen
 
     def _new(self, nbytes: int) -> tuple[mmap.mmap, Any] | None:
         size = max(MIN_BUFFER, 1 << (nbytes - 1).bit_length())
-        if self.pooled_bytes + size > POOL_BYTES:
-            return None  # over budget: a one-read buffer instead
+        with self.picking:
+            if self.pooled_bytes + size > POOL_BYTES:
+                return None  # over budget: a one-read buffer instead
+            self.pooled_bytes += size
         memory = mmap.mmap(-1, size)
         with self.lock:
             registration = self.agent.register_memory([torch.frombuffer(memory, dtype=torch.uint8)])
-        self.pooled_bytes += size
         return memory, registration
 
 

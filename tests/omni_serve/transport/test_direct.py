@@ -108,6 +108,15 @@ async def test_a_payload_from_here_is_read_by_another_process_and_handed_back(pe
         await asyncio.sleep(0.02)
 
 
+async def test_concurrent_reads_land_in_separate_buffers(peer):
+    """Reads run in worker threads; each must get a landing buffer of its own."""
+    refs = [peer("put", torch.full((1 << 18,), float(i))) for i in range(8)]
+    got = await asyncio.gather(*(take(ref) for ref in refs))
+    for i, tensor in enumerate(got):
+        assert torch.equal(tensor, torch.full((1 << 18,), float(i))), i
+    assert peer.wait_in_use(0) == 0
+
+
 async def test_a_stale_ref_reads_as_freed_never_as_the_next_payload(peer):
     ref = peer("put", torch.zeros(1 << 18))
     await take(ref)
