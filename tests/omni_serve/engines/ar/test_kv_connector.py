@@ -1,0 +1,108 @@
+"""The KV connector's scheduler side, step by step (what two real engines do not easily show:
+chunked prefill, a request that ends early, exports that come back after the finish)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+
+from omni_serve.engines.ar.kv_connector import (  # noqa: E402
+    ChannelKVConnector,
+    ChannelKVWorkerMetadata,
+)
+from omni_serve.transport import make_channel  # noqa: E402
+from omni_serve.transport.kv_blocks import KVPrefix  # noqa: E402
+
+BLOCK = 4
+
+
+@pytest.fixture
+def connector():
+    transfer = NS(get_from_extra_config=lambda key, default: default, is_kv_producer=True)
+    config = NS(kv_transfer_config=transfer, cache_config=NS(block_size=BLOCK))
+    return ChannelKVConnector(config, KVConnectorRole.SCHEDULER, NS(num_blocks=32))
+
+
+def request(req_id: str, prompt: list[int], params: dict | None) -> NS:
+    return NS(request_id=req_id, prompt_token_ids=prompt, kv_transfer_params=params,
+              mm_features=[])  # fmt: skip
+
+
+def step(new=(), cached=(), scheduled=None) -> NS:
+    """A SchedulerOutput: ``new`` as (req_id, block_ids, computed), ``cached`` as
+    (req_id, new_block_ids, computed)."""
+    return NS(
+        scheduled_new_reqs=[NS(req_id=r, block_ids=(b,), num_computed_tokens=c) for r, b, c in new],
+        scheduled_cached_reqs=NS(
+            req_ids=[r for r, _, _ in cached], resumed_req_ids=set(),
+            new_block_ids=[(b,) if b is not None else None for _, b, _ in cached],
+            num_computed_tokens=[c for _, _, c in cached],
+        ),
+        num_scheduled_tokens=scheduled or {},
+    )  # fmt: skip
+
+
+def test_a_chunked_prefill_exports_once_its_last_chunk_is_scheduled(connector):
+    req = request("a", list(range(10)), {"omni_kv_export": True})
+    connector.on_new_request(req)
+    first = connector.build_connector_meta(step(new=[("a", [7, 3], 0)], scheduled={"a": 8}))
+    assert first.exports == []  # 8 of 10 prompt tokens: not done
+    last = connector.build_connector_meta(step(cached=[("a", [9], 8)], scheduled={"a": 2}))
+    (export,) = last.exports
+    assert export.block_ids == [7, 3]  # the two whole blocks; the partial third stays
+    assert export.token_ids == list(range(10))
+    nothing = connector.build_connector_meta(step(cached=[("a", None, 10)], scheduled={"a": 1}))
+    assert nothing.exports == []  # exported once
+
+
+def test_params_handed_out_before_the_export_returns_are_filled_in_place(connector):
+    req = request("a", list(range(8)), {"omni_kv_export": True})
+    connector.on_new_request(req)
+    connector.build_connector_meta(step(new=[("a", [1, 2], 0)], scheduled={"a": 8}))
+    _, params = connector.request_finished(req, [1, 2])  # finished in its prefill step
+    assert params == {}
+    connector.update_connector_output(NS(kv_connector_worker_meta=ChannelKVWorkerMetadata(
+        {"a": "encoded"})))  # fmt: skip
+    assert params == {"omni_kv": "encoded"}
+
+
+def test_an_export_back_before_the_finish_goes_out_with_it(connector):
+    req = request("a", list(range(8)), {"omni_kv_export": True})
+    connector.on_new_request(req)
+    connector.build_connector_meta(step(new=[("a", [1, 2], 0)], scheduled={"a": 8}))
+    connector.update_connector_output(NS(kv_connector_worker_meta=ChannelKVWorkerMetadata(
+        {"a": ""})))  # fmt: skip  # "" = the worker could not export
+    assert connector.request_finished(req, [1, 2]) == (False, {"omni_kv": None})
+
+
+def test_a_request_that_ends_before_its_prefill_exports_nothing(connector):
+    req = request("a", list(range(8)), {"omni_kv_export": True})
+    connector.on_new_request(req)
+    connector.build_connector_meta(step(new=[("a", [1, 2], 0)], scheduled={"a": 4}))
+    assert connector.request_finished(req, [1, 2]) == (False, {"omni_kv": None})
+    assert not connector._wanted and not connector._block_ids
+
+
+def test_an_import_loads_only_what_the_local_cache_lacks(connector):
+    prefix = KVPrefix(list(range(12)), BLOCK, make_channel("inline").put(torch.zeros(1)))
+    req = request("b", [*range(12), 50, 51], {"omni_kv": prefix.encode()})
+    assert connector.get_num_new_matched_tokens(req, 4) == (8, False)  # block 0 hit locally
+    connector.update_state_after_alloc(req, None, 8)
+    meta = connector.build_connector_meta(step(new=[("b", [5, 6, 7, 8], 4)], scheduled={"b": 2}))
+    (load,) = meta.loads
+    assert (load.block_ids, load.first) == ([6, 7], 1)
+
+
+def test_no_import_for_another_block_size_or_a_covered_prefix(connector):
+    other = KVPrefix(list(range(16)), 8, make_channel("inline").put(torch.zeros(1)))
+    req = request("c", list(range(20)), {"omni_kv": other.encode()})
+    assert connector.get_num_new_matched_tokens(req, 0) == (0, False)
+    same = KVPrefix(list(range(8)), BLOCK, make_channel("inline").put(torch.zeros(1)))
+    req = request("d", list(range(20)), {"omni_kv": same.encode()})
+    assert connector.get_num_new_matched_tokens(req, 8) == (0, False)  # all local already
