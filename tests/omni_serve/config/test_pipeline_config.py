@@ -36,6 +36,11 @@ def minimal(**overrides) -> dict:
     return data
 
 
+def one_stage(name: str, stage_kind: str, /, **engine) -> dict:
+    """A pipeline of one stage with the given engine fields (``kind=`` is the engine's)."""
+    return minimal(stages=[{"name": name, "kind": stage_kind, "engine": engine}])
+
+
 def test_defaults_fill_in():
     config = parse_pipeline_config(minimal())
     stage = config.stage("thinker")
@@ -61,91 +66,40 @@ def test_defaults_fill_in():
             "edges[0].target: unknown stage 'talker'",
         ),
         (
-            minimal(
-                stages=[
-                    {
-                        "name": "t",
-                        "kind": "thinker",
-                        "engine": {"kind": "vllm", "parallel": {"ulysses_degree": 2}},
-                    }
-                ]
-            ),
+            one_stage("t", "thinker", kind="vllm", parallel={"ulysses_degree": 2}),
             "<root>",
             "engine.parallel is for DiT stages only",
         ),
         (
-            minimal(
-                stages=[
-                    {
-                        "name": "d",
-                        "kind": "dit",
-                        "engine": {
-                            "kind": "diffusers",
-                            "parallel": {"cfg_degree": 2},
-                            "step_cache": {"enabled": True},
-                        },
-                    }
-                ]
+            one_stage(
+                "d",
+                "dit",
+                kind="diffusers",
+                parallel={"cfg_degree": 2},
+                step_cache={"enabled": True},
             ),
             "stages.0.engine",
             "step_cache and parallel cannot be combined",
         ),
         (
-            minimal(
-                stages=[
-                    {
-                        "name": "d",
-                        "kind": "dit",
-                        "engine": {"kind": "diffusers", "parallel": {"cfg_degree": 3}},
-                    }
-                ]
-            ),
+            one_stage("d", "dit", kind="diffusers", parallel={"cfg_degree": 3}),
             "stages.0.engine.parallel.cfg_degree",
             "Input should be 1 or 2",
         ),
         (
-            minimal(
-                stages=[
-                    {
-                        "name": "d",
-                        "kind": "dit",
-                        "engine": {
-                            "kind": "diffusers",
-                            "parallel": {"ulysses_degree": 2, "cpu_cores": [[0]]},
-                        },
-                    }
-                ]
+            one_stage(
+                "d", "dit", kind="diffusers", parallel={"ulysses_degree": 2, "cpu_cores": [[0]]}
             ),
             "stages.0.engine.parallel",
             "cpu_cores has 1 lists for 2 workers",
         ),
         (
-            minimal(
-                stages=[
-                    {
-                        "name": "d",
-                        "kind": "dit",
-                        "engine": {
-                            "kind": "diffusers",
-                            "batching": "step",
-                            "step_cache": {"enabled": True},
-                        },
-                    }
-                ]
-            ),
+            one_stage("d", "dit", kind="diffusers", batching="step", step_cache={"enabled": True}),
             "stages.0.engine",
             "batching 'step' cannot be combined with step_cache or parallel",
         ),
         (
-            minimal(
-                stages=[
-                    {
-                        "name": "v",
-                        "kind": "vae",
-                        "engine": {"kind": "diffusers", "batching": "step"},
-                    }
-                ]
-            ),
+            one_stage("v", "vae", kind="diffusers", batching="step"),
             "<root>",
             "engine.batching is for DiT stages only",
         ),
