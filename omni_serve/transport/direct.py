@@ -229,9 +229,12 @@ class _Endpoint:
                 busy = any(b.state == IN_USE for b in self.buffers.values())
             for messages in notifications.values():
                 for message in messages:
-                    verb, index, generation = message.decode().split(":")
-                    if verb == "free":
-                        self.release(int(index), int(generation))
+                    try:
+                        verb, index, generation = message.decode().split(":")
+                        if verb == "free":
+                            self.release(int(index), int(generation))
+                    except ValueError:  # not ours: one bad message must not stop the loop
+                        continue
             self.wake.wait(POLL_BUSY_S if busy else POLL_IDLE_S)
             self.wake.clear()
 

@@ -134,6 +134,17 @@ async def test_a_stale_ref_reads_as_freed_never_as_the_next_payload(peer):
         other.close()
 
 
+async def test_a_stray_notification_does_not_stop_the_owner_freeing(peer):
+    ref = peer("put", torch.ones(1 << 18))
+    here = direct_module.endpoint()
+    with here.lock:
+        here._load(ref.handle)
+        here.agent.send_notif(ref.handle.agent, b"not:a-number:x")
+        here.agent.send_notif(ref.handle.agent, b"hello")
+    await take(ref)
+    assert peer.wait_in_use(0) == 0
+
+
 async def test_abandon_by_the_caller_frees_an_unread_payload(peer):
     ref = peer("put", torch.ones(1 << 18))
     DirectChannel().abandon(ref)  # this process only carried it
