@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import pickle
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +128,12 @@ class ChannelKVConnector(KVConnectorBase_V1):
         encoded = (request.kv_transfer_params or {}).get(PREFIX_KEY)
         if not encoded or not request.prompt_token_ids:
             return 0, False
-        prefix = KVPrefix.decode(encoded)
+        try:
+            prefix = KVPrefix.decode(encoded)
+        except (ValueError, TypeError, EOFError, AttributeError, pickle.UnpicklingError) as exc:
+            # The scheduler must not die for one request's bad params: it computes instead.
+            logger.warning("KV prefix of %s unreadable (%s): not loaded", request.request_id, exc)
+            return 0, False
         if prefix.block_size != self.block_size:
             logger.warning("KV prefix of block size %d, engine uses %d: not loaded",
                            prefix.block_size, self.block_size)  # fmt: skip

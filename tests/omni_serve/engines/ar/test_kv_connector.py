@@ -106,3 +106,9 @@ def test_no_import_for_another_block_size_or_a_covered_prefix(connector):
     same = KVPrefix(list(range(8)), BLOCK, make_channel("inline").put(torch.zeros(1)))
     req = request("d", list(range(20)), {"omni_kv": same.encode()})
     assert connector.get_num_new_matched_tokens(req, 8) == (0, False)  # all local already
+
+
+@pytest.mark.parametrize("bad", ["not base64!", "aGVsbG8=", 42])
+def test_unreadable_prefix_params_compute_instead_of_failing_the_scheduler(connector, bad):
+    req = request("e", list(range(20)), {"omni_kv": bad})
+    assert connector.get_num_new_matched_tokens(req, 0) == (0, False)
