@@ -398,7 +398,7 @@ class Ingress:
                     result = event.result
                     audio_s = len(result.audio) / SAMPLE_RATE if result.audio is not None else 0
                     self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
-                    yield writer.finish(result.finish_reason)
+                    yield writer.finish(result.finish_reason, result.timings)
                     if body.stream_options and body.stream_options.include_usage:
                         yield writer.usage(usage_dict(result.prompt_tokens, len(result.token_ids)))
             self.metrics.requests.labels("ok").inc()

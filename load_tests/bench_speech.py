@@ -47,6 +47,7 @@ def summarize(level: dict) -> dict:
     ttfp = sorted(r["ttfp_s"] for r in records if r["ttfp_s"] is not None)
     e2e = sorted(r["e2e_s"] for r in records)
     audio = sum(r["audio_s"] for r in records)
+    timings = [r.get("timings", {}) for r in records]  # the baseline's records have none
 
     def pct(values: list[float], q: float) -> float | None:
         return values[min(len(values) - 1, int(q * len(values)))] if values else None
@@ -63,6 +64,11 @@ def summarize(level: dict) -> dict:
         else None,
         "audio_s_per_wall_s": audio / level["wall_s"] if level["wall_s"] else 0.0,
         "wall_s": level["wall_s"],
+        # where the time goes, as the server saw it (p50 of each of its timings)
+        "server_timings_p50": {
+            key: statistics.median(t[key] for t in timings if key in t)
+            for key in sorted({k for t in timings for k in t})
+        },
     }
 
 

@@ -9,7 +9,7 @@ import asyncio
 import base64
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import httpx
 
@@ -23,6 +23,8 @@ class RequestRecord:
     e2e_s: float
     audio_s: float
     error: str = ""
+    # the server's own per-request timings (seconds from its start), off the finish chunk
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def speech_body(prompt: str, text_tokens: int, frames: int, seed: int) -> dict:
@@ -41,7 +43,7 @@ def speech_body(prompt: str, text_tokens: int, frames: int, seed: int) -> dict:
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> RequestRecord:
     start = time.perf_counter()
-    ttfp, pcm_bytes = None, 0
+    ttfp, pcm_bytes, timings = None, 0, {}
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
@@ -54,6 +56,7 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reques
                 if "error" in event:
                     return RequestRecord(False, ttfp, time.perf_counter() - start, 0,
                                          event["error"]["message"][:200])  # fmt: skip
+                timings = event.get("timings", timings)
                 for choice in event.get("choices", []):
                     audio = choice["delta"].get("audio")
                     if audio:
@@ -62,7 +65,7 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reques
     except httpx.HTTPError as exc:
         return RequestRecord(False, ttfp, time.perf_counter() - start, 0, repr(exc)[:200])
     audio_s = pcm_bytes / 2 / SAMPLE_RATE
-    return RequestRecord(True, ttfp, time.perf_counter() - start, audio_s)
+    return RequestRecord(True, ttfp, time.perf_counter() - start, audio_s, timings=timings)
 
 
 async def run_level(url: str, prompts: list[str], concurrency: int, requests: int,

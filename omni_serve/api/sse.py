@@ -50,8 +50,13 @@ class ChunkWriter:
                  "expires_at": self.created + 3600, "transcript": transcript}  # fmt: skip
         return sse(self._chunk({"audio": audio}))
 
-    def finish(self, reason: str) -> str:
-        return sse(self._chunk({}, finish_reason=reason))
+    def finish(self, reason: str, timings: dict[str, float] | None = None) -> str:
+        """The chunk with ``finish_reason``; it also carries the request's ``timings`` (an
+        extension field OpenAI clients ignore): a streaming client has no response body."""
+        chunk = self._chunk({}, finish_reason=reason)
+        if timings is not None:
+            chunk["timings"] = timings
+        return sse(chunk)
 
     def usage(self, usage: dict[str, int]) -> str:
         chunk = self._chunk({})

@@ -182,7 +182,11 @@ def test_streaming_concatenates_to_the_non_streamed_response(served):
     audio_chunks = [c for c in chunks if c["choices"] and "audio" in c["choices"][0]["delta"]]
     assert len(audio_chunks) > 1  # audio arrives in pieces, the first one small
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 10
-    assert any(c["choices"] and c["choices"][0]["finish_reason"] for c in chunks)
+    finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finish) == 1
+    timings = finish[0]["timings"]  # a streaming client's per-request timing
+    assert 0 < timings["first_audio_s"] <= timings["total_s"]
+    assert timings["rtf"] == pytest.approx(timings["total_s"] / (len(streamed) / 24000))
 
 
 def test_openai_client_streams(client):

@@ -138,6 +138,7 @@ async def stream_chat(
     async for event in events:
         if event.get("kind", "text") == "codes":
             timings.setdefault("first_frame_s", time.perf_counter() - start)
+            timings["last_frame_s"] = time.perf_counter() - start  # the Talker's end
             jobs = planner.push(event["codes"][:, None])
             pieces = await clients.code2wav(jobs) if jobs else []
         else:
