@@ -68,9 +68,4 @@ class TalkerDeployment:
         return True
 
     def stats(self) -> dict[str, Any]:
-        sizes = self.engine.batch_sizes
-        return {
-            "steps": self.engine.steps,
-            "max_batch": max(sizes, default=0),
-            "running": self.engine.num_running,
-        }
+        return {**self.engine.stats.as_dict(), "running": self.engine.num_running}

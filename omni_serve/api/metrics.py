@@ -43,6 +43,12 @@ class ApiMetrics:
         self.stage_steps = Gauge(
             "omni_stage_steps", "Batched steps a stage has run.", ["stage"], registry=r
         )
+        self.stage_busy = Gauge(
+            "omni_stage_busy_seconds",
+            "Seconds a stage's engine has spent per phase (prefill, decode, emit) since it "
+            "started; its rate over wall time is how busy the stage is.",
+            ["stage", "phase"], registry=r,
+        )  # fmt: skip
 
     def observe_result(self, timings: dict[str, float], tokens: int, audio_s: float) -> None:
         for stage in ("first_token", "first_frame", "first_audio", "thinker", "total"):
@@ -64,10 +70,13 @@ class ApiMetrics:
                 continue
             self.observe_stage_stats(name, stats)
 
-    def observe_stage_stats(self, stage: str, stats: dict[str, int]) -> None:
+    def observe_stage_stats(self, stage: str, stats: dict[str, float]) -> None:
         self.stage_queue.labels(stage).set(stats.get("running", 0))
         self.stage_batch.labels(stage).set(stats.get("max_batch", 0))
         self.stage_steps.labels(stage).set(stats.get("steps", 0))
+        for phase in ("prefill", "decode", "emit"):
+            if f"{phase}_s" in stats:
+                self.stage_busy.labels(stage, phase).set(stats[f"{phase}_s"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

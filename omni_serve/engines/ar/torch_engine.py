@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -59,6 +60,24 @@ class StepRunner(Protocol):
 
 
 @dataclass
+class EngineStats:
+    """Where the engine's time goes, for a stage's ``stats()`` and Prometheus: busy seconds
+    per phase against wall time tell how close to saturation the stage runs. Counts and sums
+    only: a long-running engine must not keep one entry per step."""
+
+    steps: int = 0  # decode steps
+    max_batch: int = 0  # the largest decode batch so far
+    decode_rows: int = 0  # rows over all decode steps (/ steps = mean batch)
+    prefills: int = 0
+    prefill_s: float = 0.0  # in the runner's prefill
+    decode_s: float = 0.0  # in the runner's decode
+    emit_s: float = 0.0  # sampling and handing chunks out, on the event loop
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+@dataclass
 class _Sequence:
     request: ARRequest
     state: Any
@@ -80,8 +99,7 @@ class TorchAREngine:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torch-ar")
-        self.steps = 0
-        self.batch_sizes: list[int] = []  # decode batch size of every step (observability)
+        self.stats = EngineStats()
 
     async def start(self) -> None:
         if self._loop_task is None:
@@ -157,22 +175,33 @@ class TorchAREngine:
                 await self._wake.wait()
                 continue
             try:
+                stats = self.stats
                 if pending:
                     seq = pending[0]
+                    start = time.perf_counter()
                     out = await loop.run_in_executor(self._executor, self.runner.prefill, seq.state)
+                    middle = time.perf_counter()
                     seq.prefilled = True
                     self._emit(seq, out)
+                    stats.prefills += 1
+                    stats.prefill_s += middle - start
+                    stats.emit_s += time.perf_counter() - middle
                 if runnable:
                     runnable = [s for s in runnable if s.request.request_id in self._sequences]
                     last = [s.generated[-1] for s in runnable]
                     states = [s.state for s in runnable]
+                    start = time.perf_counter()
                     outs = await loop.run_in_executor(
                         self._executor, self.runner.decode, states, last
                     )
-                    self.steps += 1
-                    self.batch_sizes.append(len(runnable))
+                    middle = time.perf_counter()
                     for seq, out in zip(runnable, outs, strict=True):
                         self._emit(seq, out)
+                    stats.steps += 1
+                    stats.max_batch = max(stats.max_batch, len(runnable))
+                    stats.decode_rows += len(runnable)
+                    stats.decode_s += middle - start
+                    stats.emit_s += time.perf_counter() - middle
             except Exception as exc:  # fail the affected requests, keep the engine alive
                 log.exception("torch engine step failed")
                 for seq in (pending[:1] if pending else []) + runnable:

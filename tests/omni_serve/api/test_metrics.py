@@ -19,3 +19,15 @@ def test_result_timings_become_stage_latencies_and_rtf():
     assert _value(text, 'omni_audio_real_time_factor_bucket{le="0.5"}') == 1
     assert _value(text, 'omni_audio_real_time_factor_bucket{le="0.25"}') == 0
     assert _value(text, "omni_text_tokens_total") == 7
+
+
+def test_stage_stats_become_gauges_with_busy_seconds_per_phase():
+    metrics = ApiMetrics()
+    metrics.observe_stage_stats(
+        "talker", {"steps": 40, "max_batch": 4, "running": 2, "prefill_s": 0.5, "decode_s": 2.25}
+    )
+    text = metrics.render().decode()
+    assert _value(text, 'omni_stage_steps{stage="talker"}') == 40
+    assert _value(text, 'omni_stage_busy_seconds{phase="decode",stage="talker"}') == 2.25
+    assert _value(text, 'omni_stage_busy_seconds{phase="prefill",stage="talker"}') == 0.5
+    assert 'phase="emit"' not in text  # a stage that does not report a phase has no series

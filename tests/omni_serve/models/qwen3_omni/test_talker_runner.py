@@ -63,7 +63,12 @@ async def test_concurrent_requests_batch_and_stay_exact(talker_parts, reference_
     await engine.shutdown()
     for kind, codes in zip(KINDS, results, strict=True):
         assert torch.equal(codes, reference_runs[kind].codes), kind
-    assert max(engine.batch_sizes) == len(KINDS)
+    stats = engine.stats
+    assert stats.max_batch == len(KINDS) and stats.prefills == len(KINDS)
+    # each frame comes from one decode row (the prefill only predicts the first codebook)
+    assert stats.decode_rows == sum(r.shape[1] for r in results)
+    assert stats.steps < stats.decode_rows  # batched: fewer steps than rows
+    assert stats.decode_s > 0 and stats.prefill_s > 0 and stats.emit_s > 0
 
 
 async def test_streamed_text_rows_give_the_same_codes(talker_parts, reference_runs):
