@@ -5,6 +5,11 @@ sub-layers) with a slot KV cache, so that concurrent requests decode in one batc
 step = the code predictor fills codebooks 1..15 for the current frame (batched, in lockstep
 across requests), then the Talker consumes the frame's summed code embeddings plus one
 trailing text row and predicts the next frame's codebook 0.
+
+The code predictor's 15 short passes also run on its own sub-layers here rather than through
+its ``forward``: every row of a frame sits at the same positions, so no mask is needed, the
+rotary table is computed once, and the KV cache is one preallocated buffer per layer; the
+mask building and cache bookkeeping of 15 model calls per step were ~10% of a step at batch 4.
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicCache
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
@@ -62,6 +66,19 @@ class TalkerRunner:
             head_dim=head_dim,
             max_len=max_len,
             dtype=talker.codec_head.weight.dtype,
+        )
+        predictor_cfg = self.predictor.config
+        self.num_residuals = predictor_cfg.num_code_groups - 1
+        # Positions 0..15 of every frame: cos/sin once (the same elementwise values per call).
+        probe = torch.zeros(1, dtype=talker.codec_head.weight.dtype)
+        self._predictor_rope = self.predictor.model.rotary_emb(
+            probe, torch.arange(self.num_residuals + 1)[None]
+        )
+        self._predictor_kv_shape = (
+            predictor_cfg.num_key_value_heads,
+            self.num_residuals + 1,
+            getattr(predictor_cfg, "head_dim", None)
+            or predictor_cfg.hidden_size // predictor_cfg.num_attention_heads,
         )
         vocab = text_cfg.vocab_size
         eos = talker.config.codec_eos_token_id
@@ -149,17 +166,47 @@ class TalkerRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Codebooks 1..15 for each row's frame, and the sum of their embeddings."""
         model = self.predictor.model
-        cache = DynamicCache(config=self.predictor.config)
+        shape = (len(states), *self._predictor_kv_shape)
+        keys = [c0_embed.new_empty(shape) for _ in model.layers]
+        values = [c0_embed.new_empty(shape) for _ in model.layers]
         x = torch.cat([past_hidden, c0_embed], dim=1)
-        codes, embed_sum = [], torch.zeros_like(c0_embed)
-        for j in range(self.predictor.config.num_code_groups - 1):
-            hidden = model(inputs_embeds=x, past_key_values=cache, use_cache=True).last_hidden_state
+        codes, embed_sum, start = [], torch.zeros_like(c0_embed), 0
+        for j in range(self.num_residuals):
+            hidden = self._predictor_forward(x, start, keys, values)
+            start += x.shape[1]
             logits = self.predictor.lm_head[j](hidden[:, -1])
             token = self._sample_residual(states, logits)
             codes.append(token)
             x = model.get_input_embeddings()[j](token)[:, None]
             embed_sum = embed_sum + x
         return torch.stack(codes, dim=1), embed_sum
+
+    def _predictor_forward(self, x: torch.Tensor, start: int, keys: list[torch.Tensor],
+                           values: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+        """The code predictor's decoder over [b, L, H] inputs at positions start..start+L-1,
+        every row at the same positions (the frame's lockstep)."""
+        model = self.predictor.model
+        end = start + x.shape[1]
+        cos, sin = (t[:, start:end] for t in self._predictor_rope)
+        hidden = x
+        for i, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(hidden)
+            b, length, _ = h.shape
+            shape = (b, length, -1, attn.head_dim)
+            q = attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2)
+            k = attn.k_norm(attn.k_proj(h).view(shape)).transpose(1, 2)
+            v = attn.v_proj(h).view(shape).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            keys[i][:, :, start:end] = k
+            values[i][:, :, start:end] = v
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, keys[i][:, :, :end], values[i][:, :, :end], is_causal=length > 1,
+                scale=attn.scaling, enable_gqa=True,
+            )  # fmt: skip
+            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, length, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return model.norm(hidden)
 
     @staticmethod
     def _sample_residual(states: list[TalkerState], logits: torch.Tensor) -> torch.Tensor:
