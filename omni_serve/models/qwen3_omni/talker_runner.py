@@ -15,7 +15,9 @@ mask building and cache bookkeeping of 15 model calls per step were ~10% of a st
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,6 +27,10 @@ from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.kv_cache import SlotKVCache
 from omni_serve.engines.ar.sampling import sample_rows
 from omni_serve.engines.ar.torch_engine import StepOutput
+
+# A layer's keys, values and attention mask (None: no mask needed) after storing its new K/V.
+KVView = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+StoreKV = Callable[[int, torch.Tensor, torch.Tensor], KVView]
 
 # transformers' code predictor draws with these when sampling (its generate() call).
 CODE_PREDICTOR_SAMPLING = SamplingConfig(temperature=1.0, top_k=50, top_p=0.8)
@@ -188,25 +194,13 @@ class TalkerRunner:
         model = self.predictor.model
         end = start + x.shape[1]
         cos, sin = (t[:, start:end] for t in self._predictor_rope)
-        hidden = x
-        for i, layer in enumerate(model.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(hidden)
-            b, length, _ = h.shape
-            shape = (b, length, -1, attn.head_dim)
-            q = attn.q_norm(attn.q_proj(h).view(shape)).transpose(1, 2)
-            k = attn.k_norm(attn.k_proj(h).view(shape)).transpose(1, 2)
-            v = attn.v_proj(h).view(shape).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            keys[i][:, :, start:end] = k
-            values[i][:, :, start:end] = v
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, keys[i][:, :, :end], values[i][:, :, :end], is_causal=length > 1,
-                scale=attn.scaling, enable_gqa=True,
-            )  # fmt: skip
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, length, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return model.norm(hidden)
+
+        def store(layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> KVView:
+            keys[layer_idx][:, :, start:end] = k
+            values[layer_idx][:, :, start:end] = v
+            return keys[layer_idx][:, :, :end], values[layer_idx][:, :, :end], None
+
+        return model.norm(self._decoder(model.layers, x, cos, sin, store))
 
     @staticmethod
     def _sample_residual(states: list[TalkerState], logits: torch.Tensor) -> torch.Tensor:
@@ -224,28 +218,38 @@ class TalkerRunner:
     ) -> torch.Tensor:
         """Run the Talker decoder over [b, L, H] new inputs at the slots' offsets."""
         cos, sin = self.model.rotary_emb(embeds, positions)
-        hidden = embeds
-        for i, layer in enumerate(self.model.layers):
-            residual = hidden
-            hidden = residual + self._attention(
-                layer.self_attn, i, slots, layer.input_layernorm(hidden), cos, sin
-            )
-            residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+
+        def store(layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> KVView:
+            return self.cache.append(layer_idx, slots, k, v)
+
+        hidden = self._decoder(self.model.layers, embeds, cos, sin, store)
         self.cache.advance(slots, embeds.shape[1])
         return self.model.norm(hidden)
 
-    def _attention(
-        self, attn, layer_idx: int, slots: list[int], x: torch.Tensor, cos, sin
-    ) -> torch.Tensor:
+    def _decoder(self, layers, hidden: torch.Tensor, cos, sin, store: StoreKV) -> torch.Tensor:
+        """Pre-norm decoder layers (the Talker's and the code predictor's have the same shape);
+        ``store`` puts a layer's new keys/values in its cache and returns what to attend to."""
+        for i, layer in enumerate(layers):
+            hidden = hidden + self._attention(
+                layer.self_attn, layer.input_layernorm(hidden), cos, sin, partial(store, i)
+            )
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return hidden
+
+    @staticmethod
+    def _attention(attn, x: torch.Tensor, cos, sin, store) -> torch.Tensor:
+        """``store(k, v)``: the keys/values to attend to and their mask. None means no mask
+        is needed: one new row, or new rows that are all the cache holds (causal among
+        themselves; SDPA's ``is_causal`` aligns queries to the first keys)."""
         b, length, _ = x.shape
         shape = (b, length, -1, attn.head_dim)
         q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)
         k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)
         v = attn.v_proj(x).view(shape).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys, values, mask = self.cache.append(layer_idx, slots, k, v)
+        keys, values, mask = store(k, v)
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True
-        )
+            q, keys, values, attn_mask=mask, is_causal=mask is None and length > 1,
+            scale=attn.scaling, enable_gqa=True,
+        )  # fmt: skip
         return attn.o_proj(out.transpose(1, 2).reshape(b, length, -1))
