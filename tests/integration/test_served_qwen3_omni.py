@@ -186,6 +186,7 @@ def test_streaming_concatenates_to_the_non_streamed_response(served):
     assert len(finish) == 1
     timings = finish[0]["timings"]  # a streaming client's per-request timing
     assert 0 < timings["first_audio_s"] <= timings["total_s"]
+    assert timings["first_frame_s"] <= timings["last_frame_s"] <= timings["total_s"]
     assert timings["rtf"] == pytest.approx(timings["total_s"] / (len(streamed) / 24000))
 
 
