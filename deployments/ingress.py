@@ -40,7 +40,7 @@ from omni_serve.config import PipelineConfig
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models import resolve_model
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.pipeline import ChatOptions, run_chat, stream_chat
+from omni_serve.models.qwen3_omni.pipeline import ChatOptions, ChatResult, run_chat, stream_chat
 from omni_serve.models.qwen3_omni.request import prepare_prompt
 from omni_serve.transport import make_channel
 
@@ -73,6 +73,10 @@ def _ws_error(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, ValueError | KeyError | TypeError):  # incl. JSON decode errors
         return {"type": "error", **error_body(str(exc)[:500])}
     return {"type": "error", **stage_failure(exc).body}
+
+
+def chat_usage(result: ChatResult) -> dict[str, Any]:
+    return usage_dict(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
 
 
 def _outcome(failure: ApiError) -> str:
@@ -203,7 +207,7 @@ class Ingress:
                      "expires_at": int(time.time()) + 3600, "transcript": result.text}  # fmt: skip
         self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
         self.metrics.requests.labels("ok").inc()
-        usage = usage_dict(result.prompt_tokens, len(result.token_ids))
+        usage = chat_usage(result)
         response = chat_completion_response(
             self.config.served_model_name, result.text, audio, result.finish_reason, usage
         )
@@ -313,7 +317,7 @@ class Ingress:
                     await ws.send_bytes(pcm)
                 else:
                     result = event.result
-                    usage = usage_dict(result.prompt_tokens, len(result.token_ids))
+                    usage = chat_usage(result)
                     await ws.send_json({"type": "response.done", "id": response_id,
                                         "usage": usage, "timings": result.timings})  # fmt: skip
         except WebSocketDisconnect:
@@ -400,7 +404,7 @@ class Ingress:
                     self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
                     yield writer.finish(result.finish_reason, result.timings)
                     if body.stream_options and body.stream_options.include_usage:
-                        yield writer.usage(usage_dict(result.prompt_tokens, len(result.token_ids)))
+                        yield writer.usage(chat_usage(result))
             self.metrics.requests.labels("ok").inc()
         except RequestTimeout as exc:
             self.metrics.requests.labels("timeout").inc()

@@ -16,6 +16,7 @@ from deployments.common import edge_channel, stage_setup
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.vllm_engine import VLLMEngine
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
+from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS, needs_captured_rows
 from omni_serve.transport import take
 
 log = logging.getLogger("ray.serve")
@@ -27,7 +28,7 @@ class ThinkerDeployment:
     async def __init__(self, pipeline: dict[str, Any], stage_name: str = "thinker") -> None:
         config, stage, model_path = stage_setup(pipeline, stage_name)
         self.channel = edge_channel(config, stage_name)
-        model_config = load_config(model_path)
+        self.model_config = model_config = load_config(model_path)
         self.accept_layer = model_config.talker_config.accept_hidden_layer
         self.audio_token_id = model_config.thinker_config.audio_token_id
         # For prompts whose media an encoder stage already encoded: the Thinker then takes
@@ -45,7 +46,9 @@ class ThinkerDeployment:
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         sampling = SamplingConfig(**request["sampling"], stop_token_ids=[self.eos])
-        layers = (0, self.accept_layer) if request.get("capture") else ()
+        layers: tuple[int, ...] = ()
+        if request.get("capture") and needs_captured_rows(request["prompt_ids"], self.model_config):
+            layers = (0, self.accept_layer)
         prompt: dict[str, Any] = {"prompt_token_ids": request["prompt_ids"]}
         media = dict(request.get("multi_modal_data") or {})
         if request.get("audio_rows") is not None:
@@ -84,11 +87,15 @@ class ThinkerDeployment:
                 "finished": chunk.finished,
                 "finish_reason": chunk.finish_reason,
                 "num_prompt_tokens": chunk.num_prompt_tokens,
+                "num_cached_tokens": chunk.num_cached_tokens,
                 # vLLM has no real ids for an embeddings prompt; the caller's ids stand.
                 "prompt_token_ids": None if by_embeds else chunk.prompt_token_ids,
             }
             for k, v in chunk.hidden.items():
                 rows[k].append(v)
+            if request.get("capture") and not layers and not sent_rows:
+                out["prompt_rows"] = TOKEN_EMBEDDINGS  # no media: the Talker looks them up
+                sent_rows = True
             if layers and not sent_rows:
                 have = sum(v.shape[0] for v in rows[0])
                 if have >= chunk.num_prompt_tokens or chunk.finished:

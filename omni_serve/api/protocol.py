@@ -139,11 +139,14 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage; ``prompt_tokens_details.cached_tokens``: prompt tokens the Thinker did
+    not compute (its prefix cache, or a prefix another replica computed)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 

@@ -59,6 +59,8 @@ class ARChunk:
     # layer -> rows [n, H] for positions not yet returned (prompt rows come with the first chunk)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     num_prompt_tokens: int = 0
+    # Prompt tokens whose KV the engine did not compute (prefix cache or loaded from a peer).
+    num_cached_tokens: int = 0
     # The prompt as the engine saw it (media placeholders expanded); on the first chunk only.
     prompt_token_ids: list[int] | None = None
     # Per-step model outputs beside the token (e.g. the Talker's 16 codec codes of a frame).

@@ -45,8 +45,6 @@ class VLLMEngine:
         self.cpu_cores = cpu_cores
         self.engine_args = {**DEFAULT_ENGINE_ARGS, **(engine_args or {})}
         if capture_hidden:
-            # Captured rows must cover every prompt token: a prefix-cache hit skips them.
-            self.engine_args.setdefault("enable_prefix_caching", False)
             self.engine_args["worker_extension_cls"] = (
                 "omni_serve.engines.ar.vllm_capture.HiddenStateCaptureExtension"
             )
@@ -94,6 +92,8 @@ class VLLMEngine:
             repetition_penalty=s.repetition_penalty,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra,
+            # Captured rows must cover every prompt token: a prefix-cache hit skips them.
+            skip_reading_prefix_cache=bool(request.capture_layers),
         )
 
     def _prompt(self, request: ARRequest) -> dict[str, Any]:
@@ -131,6 +131,7 @@ class VLLMEngine:
                     finish_reason=completion.finish_reason if finished else None,
                     hidden=hidden,
                     num_prompt_tokens=len(out.prompt_token_ids or []),
+                    num_cached_tokens=out.num_cached_tokens or 0,
                     prompt_token_ids=list(out.prompt_token_ids or []) if first else None,
                 )
                 first = False

@@ -51,6 +51,7 @@ class ChatResult:
     token_ids: list[int]
     finish_reason: str
     prompt_tokens: int
+    cached_tokens: int = 0  # of prompt_tokens, served from a KV prefix (not computed)
     audio: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -110,7 +111,7 @@ async def stream_chat(
             )
             expanded_ids = prompt.expanded_ids
             timings["encoder_s"] = time.perf_counter() - start
-    text, tokens, reason = [], [], "stop"
+    text, tokens, reason, n_cached = [], [], "stop", 0
     n_prompt = len(expanded_ids)
     first_audio = True
     if options.want_audio:
@@ -151,6 +152,7 @@ async def stream_chat(
             if event["finished"]:
                 reason = event["finish_reason"] or "stop"
                 n_prompt = event["num_prompt_tokens"] or n_prompt
+                n_cached = event.get("num_cached_tokens", 0)
                 timings["thinker_s"] = time.perf_counter() - start
             pieces = []
         for piece in pieces:
@@ -165,7 +167,7 @@ async def stream_chat(
             timings.setdefault("first_audio_s", time.perf_counter() - start)
             audio.append(piece)
             yield ChatEvent("audio", audio=piece)
-    result = ChatResult("".join(text), tokens, reason, n_prompt, timings=timings)
+    result = ChatResult("".join(text), tokens, reason, n_prompt, n_cached, timings=timings)
     if options.want_audio:
         result.audio = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
     result.timings["total_s"] = time.perf_counter() - start

@@ -18,7 +18,7 @@ import torch
 
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
-from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
+from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS, TalkerInputBuilder
 
 _END = object()
 
@@ -36,7 +36,8 @@ async def speak(
     """Yields Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``).
 
     ``sampling(prompt_len)`` gives the Talker's sampling; ``resolve_rows`` turns the Thinker's
-    prompt-rows reference into ``{layer: [T, H]}`` (and owns it from then on); ``drop_rows``
+    prompt-rows reference (``TOKEN_EMBEDDINGS`` for a prompt without media: nothing to resolve)
+    into ``{layer: [T, H]}`` (and owns it from then on); ``drop_rows``
     hands back a reference the Talker never got to (the reply ended, failed or was cancelled
     before its first token), which would otherwise hold its buffer until the channel's lease.
     """
@@ -79,7 +80,7 @@ async def speak(
         except Exception as exc:
             await out.put(exc)
         finally:
-            if rows is not None and not handed:
+            if rows is not None and rows != TOKEN_EMBEDDINGS and not handed:
                 drop_rows(rows)
             if talker_task is not None:
                 if pending is not None:
@@ -90,10 +91,13 @@ async def speak(
             await out.put(_END)
 
     async def _start_talker(prompt_ids, rows_ref, tokens) -> asyncio.Task:
-        rows = await resolve_rows(rows_ref)
-        layers = sorted(rows)
+        embed_rows = accept_rows = None  # TOKEN_EMBEDDINGS: the builder looks them up
+        if rows_ref != TOKEN_EMBEDDINGS:
+            rows = await resolve_rows(rows_ref)
+            layers = sorted(rows)
+            embed_rows, accept_rows = rows[layers[0]], rows[layers[-1]]
         prompt = builder.build_prompt(
-            prompt_ids, rows[layers[0]], rows[layers[-1]], tokens[0], request["voice"],
+            prompt_ids, embed_rows, accept_rows, tokens[0], request["voice"],
             image_grid_thw=request.get("image_grid_thw"),
             audio_seqlens=request.get("audio_seqlens"),
         )  # fmt: skip

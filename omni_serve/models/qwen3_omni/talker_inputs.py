@@ -4,6 +4,12 @@ Mirrors ``Qwen3OmniMoeForConditionalGeneration.generate`` (transformers 5.19) bu
 form: the prompt needs only the Thinker's prompt rows and its FIRST generated token, and every
 later Thinker token becomes one "trailing" row the Talker adds to one decode step. The last
 Thinker token is replaced by ``tts_eos``; after it the Talker gets ``tts_pad``.
+
+The Talker reads the Thinker's ``accept_hidden_layer`` only at media positions (audio, image,
+video placeholders); everywhere else it reads layer 0, the token embeddings, which it can look
+up in its own copy of the table. So a prompt without media needs no captured rows at all: the
+Thinker sends ``TOKEN_EMBEDDINGS`` instead, computes nothing extra, and may serve the prompt
+from its prefix cache (rows of cached tokens are never computed, so never captured).
 """
 
 from __future__ import annotations
@@ -11,6 +17,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+TOKEN_EMBEDDINGS = "token_embeddings"  # prompt_rows of a prompt without media
+
+
+def media_token_ids(config) -> tuple[int, int, int]:
+    """The Thinker's audio, image and video placeholder ids."""
+    thinker = config.thinker_config
+    return thinker.audio_token_id, thinker.image_token_id, thinker.video_token_id
+
+
+def needs_captured_rows(prompt_ids: list[int], config) -> bool:
+    """Whether the Talker needs the Thinker's hidden rows for this prompt (it has media)."""
+    return not set(media_token_ids(config)).isdisjoint(prompt_ids)
 
 
 @dataclass
@@ -53,8 +72,8 @@ class TalkerInputBuilder:
     def build_prompt(
         self,
         prompt_ids: list[int],
-        embed_rows: torch.Tensor,
-        accept_rows: torch.Tensor,
+        embed_rows: torch.Tensor | None,
+        accept_rows: torch.Tensor | None,
         first_token: int,
         speaker: str,
         image_grid_thw: torch.Tensor | None = None,
@@ -63,19 +82,25 @@ class TalkerInputBuilder:
     ) -> TalkerPrompt:
         """``embed_rows``/``accept_rows``: Thinker layer-0 and ``accept_hidden_layer`` rows of
         the prompt positions ([T, H_thinker]); the prompt must end with the generation prompt
-        ``<|im_start|>assistant\\n``."""
+        ``<|im_start|>assistant\\n``. ``embed_rows`` None: looked up in the token embeddings
+        (the same rows at every text position); ``accept_rows`` None: only for a prompt without
+        media."""
         cfg = self.config
         talker_cfg = cfg.talker_config
         speaker_id = talker_cfg.speaker_id.get(speaker.lower())
         if speaker_id is None:
             raise ValueError(f"unknown voice {speaker!r}; voices: {sorted(talker_cfg.speaker_id)}")
         ids = torch.tensor(prompt_ids)
+        multimodal = torch.isin(ids, torch.tensor(media_token_ids(cfg)))
+        if embed_rows is None:
+            embed_rows = self.thinker_embed[ids]
+        if accept_rows is None:
+            if multimodal.any():
+                raise ValueError("a prompt with media needs the Thinker's captured rows")
+            accept_rows = embed_rows  # never read: no media positions
         if embed_rows.shape[0] != len(prompt_ids) or accept_rows.shape[0] != len(prompt_ids):
             raise ValueError("thinker rows do not cover the prompt")
         user_idx = self._user_positions(ids)
-        mm_ids = (cfg.thinker_config.audio_token_id, cfg.thinker_config.image_token_id,
-                  cfg.thinker_config.video_token_id)  # fmt: skip
-        multimodal = torch.isin(ids, torch.tensor(mm_ids))
         dtype = self._dtype
         user = torch.empty(len(user_idx), talker_cfg.text_config.hidden_size, dtype=dtype)
         mm = multimodal[user_idx]

@@ -9,14 +9,16 @@ import torch
 
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.models.qwen3_omni.speech_session import speak
+from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS
 from tests.omni_serve.models.qwen3_omni.conftest import new_engine
 from tests.reference import SPEAKER, TALKER_MAX_TOKENS
 
 
-async def thinker_stream(run, sizes, delay=0.0, empty_final=False):
+async def thinker_stream(run, sizes, delay=0.0, empty_final=False, rows=None):
     """Replays a reference Thinker run in chunks of the given sizes, like the Thinker stage."""
     n = len(run.prompt_ids)
-    rows = {0: run.hidden[0][:n], max(run.hidden): run.hidden[max(run.hidden)][:n]}
+    if rows is None:
+        rows = {0: run.hidden[0][:n], max(run.hidden): run.hidden[max(run.hidden)][:n]}
     tokens, i, first = run.generated, 0, True
     for size in sizes:
         piece = tokens[i : i + size]
@@ -91,6 +93,30 @@ async def test_codes_match_transformers(talker_parts, reference_runs, kind, size
     assert torch.equal(codes, run.codes)
     text_tokens = [t for e in events if e["kind"] == "text" for t in e["token_ids"]]
     assert text_tokens == run.generated
+
+
+async def unresolvable(rows):
+    raise AssertionError(f"nothing to resolve for a prompt without media, got {rows!r}")
+
+
+async def test_a_prompt_without_media_speaks_from_the_token_embeddings(
+    talker_parts, reference_runs
+):
+    """The Thinker captures nothing for a text prompt; the Talker still gives transformers'
+    codes, from its own embedding table."""
+    run = reference_runs["text"]
+    engine = new_engine(talker_parts)
+    await engine.start()
+    events = [
+        e
+        async for e in speak(
+            thinker_stream(run, [2] * 64, rows=TOKEN_EMBEDDINGS), engine, talker_parts[1],
+            session_request(run), greedy, unresolvable, drop_rows=kept,
+        )
+    ]  # fmt: skip
+    await engine.shutdown()
+    codes = torch.stack([e["codes"] for e in events if e["kind"] == "codes"], dim=1)
+    assert torch.equal(codes, run.codes)
 
 
 async def test_talker_starts_before_the_thinker_finishes(talker_parts, reference_runs):
