@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omni_serve.config import PipelineConfig, StageConfig
+from omni_serve.config import EdgeConfig, PipelineConfig, StageConfig
 from omni_serve.models import resolve_model
 from omni_serve.transport import Channel, make_channel
 
@@ -81,12 +81,20 @@ def stage_device(gpus: float) -> str:
     return "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
 
 
-def edge_channel(config: PipelineConfig, source: str) -> Channel:
-    """The tensor channel for what ``source`` sends downstream (its edge's settings)."""
+def find_edge(config: PipelineConfig, source: str, payload: str | None = None) -> EdgeConfig | None:
+    """The first edge out of ``source`` (carrying ``payload``, when given)."""
     for edge in config.edges:
-        if edge.source == source:
-            return make_channel(edge.channel.backend, edge.channel.inline_max_bytes)
-    return make_channel()
+        if edge.source == source and payload in (None, edge.payload):
+            return edge
+    return None
+
+
+def edge_channel(config: PipelineConfig, source: str, payload: str | None = None) -> Channel:
+    """The tensor channel for what ``source`` sends downstream (its edge's settings)."""
+    edge = find_edge(config, source, payload)
+    if edge is None:
+        return make_channel()
+    return make_channel(edge.channel.backend, edge.channel.inline_max_bytes)
 
 
 def pin_to_cores(cores: list[int] | None) -> None:

@@ -40,9 +40,16 @@ from omni_serve.config import PipelineConfig
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models import resolve_model
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.pipeline import ChatOptions, ChatResult, run_chat, stream_chat
-from omni_serve.models.qwen3_omni.request import prepare_prompt
+from omni_serve.models.qwen3_omni.pipeline import (
+    ChatEvent,
+    ChatOptions,
+    ChatResult,
+    collect,
+    stream_chat,
+)
+from omni_serve.models.qwen3_omni.request import PreparedPrompt, prepare_prompt
 from omni_serve.transport import make_channel
+from omni_serve.transport.session_prefixes import SessionPrefixes, free_prefix
 
 app = ingress_app("omni-serve")
 log = logging.getLogger("ray.serve")
@@ -155,8 +162,26 @@ class Ingress:
         if encoder is not None:
             self.handles["encoder"] = encoder
         self.clients = _HandleClients(self.handles)
+        self.sessions = SessionPrefixes()
         self.metrics = ApiMetrics()
         self.created = int(time.time())
+
+    async def _chat(
+        self, prompt: PreparedPrompt, options: ChatOptions, request_id: str
+    ) -> AsyncIterator[ChatEvent]:
+        """One chat through the stages; a session's turn takes the KV prefix its previous turn
+        exported (for whichever Thinker replica it lands on) and leaves its own for the next."""
+        options.session_kv = self.sessions.pop(options.session_id)
+        done = False
+        try:
+            async for event in stream_chat(self.clients, prompt, options, request_id):
+                if event.kind == "done":
+                    done = True
+                    self.sessions.keep(options.session_id, event.result.session_kv)
+                yield event
+        finally:
+            if not done:  # failed or cancelled: free it unless the Thinker loaded it already
+                free_prefix(options.session_kv)
 
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:
@@ -184,7 +209,7 @@ class Ingress:
         try:
             result = await await_within(
                 handle_calls.rerun_after_replica_death(
-                    lambda: run_chat(self.clients, prompt, options, request_id)
+                    lambda: collect(self._chat(prompt, options, request_id))
                 ),
                 self._deadline(body),
             )
@@ -261,7 +286,7 @@ class Ingress:
         sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
         options = ChatOptions(sampling, True, body.voice, _talker_overrides(body), reply_ids=reply,
                               session_id=body.session_id)  # fmt: skip
-        events = stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
+        events = self._chat(prompt, options, uuid.uuid4().hex)
         return iterate_within(events, self._deadline(body)) if deadline else events
 
     @app.websocket("/v1/audio/stream")
@@ -300,7 +325,7 @@ class Ingress:
             "audio": {"voice": voice, "format": "pcm16"},
         })  # fmt: skip
         prompt, options = self._validate(body)
-        events = stream_chat(self.clients, prompt, options, uuid.uuid4().hex)
+        events = self._chat(prompt, options, uuid.uuid4().hex)
         return iterate_within(events, self._deadline(body))
 
     async def _ws_answer(self, ws: WebSocket, events) -> None:
@@ -392,7 +417,7 @@ class Ingress:
         self.metrics.in_flight.inc()
         try:
             yield writer.role()
-            events = stream_chat(self.clients, prompt, options, request_id)
+            events = self._chat(prompt, options, request_id)
             async for event in iterate_within(events, self._deadline(body)):
                 if event.kind == "text":
                     yield writer.text(event.text)

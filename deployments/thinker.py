@@ -1,5 +1,6 @@
 """Thinker stage: vLLM AsyncLLM, streaming tokens; the prompt's hidden rows go on the tensor
-channel and only their reference rides the stream."""
+channel and only their reference rides the stream. With a ``session_kv`` edge (thinker ->
+thinker) a session's turns hand their prompt's KV blocks to the next turn over the channel."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import edge_channel, stage_setup
+from deployments.common import edge_channel, find_edge, stage_setup
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
-from omni_serve.engines.ar.vllm_engine import VLLMEngine
+from omni_serve.engines.ar.vllm_engine import VLLMEngine, channel_kv_transfer_config
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
 from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS, needs_captured_rows
 from omni_serve.transport import take
+from omni_serve.transport.kv_blocks import EXPORT_KEY, PREFIX_KEY
+from omni_serve.transport.session_prefixes import free_prefix
 
 log = logging.getLogger("ray.serve")
 ENGINE_WATCH_PERIOD_S = 1.0
@@ -27,7 +30,13 @@ ENGINE_WATCH_PERIOD_S = 1.0
 class ThinkerDeployment:
     async def __init__(self, pipeline: dict[str, Any], stage_name: str = "thinker") -> None:
         config, stage, model_path = stage_setup(pipeline, stage_name)
-        self.channel = edge_channel(config, stage_name)
+        self.channel = edge_channel(config, stage_name, "thinker_rows")
+        session_edge = find_edge(config, stage_name, "session_kv")
+        self.session_kv = session_edge is not None
+        kv_config = None
+        if session_edge is not None:
+            settings = session_edge.channel
+            kv_config = channel_kv_transfer_config(settings.backend, settings.inline_max_bytes)
         self.model_config = model_config = load_config(model_path)
         self.accept_layer = model_config.talker_config.accept_hidden_layer
         self.audio_token_id = model_config.thinker_config.audio_token_id
@@ -39,6 +48,7 @@ class ThinkerDeployment:
             stage.engine.args,
             capture_hidden=True,
             cpu_cores=stage.deployment.cpu_cores,
+            kv_transfer_config=kv_config,
         )
         await self.engine.start()
         self.eos = self.engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -64,6 +74,7 @@ class ThinkerDeployment:
             multi_modal_data=media or None,
             sampling=sampling,
             capture_layers=layers,
+            kv_transfer_params=self._kv_params(request, capturing=bool(layers)),
         )
         try:
             async for out in self._generate(ar, request, layers):
@@ -72,6 +83,20 @@ class ThinkerDeployment:
             if not self.engine.running:  # a request must not fail for a dead engine: exit
                 self._exit_for_dead_engine()
             raise
+
+    def _kv_params(self, request: dict[str, Any], capturing: bool) -> dict[str, Any] | None:
+        """A session's turn exports its prompt's KV and loads the previous turn's, except when
+        it captures rows for the Talker (rows of loaded tokens are never computed)."""
+        offered = request.get("session_kv")
+        if not self.session_kv or not request.get("session_id"):
+            free_prefix(offered)
+            return None
+        params: dict[str, Any] = {EXPORT_KEY: True}
+        if offered and not capturing:
+            params[PREFIX_KEY] = offered
+        else:
+            free_prefix(offered)
+        return params
 
     async def _generate(
         self, ar: ARRequest, request: dict[str, Any], layers: tuple[int, ...]
@@ -91,6 +116,8 @@ class ThinkerDeployment:
                 # vLLM has no real ids for an embeddings prompt; the caller's ids stand.
                 "prompt_token_ids": None if by_embeds else chunk.prompt_token_ids,
             }
+            if chunk.kv_transfer_params:
+                out["session_kv"] = chunk.kv_transfer_params.get(PREFIX_KEY)
             for k, v in chunk.hidden.items():
                 rows[k].append(v)
             if request.get("capture") and not layers and not sent_rows:

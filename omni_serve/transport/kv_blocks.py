@@ -18,6 +18,10 @@ import torch
 
 from omni_serve.transport.base import Channel, TensorRef
 
+# Keys of vLLM's per-request kv_transfer_params (omni_serve.engines.ar.kv_connector).
+EXPORT_KEY = "omni_kv_export"  # in: put this prompt's whole blocks on the channel
+PREFIX_KEY = "omni_kv"  # in: load this encoded KVPrefix; out: the exported one
+
 
 def block_dim(cache: torch.Tensor, num_blocks: int) -> int:
     """The dimension of a layer's paged cache that indexes blocks."""

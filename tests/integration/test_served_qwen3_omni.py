@@ -59,6 +59,27 @@ def test_greedy_is_deterministic(client):
     assert client.chat.completions.create(**ask).choices[0].message.content == first
 
 
+def test_a_sessions_next_turn_reuses_its_prefix_also_when_spoken(client):
+    """Turn two (spoken: a text prompt needs no Thinker rows) computes only its new tokens."""
+    system = {"role": "system", "content": "You answer briefly and kindly. " * 40}
+    turn = [system, {"role": "user", "content": "Name a colour."}]
+    session = {"session_id": "served-session-1"}
+    first = client.chat.completions.create(
+        model="qwen3-omni", messages=turn, max_tokens=4, extra_body=session
+    )
+    assert first.usage.prompt_tokens >= 256
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    turn += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "And another?"}]  # fmt: skip
+    second = client.chat.completions.create(
+        model="qwen3-omni", messages=turn, max_tokens=4, extra_body=session,
+        modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"},
+    )  # fmt: skip
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens // 128 * 128  # vLLM's CPU block: 128 tokens
+    assert second.choices[0].message.audio.data
+
+
 @pytest.mark.parametrize(
     ("body", "status", "fragment"),
     [

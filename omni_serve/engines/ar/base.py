@@ -41,6 +41,8 @@ class ARRequest:
     capture_layers: tuple[int, ...] = ()
     # Model-specific inputs a StepRunner reads (e.g. the Talker's M-RoPE positions).
     extra: dict[str, Any] = field(default_factory=dict)
+    # For the engine's KV connector (export this prompt's KV, or load a peer's prefix).
+    kv_transfer_params: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt_embeds is None):
@@ -65,6 +67,8 @@ class ARChunk:
     prompt_token_ids: list[int] | None = None
     # Per-step model outputs beside the token (e.g. the Talker's 16 codec codes of a frame).
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    # What the KV connector answered (e.g. the exported prefix); on the final chunk only.
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class AREngine(Protocol):

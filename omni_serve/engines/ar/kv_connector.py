@@ -2,7 +2,9 @@
 
 Use: engine args ``kv_transfer_config={"kv_connector": "ChannelKVConnector",
 "kv_connector_module_path": "omni_serve.engines.ar.kv_connector", "kv_role": "kv_both"}``
-(``kv_connector_extra_config={"channel": "direct"}`` pins a backend; default auto).
+(``kv_connector_extra_config={"channel": "direct"}`` pins a backend; default auto;
+``"inline_max_bytes"``: what rides the params inline; ``vllm_engine.channel_kv_transfer_config``
+builds it all).
 
 - Export: a request whose ``kv_transfer_params`` has ``{"omni_kv_export": true}`` puts the
   whole blocks of its prompt on the channel once its prefill is done, and its final output's
@@ -10,10 +12,11 @@ Use: engine args ``kv_transfer_config={"kv_connector": "ChannelKVConnector",
 - Import: a request whose ``kv_transfer_params`` has that ``omni_kv`` entry (on any engine of
   the same model) loads the blocks its prompt shares with the prefix instead of computing them.
   A ref is taken once (one import per export); a prefix that no longer matches, or a ref that
-  is gone, costs nothing but the prefill it would have saved.
+  is gone, costs nothing but the prefill it would have saved. One the request does not load
+  (its own prefix cache holds those tokens already, or they do not match) is freed.
 
-Not for an engine that captures hidden states for a Talker: rows of imported tokens are never
-computed, so they cannot be captured.
+Not for requests that capture hidden states for a Talker: rows of imported tokens are never
+computed, so they cannot be captured (send such a request no ``omni_kv``).
 """
 
 from __future__ import annotations
@@ -33,8 +36,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
-from omni_serve.transport import ChannelError, make_channel, take
-from omni_serve.transport.kv_blocks import KVPrefix, block_dim, put_prefix, scatter
+from omni_serve.transport import ChannelError, make_channel, release, take
+from omni_serve.transport.kv_blocks import (
+    EXPORT_KEY,
+    PREFIX_KEY,
+    KVPrefix,
+    block_dim,
+    put_prefix,
+    scatter,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -45,7 +55,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
-EXPORT_KEY, PREFIX_KEY = "omni_kv_export", "omni_kv"
 
 
 @dataclass
@@ -102,6 +111,7 @@ class ChannelKVConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         self.num_blocks = kv_cache_config.num_blocks if kv_cache_config else 0
         backend = self._kv_transfer_config.get_from_extra_config("channel", "auto")
+        inline = self._kv_transfer_config.get_from_extra_config("inline_max_bytes", 64 * 1024)
         # scheduler side
         self._incoming: dict[str, tuple[KVPrefix, int, int]] = {}
         self._wanted: dict[str, Request] = {}  # exports whose prefill is not done yet
@@ -109,7 +119,8 @@ class ChannelKVConnector(KVConnectorBase_V1):
         self._params: dict[str, dict[str, Any]] = {}  # exported, not finished yet
         self._awaiting: dict[str, dict[str, Any]] = {}  # finished, export not back yet
         # worker side
-        self._channel = make_channel(backend) if role == KVConnectorRole.WORKER else None
+        worker = role == KVConnectorRole.WORKER
+        self._channel = make_channel(backend, int(inline)) if worker else None
         self._caches: dict[str, torch.Tensor] = {}
         self._dims: dict[str, int] = {}
         self._exported: dict[str, str] = {}
@@ -137,9 +148,11 @@ class ChannelKVConnector(KVConnectorBase_V1):
         if prefix.block_size != self.block_size:
             logger.warning("KV prefix of block size %d, engine uses %d: not loaded",
                            prefix.block_size, self.block_size)  # fmt: skip
+            release(prefix.ref)
             return 0, False
         usable = prefix.matching_tokens(list(request.prompt_token_ids), _mm_ids(request))
         if usable <= num_computed_tokens:
+            release(prefix.ref)  # nothing to load: hand the buffer back now, not at its lease
             return 0, False
         first, last = num_computed_tokens // self.block_size, usable // self.block_size
         self._incoming[request.request_id] = (prefix, first, last)
@@ -148,8 +161,8 @@ class ChannelKVConnector(KVConnectorBase_V1):
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
-        if num_external_tokens == 0:
-            self._incoming.pop(request.request_id, None)
+        if num_external_tokens == 0 and request.request_id in self._incoming:
+            release(self._incoming.pop(request.request_id)[0].ref)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = ChannelKVMetadata()
@@ -204,7 +217,9 @@ class ChannelKVConnector(KVConnectorBase_V1):
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         req_id = request.request_id
-        self._incoming.pop(req_id, None)
+        unloaded = self._incoming.pop(req_id, None)  # ended before its load was scheduled
+        if unloaded is not None:
+            release(unloaded[0].ref)
         if self._wanted.pop(req_id, None) is not None:  # ended before its prefill did
             self._block_ids.pop(req_id, None)
             return False, {PREFIX_KEY: None}

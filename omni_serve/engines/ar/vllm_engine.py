@@ -32,6 +32,17 @@ def pin_cpu_cores(cores: list[int] | None) -> None:
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
 
 
+def channel_kv_transfer_config(backend: str = "auto", inline_max_bytes: int = 64 * 1024) -> dict:
+    """Engine args that move prefix KV blocks between engines over the tensor channel."""
+    return {
+        "kv_connector": "ChannelKVConnector",
+        "kv_connector_module_path": "omni_serve.engines.ar.kv_connector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",  # a prefix gone or unreadable: compute it
+        "kv_connector_extra_config": {"channel": backend, "inline_max_bytes": inline_max_bytes},
+    }
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -39,11 +50,14 @@ class VLLMEngine:
         engine_args: dict[str, Any] | None = None,
         capture_hidden: bool = False,
         cpu_cores: list[int] | None = None,
+        kv_transfer_config: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.capture_hidden = capture_hidden
         self.cpu_cores = cpu_cores
         self.engine_args = {**DEFAULT_ENGINE_ARGS, **(engine_args or {})}
+        if kv_transfer_config is not None:
+            self.engine_args["kv_transfer_config"] = kv_transfer_config
         if capture_hidden:
             self.engine_args["worker_extension_cls"] = (
                 "omni_serve.engines.ar.vllm_capture.HiddenStateCaptureExtension"
@@ -81,7 +95,11 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         s = request.sampling
-        extra = {CAPTURE_KEY: list(request.capture_layers)} if request.capture_layers else None
+        extra: dict[str, Any] = {}
+        if request.capture_layers:
+            extra[CAPTURE_KEY] = list(request.capture_layers)
+        if request.kv_transfer_params:
+            extra["kv_transfer_params"] = request.kv_transfer_params
         return SamplingParams(
             max_tokens=s.max_tokens,
             temperature=s.temperature,
@@ -91,7 +109,7 @@ class VLLMEngine:
             stop_token_ids=list(s.stop_token_ids),
             repetition_penalty=s.repetition_penalty,
             output_kind=RequestOutputKind.DELTA,
-            extra_args=extra,
+            extra_args=extra or None,
             # Captured rows must cover every prompt token: a prefix-cache hit skips them.
             skip_reading_prefix_cache=bool(request.capture_layers),
         )
@@ -132,6 +150,7 @@ class VLLMEngine:
                     hidden=hidden,
                     num_prompt_tokens=len(out.prompt_token_ids or []),
                     num_cached_tokens=out.num_cached_tokens or 0,
+                    kv_transfer_params=out.kv_transfer_params if finished else None,
                     prompt_token_ids=list(out.prompt_token_ids or []) if first else None,
                 )
                 first = False

@@ -2,7 +2,7 @@
 
 Streaming is the path: ``stream_chat`` yields text deltas as the Thinker makes them and audio
 chunks as Code2wav decodes them (a small first chunk of codec frames, then steady chunks);
-``run_chat`` collects it for non-streaming responses. Stage access is abstract
+``collect`` (``run_chat``) gathers it for non-streaming responses. Stage access is abstract
 (``StageClients``) so the flow runs the same over Serve handles and over in-process engines.
 Heavy tensors (the Thinker's prompt rows) travel as opaque references the Talker resolves.
 """
@@ -52,6 +52,7 @@ class ChatResult:
     finish_reason: str
     prompt_tokens: int
     cached_tokens: int = 0  # of prompt_tokens, served from a KV prefix (not computed)
+    session_kv: str | None = None  # this turn's exported KV prefix (encoded), for the next turn
     audio: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -74,6 +75,7 @@ class ChatOptions:
     talker_sampling: dict[str, Any] = field(default_factory=dict)
     reply_ids: list[int] | None = None
     session_id: str | None = None  # routing affinity (omni_serve.routing.policy)
+    session_kv: str | None = None  # the session's last exported KV prefix, for the Thinker
 
 
 async def stream_chat(
@@ -87,6 +89,7 @@ async def stream_chat(
         "sampling": options.sampling,
         "capture": options.want_audio,
         "session_id": options.session_id,
+        "session_kv": options.session_kv,
     }
     expanded_ids = prompt.prompt_ids  # media placeholders expanded by the Thinker's processor
     timings: dict[str, float] = {}
@@ -111,7 +114,7 @@ async def stream_chat(
             )
             expanded_ids = prompt.expanded_ids
             timings["encoder_s"] = time.perf_counter() - start
-    text, tokens, reason, n_cached = [], [], "stop", 0
+    text, tokens, reason, n_cached, session_kv = [], [], "stop", 0, None
     n_prompt = len(expanded_ids)
     first_audio = True
     if options.want_audio:
@@ -153,6 +156,7 @@ async def stream_chat(
                 reason = event["finish_reason"] or "stop"
                 n_prompt = event["num_prompt_tokens"] or n_prompt
                 n_cached = event.get("num_cached_tokens", 0)
+                session_kv = event.get("session_kv")
                 timings["thinker_s"] = time.perf_counter() - start
             pieces = []
         for piece in pieces:
@@ -167,7 +171,8 @@ async def stream_chat(
             timings.setdefault("first_audio_s", time.perf_counter() - start)
             audio.append(piece)
             yield ChatEvent("audio", audio=piece)
-    result = ChatResult("".join(text), tokens, reason, n_prompt, n_cached, timings=timings)
+    result = ChatResult("".join(text), tokens, reason, n_prompt, n_cached, session_kv,
+                        timings=timings)  # fmt: skip
     if options.want_audio:
         result.audio = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
     result.timings["total_s"] = time.perf_counter() - start
@@ -177,11 +182,16 @@ async def stream_chat(
     yield ChatEvent("done", result=result)
 
 
+async def collect(events: AsyncIterator[ChatEvent]) -> ChatResult:
+    """A chat's events, collected: its result."""
+    async for event in events:
+        if event.kind == "done":
+            return event.result
+    raise RuntimeError("chat stream ended without a result")
+
+
 async def run_chat(
     clients: StageClients, prompt: PreparedPrompt, options: ChatOptions, request_id: str
 ) -> ChatResult:
     """The streaming path, collected."""
-    async for event in stream_chat(clients, prompt, options, request_id):
-        if event.kind == "done":
-            return event.result
-    raise RuntimeError("chat stream ended without a result")
+    return await collect(stream_chat(clients, prompt, options, request_id))
