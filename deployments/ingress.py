@@ -37,6 +37,7 @@ from omni_serve.api.protocol import (
 from omni_serve.api.sse import DONE, ChunkWriter, sse
 from omni_serve.api.websocket import IdleTimeout, receive_request
 from omni_serve.config import PipelineConfig
+from omni_serve.engines.ar.vllm_engine import DEFAULT_ENGINE_ARGS
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models import resolve_model
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
@@ -163,6 +164,9 @@ class Ingress:
             self.handles["encoder"] = encoder
         self.clients = _HandleClients(self.handles)
         self.sessions = SessionPrefixes()
+        thinker = self.config.stage("thinker").engine
+        args = {**DEFAULT_ENGINE_ARGS, **(thinker.args if thinker else {})}
+        self.context_tokens = int(args["max_model_len"])  # prompts this long get a 400
         self.metrics = ApiMetrics()
         self.created = int(time.time())
 
@@ -405,6 +409,11 @@ class Ingress:
             prompt = prepare_prompt(self.processor, body.messages, api)
         except MediaError as exc:
             raise ApiError(400, str(exc), exc.param) from None
+        n_prompt = len(prompt.expanded_ids or prompt.prompt_ids)
+        if n_prompt >= self.context_tokens:
+            message = (f"the prompt is {n_prompt} tokens; this model's context is "
+                       f"{self.context_tokens} tokens, prompt and reply together")  # fmt: skip
+            raise ApiError(400, message, "messages")
         sampling = {"max_tokens": max_tokens, "temperature": body.temperature,
                     "top_p": body.top_p, "seed": body.seed}  # fmt: skip
         options = ChatOptions(sampling, want_audio, voice, _talker_overrides(body),

@@ -14,7 +14,8 @@ import torch
 from ray import serve
 
 from deployments.common import edge_channel, find_edge, stage_setup
-from omni_serve.engines.ar.base import ARRequest, SamplingConfig
+from omni_serve.api.errors import StageRejectedInput
+from omni_serve.engines.ar.base import ARRequest, PromptRejected, SamplingConfig
 from omni_serve.engines.ar.vllm_engine import VLLMEngine, channel_kv_transfer_config
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
 from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS, needs_captured_rows
@@ -79,6 +80,8 @@ class ThinkerDeployment:
         try:
             async for out in self._generate(ar, request, layers):
                 yield out
+        except PromptRejected as exc:  # a 400 for the client, not a stage failure
+            raise StageRejectedInput(str(exc)) from None
         except Exception:
             if not self.engine.running:  # a request must not fail for a dead engine: exit
                 self._exit_for_dead_engine()

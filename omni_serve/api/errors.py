@@ -35,6 +35,13 @@ class StageUnavailable(Exception):
         self.retry_after_s = retry_after_s
 
 
+class StageRejectedInput(ValueError):
+    """A stage found the request invalid where the ingress could not tell (e.g. a prompt whose
+    media expand past the Thinker's context): the client's mistake, answered 400 with the
+    stage's reason. Stages raise it; through Ray it arrives as a RayTaskError that is also
+    an instance of this class."""
+
+
 class ReplicaDied(Exception):
     """A stage replica died (crash, OOM kill, node loss) while it worked on the request, after
     part of the answer was out. Serve replaces the replica; the request can be sent again."""
@@ -56,10 +63,13 @@ def _retry_after(seconds: float | None) -> dict[str, str] | None:
 
 def stage_failure(exc: BaseException) -> ApiError:
     """What a client hears when a stage could not serve its request: 503 with Retry-After when
-    the stage is at capacity or lost its replica (retry), 500 naming the failure otherwise."""
+    the stage is at capacity or lost its replica (retry), 400 when it rejected the input, 500
+    naming the failure otherwise."""
     if isinstance(exc, StageUnavailable):
         headers = _retry_after(exc.retry_after_s)
         return ApiError(503, str(exc), type_="server_error", code="overloaded", headers=headers)
+    if isinstance(exc, StageRejectedInput):
+        return ApiError(400, str(exc.args[0] if exc.args else exc)[:500])
     if isinstance(exc, ReplicaDied):
         headers = _retry_after(exc.RETRY_AFTER_S)
         return ApiError(503, str(exc), type_="server_error", code="replica_died", headers=headers)

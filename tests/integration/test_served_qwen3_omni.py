@@ -93,6 +93,8 @@ def test_a_sessions_next_turn_reuses_its_prefix_also_when_spoken(client):
          400, "could not decode audio"),
         ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "x"}],
           "modalities": ["text", "audio"], "audio": {"voice": "nobody"}}, 400, "unknown voice"),
+        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "word " * 5000}]},
+         400, "this model's context is 4096 tokens"),
     ],
 )  # fmt: skip
 def test_bad_input_gets_a_4xx_with_a_reason(served, body, status, fragment):

@@ -13,6 +13,11 @@ from typing import Any, Protocol
 import torch
 
 
+class PromptRejected(ValueError):
+    """The engine refused the request's input (e.g. a prompt longer than its context): the
+    caller's mistake, not the engine's failure."""
+
+
 @dataclass
 class SamplingConfig:
     max_tokens: int = 256

@@ -6,7 +6,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from omni_serve.engines.ar.base import ARChunk, ARRequest
+from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
 from omni_serve.engines.ar.vllm_capture import CAPTURE_KEY, decode_rows
 
 # CPU-friendly defaults; any key can be overridden by the stage's engine args.
@@ -128,6 +128,8 @@ class VLLMEngine:
             raise RuntimeError("engine not started")
         if request.capture_layers and not self.capture_hidden:
             raise ValueError("this engine was started without hidden-state capture")
+        from vllm.exceptions import VLLMValidationError
+
         rows_sent = 0
         finished = False
         first = True
@@ -154,6 +156,8 @@ class VLLMEngine:
                     prompt_token_ids=list(out.prompt_token_ids or []) if first else None,
                 )
                 first = False
+        except VLLMValidationError as exc:  # checked before any work: the input's fault
+            raise PromptRejected(str(exc)) from None
         finally:
             if not finished:
                 await self._llm.abort(request.request_id)

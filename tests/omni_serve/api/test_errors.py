@@ -1,5 +1,5 @@
-"""A stage at capacity or a dead replica is a 503 with Retry-After (retry later); any other
-stage failure a 500."""
+"""A stage at capacity or a dead replica is a 503 with Retry-After (retry later); input a stage
+rejected a 400 with its reason; any other stage failure a 500."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 
 from omni_serve.api.errors import (
     ReplicaDied,
+    StageRejectedInput,
     StageUnavailable,
     install_error_handlers,
     stage_failure,
@@ -40,3 +41,17 @@ def test_a_dead_replica_is_a_503_naming_the_stage():
     assert error.status == 503 and error.headers == {"Retry-After": "5"}
     assert error.body["error"]["code"] == "replica_died"
     assert "stage 'talker' died" in error.message and "send the request again" in error.message
+
+
+def test_input_a_stage_rejected_is_a_400_with_its_reason_also_through_ray():
+    from ray.exceptions import RayTaskError
+
+    try:
+        raise StageRejectedInput("prompt of 5741 tokens, context 4096")
+    except StageRejectedInput as exc:
+        remote = RayTaskError("generate", "traceback", exc).as_instanceof_cause()
+    for error in (StageRejectedInput("prompt of 5741 tokens, context 4096"), remote):
+        failure = stage_failure(error)
+        assert failure.status == 400
+        assert failure.body["error"]["message"] == "prompt of 5741 tokens, context 4096"
+        assert failure.body["error"]["type"] == "invalid_request_error"
