@@ -163,7 +163,8 @@ class Ingress:
         if encoder is not None:
             self.handles["encoder"] = encoder
         self.clients = _HandleClients(self.handles)
-        self.sessions = SessionPrefixes()
+        api = self.config.api
+        self.sessions = SessionPrefixes(api.session_kv_max_bytes, api.session_kv_ttl_s)
         thinker = self.config.stage("thinker").engine
         args = {**DEFAULT_ENGINE_ARGS, **(thinker.args if thinker else {})}
         self.context_tokens = int(args["max_model_len"])  # prompts this long get a 400

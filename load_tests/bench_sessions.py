@@ -94,8 +94,10 @@ def summarize(conversations: list[list[dict]]) -> dict:
         "later_first_token_s_mean": statistics.mean(ttft),
         "later_first_token_s_p50": statistics.median(ttft),
         "later_first_token_s_p90": sorted(ttft)[int(0.9 * (len(ttft) - 1))],
-        "later_with_prefix_first_token_s_p50": statistics.median(with_prefix or [0.0]),
-        "later_without_prefix_first_token_s_p50": statistics.median(without or [0.0]),
+        "later_with_prefix_first_token_s_p50": statistics.median(with_prefix)
+        if with_prefix
+        else None,
+        "later_without_prefix_first_token_s_p50": statistics.median(without) if without else None,
         "later_cached_fraction_mean": statistics.mean(
             t["cached_tokens"] / t["prompt_tokens"] for t in later
         ),

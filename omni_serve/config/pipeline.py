@@ -167,6 +167,19 @@ class ApiSettings(_Strict):
         description="A WebSocket client that sends no request for this long is closed (it "
         "holds an ingress slot while open). None = never.",
     )
+    session_kv_max_bytes: int = Field(
+        1 << 30,
+        ge=0,
+        description="With a session_kv edge: the most KV-prefix bytes one ingress replica keeps "
+        "for sessions' next turns (each holds a channel buffer of the Thinker's); past it the "
+        "least recently used session's prefix is freed.",
+    )
+    session_kv_ttl_s: float = Field(
+        300.0,
+        gt=0,
+        description="With a session_kv edge: a session's prefix is kept this long for its next "
+        "turn (a later turn computes it, or finds it in the replica's own prefix cache).",
+    )
     image_default_size: str = Field(
         "1024x1024", description="Image size ('WxH') when a request omits it (image models)."
     )

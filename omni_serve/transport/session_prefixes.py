@@ -8,9 +8,11 @@ its prompt's KV blocks to the tensor channel, the ingress keeps the newest expor
 here, and the next turn carries it: the replica that already holds the prefix in its own cache
 drops it, any other loads it (``omni_serve.engines.ar.kv_connector``).
 
-A kept prefix holds a channel buffer, so the store is bounded: past ``max_sessions`` the least
+A kept prefix holds a channel buffer (one of the Thinker's pooled shared-memory segments, on
+one host), so the store is bounded in bytes: past ``max_bytes`` (or ``max_sessions``) the least
 recently used session's prefix is freed, and one older than ``ttl_s`` is freed when it is next
-looked at (the producer's lease would reclaim it later anyway).
+looked at or when the store is next written (the producer's lease would reclaim it later
+anyway).
 """
 
 from __future__ import annotations
@@ -19,60 +21,101 @@ import logging
 import pickle
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from omni_serve.transport import release
 from omni_serve.transport.kv_blocks import KVPrefix
 
 log = logging.getLogger(__name__)
-DEFAULT_MAX_SESSIONS = 256
+DEFAULT_MAX_SESSIONS = 4096
+DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_TTL_S = 300.0
+
+
+def _decode(encoded: str) -> KVPrefix | None:
+    try:
+        return KVPrefix.decode(encoded)
+    except (ValueError, TypeError, EOFError, AttributeError, pickle.UnpicklingError) as exc:
+        log.warning("unreadable KV prefix (%s): its lease reclaims its buffer", exc)
+        return None
 
 
 def free_prefix(encoded: str | None) -> None:
     """Hand back the buffer of an encoded prefix nobody will load."""
-    if not encoded:
-        return
-    try:
-        release(KVPrefix.decode(encoded).ref)
-    except (ValueError, TypeError, EOFError, AttributeError, pickle.UnpicklingError) as exc:
-        log.warning("unreadable KV prefix not freed (%s): its lease reclaims it", exc)
+    prefix = _decode(encoded) if encoded else None
+    if prefix is not None:
+        release(prefix.ref)
+
+
+@dataclass
+class _Kept:
+    encoded: str
+    nbytes: int
+    kept_at: float
 
 
 class SessionPrefixes:
-    def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS, ttl_s: float = DEFAULT_TTL_S):
-        self.max_sessions = max_sessions
+    def __init__(
+        self,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        ttl_s: float = DEFAULT_TTL_S,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+    ) -> None:
+        self.max_bytes = max_bytes
         self.ttl_s = ttl_s
-        self._kept: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.max_sessions = max_sessions
+        self.nbytes = 0
+        self._kept: OrderedDict[str, _Kept] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._kept)
 
     def pop(self, session_id: str | None) -> str | None:
         """The session's prefix, now the caller's to load (or free)."""
-        if not session_id or session_id not in self._kept:
+        kept = self._take(session_id)
+        if kept is None:
             return None
-        encoded, kept_at = self._kept.pop(session_id)
-        if time.monotonic() - kept_at > self.ttl_s:
-            free_prefix(encoded)
+        if time.monotonic() - kept.kept_at > self.ttl_s:
+            free_prefix(kept.encoded)
             return None
-        return encoded
+        return kept.encoded
 
     def keep(self, session_id: str | None, encoded: str | None) -> None:
         """Keep the session's newest prefix (freeing the one it replaces); without a session,
         nobody could ask for it: freed at once."""
-        if not session_id:
-            free_prefix(encoded)
-            return
-        old = self._kept.pop(session_id, None)
+        old = self._take(session_id)
         if old is not None:
-            free_prefix(old[0])
-        if not encoded:
+            free_prefix(old.encoded)
+        prefix = _decode(encoded) if encoded else None
+        if prefix is None:
             return
-        self._kept[session_id] = (encoded, time.monotonic())
-        while len(self._kept) > self.max_sessions:
-            _, (evicted, _) = self._kept.popitem(last=False)
-            free_prefix(evicted)
+        if not session_id or prefix.ref.nbytes > self.max_bytes:
+            release(prefix.ref)
+            return
+        self._kept[session_id] = _Kept(encoded, prefix.ref.nbytes, time.monotonic())
+        self.nbytes += prefix.ref.nbytes
+        self._evict()
 
     def clear(self) -> None:
         while self._kept:
-            free_prefix(self._kept.popitem()[1][0])
+            self._free_oldest()
+
+    def _take(self, session_id: str | None) -> _Kept | None:
+        kept = self._kept.pop(session_id, None) if session_id else None
+        if kept is not None:
+            self.nbytes -= kept.nbytes
+        return kept
+
+    def _evict(self) -> None:
+        now = time.monotonic()
+        while self._kept and (
+            self.nbytes > self.max_bytes
+            or len(self._kept) > self.max_sessions
+            or now - next(iter(self._kept.values())).kept_at > self.ttl_s
+        ):
+            self._free_oldest()
+
+    def _free_oldest(self) -> None:
+        _, kept = self._kept.popitem(last=False)
+        self.nbytes -= kept.nbytes
+        free_prefix(kept.encoded)

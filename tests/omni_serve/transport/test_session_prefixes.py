@@ -60,6 +60,18 @@ def test_the_least_recently_kept_session_is_evicted_past_the_bound(channel):
     assert _state(b) == shm.FREE and _state(c) == shm.FREE
 
 
+def test_the_store_keeps_at_most_its_byte_budget(channel):
+    sessions = SessionPrefixes(max_bytes=64)  # each prefix: 2 x 4 float32 = 32 bytes
+    a, b, c = (_prefix(channel, float(i)) for i in range(3))
+    for session, encoded in zip("abc", (a, b, c), strict=True):
+        sessions.keep(session, encoded)
+    assert sessions.nbytes == 64 and _state(a) == shm.FREE and sessions.pop("a") is None
+    assert sessions.pop("b") == b and sessions.nbytes == 32
+    too_big = SessionPrefixes(max_bytes=16)
+    too_big.keep("s", c)
+    assert len(too_big) == 0 and too_big.nbytes == 0 and _state(c) == shm.FREE
+
+
 def test_an_expired_prefix_is_freed_not_handed_out(channel):
     sessions = SessionPrefixes(ttl_s=-1.0)
     encoded = _prefix(channel, 1.0)
