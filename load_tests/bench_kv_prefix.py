@@ -36,17 +36,11 @@ def main() -> int:
 
     from vllm import LLM, SamplingParams
 
-    from omni_serve.engines.ar.vllm_engine import DEFAULT_ENGINE_ARGS
+    from omni_serve.engines.ar.vllm_engine import DEFAULT_ENGINE_ARGS, channel_kv_transfer_config
     from omni_serve.models.registry import resolve_model
 
     path = str(resolve_model(args.model))
-    kv = {
-        "kv_connector": "ChannelKVConnector",
-        "kv_connector_module_path": "omni_serve.engines.ar.kv_connector",
-        "kv_role": "kv_both",
-        "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"channel": args.channel},
-    }
+    kv = channel_kv_transfer_config(args.channel)
     engine_args = {k: v for k, v in DEFAULT_ENGINE_ARGS.items() if k != "limit_mm_per_prompt"}
     # A without a prefix cache, so it can answer the same prompt twice (with and without the
     # export) at the same cost; B with one, as served.

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from omni_serve.engines.ar.vllm_engine import channel_kv_transfer_config
+
 pytestmark = pytest.mark.integration
 
-KV = {
-    "kv_connector": "ChannelKVConnector",
-    "kv_connector_module_path": "omni_serve.engines.ar.kv_connector",
-    "kv_role": "kv_both",
-    "kv_load_failure_policy": "recompute",
-    # The tiny model's blocks would fit inline (refs that carry their payload): shared memory
-    # is what a real model's blocks take on one host, and what can be taken only once.
-    "kv_connector_extra_config": {"channel": "shared_memory"},
-}
+# The tiny model's blocks would fit inline (refs that carry their payload): shared memory is
+# what a real model's blocks take on one host, and what can be taken only once.
+KV = channel_kv_transfer_config("shared_memory")
 BLOCK = 128  # vLLM's CPU block size
 PROMPT = [(i * 7919) % 250 + 10 for i in range(1000)]
 
