@@ -27,12 +27,12 @@ def prompt_messages(kind: str) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
-def test_audio() -> np.ndarray:
+def sample_audio() -> np.ndarray:
     t = np.arange(int(16000 * 1.5)) / 16000
     return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
 
 
-def test_image() -> Image.Image:
+def sample_image() -> Image.Image:
     pixels = (np.random.RandomState(0).rand(64, 96, 3) * 255).astype(np.uint8)
     return Image.fromarray(pixels)
 
@@ -43,9 +43,9 @@ def processor_inputs(processor, kind: str) -> dict:
     )
     kwargs = {}
     if kind in ("audio", "mixed"):
-        kwargs["audio"] = [test_audio()]
+        kwargs["audio"] = [sample_audio()]
     if kind in ("image", "mixed"):
-        kwargs["images"] = [test_image()]
+        kwargs["images"] = [sample_image()]
     return dict(processor(text=text, return_tensors="pt", **kwargs))
 
 

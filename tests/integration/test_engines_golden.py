@@ -18,8 +18,8 @@ from tests.reference import (
     TALKER_MAX_TOKENS,
     THINKER_MAX_TOKENS,
     prompt_messages,
-    test_audio,
-    test_image,
+    sample_audio,
+    sample_image,
 )
 
 pytestmark = pytest.mark.integration
@@ -27,9 +27,9 @@ KINDS = ("text", "audio", "image")
 
 
 async def run_thinker(engine, processor, kind: str, layers=(0, 1)):
-    media = {"audios": [test_audio()]} if kind == "audio" else {}
+    media = {"audios": [sample_audio()]} if kind == "audio" else {}
     if kind == "image":
-        media = {"images": [test_image()]}
+        media = {"images": [sample_image()]}
     ids, mm = thinker_prompt(processor, prompt_messages(kind), **media)
     sampling = SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[302])
     request = ARRequest(
@@ -150,7 +150,7 @@ async def test_encoder_stage_outputs_give_the_monolithic_result(
     inputs = processor_inputs(omni_processor, "image")
     with torch.no_grad():
         image = encoders.encode_image(inputs["pixel_values"], inputs["image_grid_thw"])
-    ids, _ = thinker_prompt(omni_processor, prompt_messages("image"), images=[test_image()])
+    ids, _ = thinker_prompt(omni_processor, prompt_messages("image"), images=[sample_image()])
     media = {"image": {"image_embeds": torch.cat([image.embeds, *image.deepstack], dim=-1),
                        "image_grid_thw": inputs["image_grid_thw"]}}  # fmt: skip
     request = ARRequest("enc-image", prompt_token_ids=ids, multi_modal_data=media,

@@ -138,10 +138,10 @@ def test_a_talker_killed_mid_request_is_rerun_and_the_client_gets_the_whole_answ
 
 def audio_question() -> dict:
     """An audio-only prompt: the encoder stage encodes it (mixed prompts stay in the Thinker)."""
-    from tests.reference import test_audio
+    from tests.reference import sample_audio
 
     buf = io.BytesIO()
-    sf.write(buf, test_audio(), 16000, format="WAV", subtype="FLOAT")
+    sf.write(buf, sample_audio(), 16000, format="WAV", subtype="FLOAT")
     sound = {"data": base64.b64encode(buf.getvalue()).decode(), "format": "wav"}
     content = [{"type": "input_audio", "input_audio": sound},
                {"type": "text", "text": "What do you hear?"}]  # fmt: skip
