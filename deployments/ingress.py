@@ -183,6 +183,9 @@ class Ingress:
                 if event.kind == "done":
                     done = True
                     self.sessions.keep(options.session_id, event.result.session_kv)
+                    self.metrics.observe_prompt(
+                        event.result.prompt_tokens, event.result.cached_tokens
+                    )
                 yield event
         finally:
             if not done:  # failed or cancelled: free it unless the Thinker loaded it already
@@ -200,6 +203,8 @@ class Ingress:
     async def metrics(self) -> Response:
         stages = ("encoder", "talker", "code2wav")
         await self.metrics.poll_stages({n: h for n, h in self.handles.items() if n in stages})
+        self.metrics.session_kv.labels("prefixes").set(len(self.sessions))
+        self.metrics.session_kv.labels("bytes").set(self.sessions.nbytes)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions")

@@ -32,6 +32,17 @@ class ApiMetrics:
             buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 4, 8), registry=r,
         )  # fmt: skip
         self.tokens = Counter("omni_text_tokens", "Text tokens generated.", registry=r)
+        self.prompt_tokens = Counter(
+            "omni_prompt_tokens",
+            "Prompt tokens of chat requests: 'computed' by the Thinker, or 'cached' (their KV "
+            "came from its prefix cache or a session's handover).",
+            ["kind"], registry=r,
+        )  # fmt: skip
+        self.session_kv = Gauge(
+            "omni_session_kv",
+            "KV prefixes this ingress replica keeps for sessions' next turns: 'prefixes', 'bytes'.",
+            ["what"], registry=r,
+        )  # fmt: skip
         self.audio_seconds = Counter("omni_audio_seconds", "Seconds of audio produced.", registry=r)
         self.stage_queue = Gauge(
             "omni_stage_running_requests", "Requests running in a stage's engine.", ["stage"],
@@ -49,6 +60,10 @@ class ApiMetrics:
             "started; its rate over wall time is how busy the stage is.",
             ["stage", "phase"], registry=r,
         )  # fmt: skip
+
+    def observe_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.prompt_tokens.labels("cached").inc(cached_tokens)
+        self.prompt_tokens.labels("computed").inc(max(prompt_tokens - cached_tokens, 0))
 
     def observe_result(self, timings: dict[str, float], tokens: int, audio_s: float) -> None:
         for stage in ("first_token", "first_frame", "first_audio", "thinker", "total"):

@@ -78,6 +78,10 @@ def test_a_sessions_next_turn_reuses_its_prefix_also_when_spoken(client):
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens // 128 * 128  # vLLM's CPU block: 128 tokens
     assert second.choices[0].message.audio.data
+    lines = httpx.get(f"{URL}/metrics", timeout=30).text.splitlines()
+    assert 'omni_session_kv{what="prefixes"} 1.0' in lines  # turn two's, for turn three
+    counted = [line for line in lines if line.startswith('omni_prompt_tokens_total{kind="cached"}')]
+    assert float(counted[0].split()[-1]) >= cached
 
 
 @pytest.mark.parametrize(
@@ -110,18 +114,18 @@ def test_bad_input_gets_a_4xx_with_a_reason(served, body, status, fragment):
 
 def _data_urls(kind: str) -> list[dict]:
     """Request content for a reference prompt, media encoded losslessly."""
-    from tests.reference import prompt_messages, test_audio, test_image
+    from tests.reference import prompt_messages, sample_audio, sample_image
 
     parts = []
     for part in prompt_messages(kind)[0]["content"]:
         if part["type"] == "audio":
             buf = io.BytesIO()
-            sf.write(buf, test_audio(), 16000, format="WAV", subtype="FLOAT")
+            sf.write(buf, sample_audio(), 16000, format="WAV", subtype="FLOAT")
             data = base64.b64encode(buf.getvalue()).decode()
             parts.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
         elif part["type"] == "image":
             buf = io.BytesIO()
-            test_image().save(buf, format="PNG")
+            sample_image().save(buf, format="PNG")
             url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
             parts.append({"type": "image_url", "image_url": {"url": url}})
         else:
