@@ -4,9 +4,12 @@
         [--concurrency 32] [--warmup 100] [--target ...] [--pipeline-config ...]
 
 Serves a graph with every edge on the shared-memory channel: ``image`` (default) the tiny
-Qwen-Image graph (small images, 2 steps), ``omni`` the tiny Qwen3-Omni graph (a short spoken
-question in, text and speech out: encoder -> Thinker -> Talker -> Code2wav; the Talker capped
-at 16 codec frames per request), so the run is about the serving path, not the model. Sends
+Qwen-Image graph (small images, 2 steps), ``omni`` the tiny Qwen3-Omni graph (text and speech
+out, the Talker capped at 16 codec frames per request; even requests a short spoken question:
+encoder -> Thinker -> Talker -> Code2wav; odd ones a text turn of one of 64 sessions with a
+~200-token system prompt: each exports its prompt's KV, which the ingress keeps for that
+session's next turn, which frees it or loads it), so the run is about the serving path, not
+the model. Sends
 ``--warmup`` requests, records the resident memory (RSS) of every Serve replica and the proxy,
 the shared-memory segments and the object store's usage, sends ``--requests`` more at
 ``--concurrency``, and records them again. Writes ``load_tests/results/soak.json``. Targets:
@@ -40,9 +43,25 @@ GRAPHS = {  # target, pipeline config, endpoint
 }  # fmt: skip
 
 
+SESSIONS = 64
+SYSTEM = "You are a helpful voice assistant who answers briefly. " * 6
+
+
 def request_body(graph: str, i: int) -> dict:
     if graph == "image":
         return {"prompt": "a small red kite", "size": "64x64", "num_inference_steps": 2, "seed": i}
+    if i % 2:
+        return {
+            "model": "qwen3-omni",
+            "session_id": f"soak-{i % SESSIONS}",
+            "messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": f"Question number {i}?"}],
+            "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": "wav"},
+            "max_tokens": 8,
+            "seed": i,
+            "stage_overrides": {"talker": {"max_tokens": 16, "seed": i}},
+        }  # fmt: skip
     return {
         "model": "qwen3-omni",
         "messages": [{"role": "user", "content": [
