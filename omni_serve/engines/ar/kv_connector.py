@@ -108,6 +108,10 @@ class ChannelKVConnector(KVConnectorBase_V1):
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        parallel = vllm_config.parallel_config
+        if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
+            # Each worker holds a shard of every block: one export would carry one shard.
+            raise ValueError("ChannelKVConnector supports one worker (tensor/pipeline parallel 1)")
         self.block_size = vllm_config.cache_config.block_size
         self.num_blocks = kv_cache_config.num_blocks if kv_cache_config else 0
         backend = self._kv_transfer_config.get_from_extra_config("channel", "auto")

@@ -43,6 +43,17 @@ def channel_kv_transfer_config(backend: str = "auto", inline_max_bytes: int = 64
     }
 
 
+def _check_single_worker(engine_args: dict[str, Any]) -> None:
+    """The channel KV connector moves one worker's whole cache blocks; with tensor or pipeline
+    parallel each worker holds a shard, and a prefix would load one shard into all of them."""
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if int(engine_args.get(key) or 1) > 1:
+            raise ValueError(
+                f"the session_kv edge (channel KV connector) needs {key}=1; "
+                "remove the edge to run this stage with more than one worker"
+            )
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -57,6 +68,7 @@ class VLLMEngine:
         self.cpu_cores = cpu_cores
         self.engine_args = {**DEFAULT_ENGINE_ARGS, **(engine_args or {})}
         if kv_transfer_config is not None:
+            _check_single_worker(self.engine_args)
             self.engine_args["kv_transfer_config"] = kv_transfer_config
         if capture_hidden:
             self.engine_args["worker_extension_cls"] = (

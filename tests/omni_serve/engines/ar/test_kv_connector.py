@@ -3,6 +3,7 @@ chunked prefill, a request that ends early, exports that come back after the fin
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace as NS
 
 import pytest
@@ -16,7 +17,7 @@ from omni_serve.engines.ar.kv_connector import (  # noqa: E402
     ChannelKVConnector,
     ChannelKVWorkerMetadata,
 )
-from omni_serve.transport import make_channel  # noqa: E402
+from omni_serve.transport import ChannelError, make_channel  # noqa: E402
 from omni_serve.transport.kv_blocks import KVPrefix  # noqa: E402
 
 BLOCK = 4
@@ -24,9 +25,14 @@ BLOCK = 4
 
 @pytest.fixture
 def connector():
+    return ChannelKVConnector(_config(), KVConnectorRole.SCHEDULER, NS(num_blocks=32))
+
+
+def _config(tensor_parallel: int = 1) -> NS:
     transfer = NS(get_from_extra_config=lambda key, default: default, is_kv_producer=True)
-    config = NS(kv_transfer_config=transfer, cache_config=NS(block_size=BLOCK))
-    return ChannelKVConnector(config, KVConnectorRole.SCHEDULER, NS(num_blocks=32))
+    parallel = NS(tensor_parallel_size=tensor_parallel, pipeline_parallel_size=1)
+    return NS(kv_transfer_config=transfer, cache_config=NS(block_size=BLOCK),
+              parallel_config=parallel)  # fmt: skip
 
 
 def request(req_id: str, prompt: list[int], params: dict | None) -> NS:
@@ -112,3 +118,27 @@ def test_no_import_for_another_block_size_or_a_covered_prefix(connector):
 def test_unreadable_prefix_params_compute_instead_of_failing_the_scheduler(connector, bad):
     req = request("e", list(range(20)), {"omni_kv": bad})
     assert connector.get_num_new_matched_tokens(req, 0) == (0, False)
+
+
+def test_a_prefix_the_local_cache_covers_is_freed_not_left_to_its_lease(connector):
+    channel = make_channel("shared_memory")
+    prefix = KVPrefix(list(range(8)), BLOCK, channel.put(torch.zeros(4)))
+    req = request("f", list(range(20)), {"omni_kv": prefix.encode()})
+    assert connector.get_num_new_matched_tokens(req, 8) == (0, False)
+    with pytest.raises(ChannelError):
+        asyncio.run(channel.get(prefix.ref))
+
+
+def test_a_prefix_whose_request_ends_before_loading_is_freed(connector):
+    channel = make_channel("shared_memory")
+    prefix = KVPrefix(list(range(8)), BLOCK, channel.put(torch.zeros(4)))
+    req = request("g", list(range(20)), {"omni_kv": prefix.encode()})
+    assert connector.get_num_new_matched_tokens(req, 0) == (8, False)
+    connector.request_finished(req, [])  # aborted while waiting for blocks
+    with pytest.raises(ChannelError):
+        asyncio.run(channel.get(prefix.ref))
+
+
+def test_tensor_parallel_workers_are_refused():
+    with pytest.raises(ValueError, match="one worker"):
+        ChannelKVConnector(_config(tensor_parallel=2), KVConnectorRole.SCHEDULER, NS(num_blocks=8))
