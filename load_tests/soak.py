@@ -7,7 +7,7 @@ Serves a graph with every edge on the shared-memory channel: ``image`` (default)
 Qwen-Image graph (small images, 2 steps), ``omni`` the tiny Qwen3-Omni graph (text and speech
 out, the Talker capped at 16 codec frames per request; even requests a short spoken question:
 encoder -> Thinker -> Talker -> Code2wav; odd ones a text turn of one of 64 sessions with a
-~200-token system prompt: each exports its prompt's KV, which the ingress keeps for that
+228-token system prompt: each exports its prompt's KV, which the ingress keeps for that
 session's next turn, which frees it or loads it), so the run is about the serving path, not
 the model. Sends
 ``--warmup`` requests, records the resident memory (RSS) of every Serve replica and the proxy,

@@ -2,9 +2,12 @@
 
 Affinity: the requests of one conversation should reach the replica whose engine already
 holds their prefix in its KV cache (vLLM prefix caching), so a multi-turn request recomputes
-only its new turn. A request's affinity key is its ``session_id`` when the client sent one,
-else a hash of its first ``prefix_tokens`` prompt tokens (the system prompt and first user
-turn, shared by every later turn of the conversation). Keys map to replicas by rendezvous
+only its new turn (a spoken reply to a prompt with media still computes all of it: the Talker
+needs the Thinker's rows of every media position). A turn sent elsewhere can load the KV its
+previous turn exported (the pipeline's ``session_kv`` edge). A request's affinity key is its
+``session_id`` when the client sent one, else a hash of its first ``prefix_tokens`` prompt
+tokens (the system prompt and first user turn, shared by every later turn of the
+conversation). Keys map to replicas by rendezvous
 hashing, so adding or removing a replica moves only the keys that replica owned. When the
 preferred replica is full, or busier than the least-loaded one by more than
 ``imbalance_threshold`` requests, the request goes to the least-loaded replica instead.
