@@ -50,30 +50,23 @@ SYSTEM = "You are a helpful voice assistant who answers briefly. " * 6
 def request_body(graph: str, i: int) -> dict:
     if graph == "image":
         return {"prompt": "a small red kite", "size": "64x64", "num_inference_steps": 2, "seed": i}
-    if i % 2:
-        return {
-            "model": "qwen3-omni",
-            "session_id": f"soak-{i % SESSIONS}",
-            "messages": [{"role": "system", "content": SYSTEM},
-                         {"role": "user", "content": f"Question number {i}?"}],
-            "modalities": ["text", "audio"],
-            "audio": {"voice": "ethan", "format": "wav"},
-            "max_tokens": 8,
-            "seed": i,
-            "stage_overrides": {"talker": {"max_tokens": 16, "seed": i}},
-        }  # fmt: skip
-    return {
+    spoken_reply = {
         "model": "qwen3-omni",
-        "messages": [{"role": "user", "content": [
-            {"type": "text", "text": "What did I say?"},
-            {"type": "input_audio", "input_audio": {"data": SPOKEN, "format": "wav"}},
-        ]}],
         "modalities": ["text", "audio"],
         "audio": {"voice": "ethan", "format": "wav"},
         "max_tokens": 8,
         "seed": i,
         "stage_overrides": {"talker": {"max_tokens": 16, "seed": i}},
-    }  # fmt: skip
+    }
+    if i % 2:
+        return {**spoken_reply, "session_id": f"soak-{i % SESSIONS}", "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Question number {i}?"},
+        ]}  # fmt: skip
+    return {**spoken_reply, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What did I say?"},
+        {"type": "input_audio", "input_audio": {"data": SPOKEN, "format": "wav"}},
+    ]}]}  # fmt: skip
 
 
 def _spoken_question() -> str:
