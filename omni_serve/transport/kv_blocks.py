@@ -52,7 +52,14 @@ class KVPrefix:
 
     @staticmethod
     def decode(text: str) -> KVPrefix:
-        return pickle.loads(base64.b64decode(text))
+        """Raises ValueError for anything that is not an encoded prefix."""
+        try:
+            prefix = pickle.loads(base64.b64decode(text))
+        except (ValueError, TypeError, EOFError, AttributeError, pickle.UnpicklingError) as exc:
+            raise ValueError(f"not an encoded KV prefix: {exc}") from None
+        if not isinstance(prefix, KVPrefix):
+            raise ValueError(f"not an encoded KV prefix: a {type(prefix).__name__}")
+        return prefix
 
     def matching_tokens(self, prompt: list[int], mm_ids: list[str]) -> int:
         """How many leading tokens of ``prompt`` these blocks cover (whole blocks, and never

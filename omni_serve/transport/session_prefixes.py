@@ -18,7 +18,6 @@ anyway).
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ DEFAULT_TTL_S = 300.0
 def _decode(encoded: str) -> KVPrefix | None:
     try:
         return KVPrefix.decode(encoded)
-    except (ValueError, TypeError, EOFError, AttributeError, pickle.UnpicklingError) as exc:
+    except ValueError as exc:
         log.warning("unreadable KV prefix (%s): its lease reclaims its buffer", exc)
         return None
 

@@ -4,6 +4,8 @@ chunked prefill, a request that ends early, exports that come back after the fin
 from __future__ import annotations
 
 import asyncio
+import base64
+import pickle
 from types import SimpleNamespace as NS
 
 import pytest
@@ -114,7 +116,10 @@ def test_no_import_for_another_block_size_or_a_covered_prefix(connector):
     assert connector.get_num_new_matched_tokens(req, 8) == (0, False)  # all local already
 
 
-@pytest.mark.parametrize("bad", ["not base64!", "aGVsbG8=", 42])
+NOT_A_PREFIX = base64.b64encode(pickle.dumps({"token_ids": [1]})).decode()
+
+
+@pytest.mark.parametrize("bad", ["not base64!", "aGVsbG8=", 42, NOT_A_PREFIX])
 def test_unreadable_prefix_params_compute_instead_of_failing_the_scheduler(connector, bad):
     req = request("e", list(range(20)), {"omni_kv": bad})
     assert connector.get_num_new_matched_tokens(req, 0) == (0, False)
