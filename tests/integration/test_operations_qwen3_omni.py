@@ -163,8 +163,9 @@ def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(serve
     """vLLM's engine process dies under the Thinker (as an OOM kill would do it): the log says
     so, /health is 503 naming the Thinker, and a request sent meanwhile waits for the
     replacement replica and succeeds instead of failing with EngineDeadError."""
-    [pid] = replica_pids("thinker")
-    [engine] = [p for p in engine_core_pids() if parent_pid(p) == pid]
+    seen = engine_view()
+    what = f"one Thinker replica with its vLLM engine (at the start: {seen})"
+    pid, engine = wait_for(thinker_with_engine, 120, what)
     os.kill(engine, signal.SIGKILL)
     unhealthy = wait_for(lambda: (r := httpx.get(f"{URL}/health", timeout=10)).status_code == 503
                          and r, 30, "/health reports the Thinker")  # fmt: skip
@@ -174,10 +175,27 @@ def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(serve
     healthy_again("thinker", pid)
 
 
+def thinker_with_engine() -> tuple[int, int] | None:
+    """(replica pid, engine pid) once the Thinker has one replica and it has its engine: an
+    earlier test's replacement may still be starting (its engine is spawned late in init)."""
+    pids = replica_pids("thinker")
+    engines = [p for p in engine_core_pids() if parent_pid(p) in pids]
+    return (pids.pop(), engines[0]) if len(pids) == 1 and len(engines) == 1 else None
+
+
+def engine_view() -> str:
+    engines = [(p, parent_pid(p)) for p in engine_core_pids()]
+    return f"Thinker replicas {replica_pids('thinker')}, engines and their parents {engines}"
+
+
 def engine_core_pids() -> list[int]:
     out = subprocess.run(["pgrep", "-f", "VLLM::EngineCore"], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
 
 
 def parent_pid(pid: int) -> int:
-    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    """0 for a process that has exited since it was listed."""
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except FileNotFoundError:
+        return 0
