@@ -18,6 +18,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
 from deployments.common import configure_http_guards, ingress_app, serve_problems
+from deployments.session_store import SessionStoreClient
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
 from omni_serve.api.errors import ApiError, stage_failure
@@ -50,7 +51,7 @@ from omni_serve.models.qwen3_omni.pipeline import (
 )
 from omni_serve.models.qwen3_omni.request import PreparedPrompt, prepare_prompt
 from omni_serve.transport import make_channel
-from omni_serve.transport.session_prefixes import SessionPrefixes, free_prefix
+from omni_serve.transport.session_prefixes import free_prefix
 
 app = ingress_app("omni-serve")
 log = logging.getLogger("ray.serve")
@@ -149,6 +150,7 @@ class Ingress:
         talker: DeploymentHandle,
         code2wav: DeploymentHandle,
         encoder: DeploymentHandle | None = None,
+        session_store: DeploymentHandle | None = None,
     ) -> None:
         from transformers import AutoProcessor
 
@@ -163,8 +165,8 @@ class Ingress:
         if encoder is not None:
             self.handles["encoder"] = encoder
         self.clients = _HandleClients(self.handles)
-        api = self.config.api
-        self.sessions = SessionPrefixes(api.session_kv_max_bytes, api.session_kv_ttl_s)
+        # With the Thinker's session_kv edge: the app's store of sessions' prefixes.
+        self.sessions = SessionStoreClient(session_store) if session_store else None
         thinker = self.config.stage("thinker").engine
         args = {**DEFAULT_ENGINE_ARGS, **(thinker.args if thinker else {})}
         self.context_tokens = int(args["max_model_len"])  # prompts this long get a 400
@@ -176,13 +178,17 @@ class Ingress:
     ) -> AsyncIterator[ChatEvent]:
         """One chat through the stages; a session's turn takes the KV prefix its previous turn
         exported (for whichever Thinker replica it lands on) and leaves its own for the next."""
-        options.session_kv = self.sessions.pop(options.session_id)
+        if self.sessions is not None:
+            options.session_kv = await self.sessions.pop(options.session_id)
         done = False
         try:
             async for event in stream_chat(self.clients, prompt, options, request_id):
                 if event.kind == "done":
                     done = True
-                    self.sessions.keep(options.session_id, event.result.session_kv)
+                    if self.sessions is not None:
+                        await self.sessions.keep(options.session_id, event.result.session_kv)
+                    else:  # nothing exports without the edge; nobody would load it
+                        free_prefix(event.result.session_kv)
                     self.metrics.observe_prompt(
                         event.result.prompt_tokens, event.result.cached_tokens
                     )
@@ -203,8 +209,10 @@ class Ingress:
     async def metrics(self) -> Response:
         stages = ("encoder", "talker", "code2wav")
         await self.metrics.poll_stages({n: h for n, h in self.handles.items() if n in stages})
-        self.metrics.session_kv.labels("prefixes").set(len(self.sessions))
-        self.metrics.session_kv.labels("bytes").set(self.sessions.nbytes)
+        if self.sessions is not None:
+            kept = await self.sessions.stats()
+            self.metrics.session_kv.labels("prefixes").set(kept["prefixes"])
+            self.metrics.session_kv.labels("bytes").set(kept["bytes"])
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions")

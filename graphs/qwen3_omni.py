@@ -13,8 +13,10 @@ from typing import Any
 from ray.serve import Application
 
 from deployments.code2wav import Code2WavDeployment
+from deployments.common import find_edge
 from deployments.encoder import EncoderDeployment
 from deployments.ingress import Ingress
+from deployments.session_store import SessionStore
 from deployments.talker import TalkerDeployment
 from deployments.thinker import ThinkerDeployment
 from graphs.common import REPO, pipeline_path
@@ -45,9 +47,16 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         options = stage.serve_options()
         upstream = (bound["thinker"],) if kind == "talker" else ()  # the Talker pulls text
         bound[kind] = cls.options(name=stage.name, **options).bind(data, stage.name, *upstream)
+    # One store for the app, so a session's turns find their prefix from any ingress replica.
+    store = None
+    if find_edge(config, "thinker", "session_kv"):
+        api = config.api
+        store = SessionStore.options(name="sessions").bind(
+            api.session_kv_max_bytes, api.session_kv_ttl_s
+        )
     ingress = next(s for s in config.stages if s.kind == "ingress")
     return Ingress.options(name=ingress.name, **ingress.deployment.serve_options()).bind(
-        data, bound["thinker"], bound["talker"], bound["code2wav"], bound.get("encoder")
+        data, bound["thinker"], bound["talker"], bound["code2wav"], bound.get("encoder"), store
     )
 
 

@@ -40,7 +40,8 @@ class ApiMetrics:
         )  # fmt: skip
         self.session_kv = Gauge(
             "omni_session_kv",
-            "KV prefixes this ingress replica keeps for sessions' next turns: 'prefixes', 'bytes'.",
+            "KV prefixes the app's session store keeps for sessions' next turns (every ingress "
+            "replica reports the one store): 'prefixes', 'bytes'.",
             ["what"], registry=r,
         )  # fmt: skip
         self.audio_seconds = Counter("omni_audio_seconds", "Seconds of audio produced.", registry=r)

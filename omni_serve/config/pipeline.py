@@ -170,9 +170,9 @@ class ApiSettings(_Strict):
     session_kv_max_bytes: int = Field(
         1 << 30,
         ge=0,
-        description="With a session_kv edge: the most KV-prefix bytes one ingress replica keeps "
-        "for sessions' next turns (each holds a channel buffer of the Thinker's); past it the "
-        "least recently used session's prefix is freed.",
+        description="With a session_kv edge: the most KV-prefix bytes the app's session store "
+        "keeps for sessions' next turns (each holds a channel buffer of the Thinker's); past it "
+        "the least recently used session's prefix is freed.",
     )
     session_kv_ttl_s: float = Field(
         300.0,

@@ -1,20 +1,25 @@
 """The ingress's part of the session KV handover: a session's turn hands the Thinker the prefix
-its last turn exported and keeps the one this turn exports; a turn that fails frees the prefix
-it was handed; requests without a session keep nothing."""
+its last turn exported (through whichever ingress replica it came) and keeps the one this turn
+exports in the app's session store; a turn that fails frees the prefix it was handed; requests
+without a session keep nothing; a store that fails or hangs costs the turn its prefix only."""
 
 from __future__ import annotations
+
+import asyncio
+import types
 
 import pytest
 import torch
 
+from deployments import session_store
 from deployments.ingress import Ingress
+from deployments.session_store import SessionStore, SessionStoreClient
 from omni_serve.api.metrics import ApiMetrics
 from omni_serve.models.qwen3_omni.pipeline import ChatOptions, collect
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
 from omni_serve.transport import SharedMemoryChannel
 from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.kv_blocks import KVPrefix
-from omni_serve.transport.session_prefixes import SessionPrefixes
 
 
 class FakeThinker:
@@ -37,9 +42,25 @@ class FakeThinker:
                "session_kv": self.exported[-1] if request.get("session_id") else None}  # fmt: skip
 
 
-def _ingress(clients: FakeThinker):
+class LocalHandle:
+    """A DeploymentHandle's ``handle.method.remote(*args)`` over a local replica object."""
+
+    def __init__(self, replica) -> None:
+        self.replica = replica
+
+    def __getattr__(self, method: str):
+        return types.SimpleNamespace(remote=lambda *args: getattr(self.replica, method)(*args))
+
+
+def _store():
+    return SessionStore.func_or_class(max_bytes=1 << 20, ttl_s=300.0)
+
+
+def _ingress(clients: FakeThinker, store=None):
     ingress = object.__new__(Ingress.func_or_class)
-    ingress.clients, ingress.sessions, ingress.metrics = clients, SessionPrefixes(), ApiMetrics()
+    ingress.clients, ingress.metrics = clients, ApiMetrics()
+    ingress.store = store if store is not None else _store()
+    ingress.sessions = SessionStoreClient(LocalHandle(ingress.store))
     return ingress
 
 
@@ -61,10 +82,11 @@ async def test_a_turn_gets_the_prefix_its_last_turn_exported():
     ingress = _ingress(clients)
     first = await _turn(ingress, "s", "t1")
     assert clients.requests[0]["session_kv"] is None and first.cached_tokens == 2
-    assert len(ingress.sessions) == 1
+    assert len(ingress.store.prefixes) == 1
     await _turn(ingress, "s", "t2")
     assert clients.requests[1]["session_kv"] == clients.exported[0]  # handed to the Thinker
-    assert len(ingress.sessions) == 1 and ingress.sessions.pop("s") == clients.exported[1]
+    assert await ingress.sessions.pop("s") == clients.exported[1]
+    assert len(ingress.store.prefixes) == 0
     counted = ingress.metrics.registry.get_sample_value
     assert counted("omni_prompt_tokens_total", {"kind": "cached"}) == 4  # 2 per turn
     assert counted("omni_prompt_tokens_total", {"kind": "computed"}) == 4
@@ -77,11 +99,43 @@ async def test_a_failed_turn_frees_the_prefix_it_was_handed():
     clients.fail = True
     with pytest.raises(RuntimeError, match="died"):
         await _turn(ingress, "s", "t2")
-    assert _freed(clients.exported[0]) and len(ingress.sessions) == 0
+    assert _freed(clients.exported[0]) and len(ingress.store.prefixes) == 0
 
 
 async def test_requests_without_a_session_keep_nothing():
     clients = FakeThinker()
     ingress = _ingress(clients)
     await _turn(ingress, None, "t1")
-    assert clients.requests[0]["session_kv"] is None and len(ingress.sessions) == 0
+    assert clients.requests[0]["session_kv"] is None and len(ingress.store.prefixes) == 0
+
+
+async def test_a_turn_through_another_ingress_replica_gets_the_prefix():
+    """Serve's proxy sent turn two to the other ingress replica: the store is the app's."""
+    clients = FakeThinker()
+    store = _store()
+    first, second = _ingress(clients, store), _ingress(clients, store)
+    await _turn(first, "s", "t1")
+    await _turn(second, "s", "t2")
+    assert clients.requests[1]["session_kv"] == clients.exported[0]
+    assert await second.sessions.stats() == {"prefixes": 1, "bytes": 2 * 4 * 4}
+
+
+class FailingStore:
+    async def pop(self, session_id):
+        raise RuntimeError("store replica died")
+
+    async def keep(self, session_id, encoded):
+        raise RuntimeError("store replica died")
+
+    async def stats(self):
+        await asyncio.sleep(60)  # hangs (being replaced)
+
+
+async def test_a_failing_store_costs_the_turn_its_prefix_only(monkeypatch):
+    monkeypatch.setattr(session_store, "STORE_TIMEOUT_S", 0.1)
+    clients = FakeThinker()
+    ingress = _ingress(clients, FailingStore())
+    result = await _turn(ingress, "s", "t1")
+    assert result.token_ids == [5] and clients.requests[0]["session_kv"] is None
+    assert _freed(clients.exported[0])  # it could not be kept: nobody would free it
+    assert await ingress.sessions.stats() == {"prefixes": 0, "bytes": 0}

@@ -88,6 +88,31 @@ async def test_idle_websocket_clients_are_closed_and_do_not_lock_others_out(serv
             await asyncio.wait_for(ws.recv(), 10)
 
 
+def test_a_sessions_prefix_is_kept_for_the_app_not_per_ingress_replica(served):
+    """With two ingress replicas, Serve's proxy sends a session's turns to either: the prefix
+    turn one exported is in the app's session store, which /metrics on every ingress replica
+    shows (ten asks: each replica answers some), and turn two takes it and leaves its own."""
+    system = {"role": "system", "content": "You answer briefly and kindly. " * 40}
+    session = {"session_id": "ops-session-1"}
+    turn = [system, {"role": "user", "content": "Name a colour."}]
+    first = chat({"messages": turn, "max_tokens": 4, **session})
+    assert first.status_code == 200, first.text[:300]
+    assert [kept_prefixes() for _ in range(10)] == [1] * 10
+    turn += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "And another?"}]  # fmt: skip
+    second = chat({"messages": turn, "max_tokens": 4, **session})
+    assert second.status_code == 200, second.text[:300]
+    prompt = first.json()["usage"]["prompt_tokens"]
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt // 128 * 128
+    assert [kept_prefixes() for _ in range(4)] == [1] * 4  # turn two's replaced turn one's
+
+
+def kept_prefixes() -> float:
+    lines = httpx.get(f"{URL}/metrics", timeout=30).text.splitlines()
+    [line] = [line for line in lines if line.startswith('omni_session_kv{what="prefixes"}')]
+    return float(line.split()[-1])
+
+
 def test_a_thinker_killed_mid_stream_ends_it_with_an_error_naming_the_thinker(served):
     """The client has part of the text when the Thinker dies: the stream ends with an error
     event saying the Thinker died (and to send again) and [DONE], at once, not after a hang."""
