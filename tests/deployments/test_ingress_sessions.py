@@ -20,6 +20,7 @@ from omni_serve.models.qwen3_omni.request import PreparedPrompt
 from omni_serve.transport import SharedMemoryChannel
 from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.kv_blocks import KVPrefix
+from omni_serve.transport.session_prefixes import free_prefix
 
 
 class FakeThinker:
@@ -40,6 +41,16 @@ class FakeThinker:
         yield {"token_ids": [5], "text": "hi", "finished": True, "finish_reason": "stop",
                "num_prompt_tokens": len(request["prompt_ids"]), "num_cached_tokens": 2,
                "session_kv": self.exported[-1] if request.get("session_id") else None}  # fmt: skip
+
+
+@pytest.fixture
+def clients():
+    """The fake Thinker; afterwards every prefix it exported is freed (a double free is a
+    no-op), so no segment stays in use for tests that count them later in this process."""
+    fake = FakeThinker()
+    yield fake
+    for encoded in fake.exported:
+        free_prefix(encoded)
 
 
 class LocalHandle:
@@ -77,8 +88,7 @@ def _turn(ingress, session: str | None, request_id: str):
     return collect(ingress._chat(prompt, options, request_id))
 
 
-async def test_a_turn_gets_the_prefix_its_last_turn_exported():
-    clients = FakeThinker()
+async def test_a_turn_gets_the_prefix_its_last_turn_exported(clients):
     ingress = _ingress(clients)
     first = await _turn(ingress, "s", "t1")
     assert clients.requests[0]["session_kv"] is None and first.cached_tokens == 2
@@ -92,8 +102,7 @@ async def test_a_turn_gets_the_prefix_its_last_turn_exported():
     assert counted("omni_prompt_tokens_total", {"kind": "computed"}) == 4
 
 
-async def test_a_failed_turn_frees_the_prefix_it_was_handed():
-    clients = FakeThinker()
+async def test_a_failed_turn_frees_the_prefix_it_was_handed(clients):
     ingress = _ingress(clients)
     await _turn(ingress, "s", "t1")
     clients.fail = True
@@ -102,16 +111,14 @@ async def test_a_failed_turn_frees_the_prefix_it_was_handed():
     assert _freed(clients.exported[0]) and len(ingress.store.prefixes) == 0
 
 
-async def test_requests_without_a_session_keep_nothing():
-    clients = FakeThinker()
+async def test_requests_without_a_session_keep_nothing(clients):
     ingress = _ingress(clients)
     await _turn(ingress, None, "t1")
     assert clients.requests[0]["session_kv"] is None and len(ingress.store.prefixes) == 0
 
 
-async def test_a_turn_through_another_ingress_replica_gets_the_prefix():
+async def test_a_turn_through_another_ingress_replica_gets_the_prefix(clients):
     """Serve's proxy sent turn two to the other ingress replica: the store is the app's."""
-    clients = FakeThinker()
     store = _store()
     first, second = _ingress(clients, store), _ingress(clients, store)
     await _turn(first, "s", "t1")
@@ -131,9 +138,8 @@ class FailingStore:
         await asyncio.sleep(60)  # hangs (being replaced)
 
 
-async def test_a_failing_store_costs_the_turn_its_prefix_only(monkeypatch):
+async def test_a_failing_store_costs_the_turn_its_prefix_only(clients, monkeypatch):
     monkeypatch.setattr(session_store, "STORE_TIMEOUT_S", 0.1)
-    clients = FakeThinker()
     ingress = _ingress(clients, FailingStore())
     result = await _turn(ingress, "s", "t1")
     assert result.token_ids == [5] and clients.requests[0]["session_kv"] is None
