@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from deployments.common import pin_to_cores, stage_dtype, stage_setup
+from deployments.common import pin_to_cores, stage_device, stage_dtype, stage_setup
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 
@@ -19,8 +19,9 @@ class Code2WavDeployment:
         _, stage, model_path = stage_setup(pipeline, stage_name)
         pin_to_cores(stage.deployment.cpu_cores)
         self.codec, self.left_context = load_code2wav_decoder(
-            model_path, stage_dtype(stage), max_batch=stage.engine.max_batch_size
-        )
+            model_path, stage_dtype(stage), max_batch=stage.engine.max_batch_size,
+            device=stage_device(stage.deployment.ray_actor_options.num_gpus),
+        )  # fmt: skip
         self.decode_batched.set_max_batch_size(stage.engine.max_batch_size)
         # Streaming chunk plan (engine args): small first chunk, growing to the steady size.
         args = stage.engine.args

@@ -109,13 +109,13 @@ def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32):
     return talker.to(dtype), config
 
 
-def load_code2wav(checkpoint: str | Path, dtype: torch.dtype = torch.float32):
+def load_code2wav(checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
     config = load_config(checkpoint)
     code2wav = Qwen3OmniMoeCode2Wav._from_config(config.code2wav_config)
     load_submodule(code2wav, checkpoint, "code2wav.")
-    return code2wav.to(dtype), config
+    return code2wav.to(device=device, dtype=dtype), config
 
 
 def load_thinker_embeddings(checkpoint: str | Path) -> torch.Tensor:

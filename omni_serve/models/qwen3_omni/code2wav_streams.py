@@ -99,8 +99,9 @@ class Code2wavStreams:
         """Run the new frames [Q, n] through the transformer; returns the kept + new rows."""
         model = self.code2wav
         n = codes.shape[1]
-        hidden = model.code_embedding(codes[None] + model.code_offset).mean(1)
-        positions = torch.arange(state.seen, state.seen + n)[None]
+        device = model.code_embedding.weight.device
+        hidden = model.code_embedding(codes[None].to(device) + model.code_offset).mean(1)
+        positions = torch.arange(state.seen, state.seen + n, device=device)[None]
         out = model.pre_transformer(
             inputs_embeds=hidden, past_key_values=state.cache, use_cache=True,
             position_ids=positions,

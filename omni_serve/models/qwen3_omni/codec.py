@@ -35,10 +35,12 @@ def load_code2wav_decoder(
     dtype: torch.dtype = torch.float32,
     max_batch: int = 1,
     stream_state: bool = True,
+    device: str = "cpu",
 ) -> tuple[CodecDecoder, int]:
     """The batched decoder and its exact left context in frames. ``stream_state``: keep each
-    stream's transformer state between its jobs (``Code2wavStreams``; exact either way)."""
-    code2wav, config = load_code2wav(checkpoint, dtype)
+    stream's transformer state between its jobs (``Code2wavStreams``; exact either way).
+    ``device``: where the model runs; codes come and waveforms go back on the CPU."""
+    code2wav, config = load_code2wav(checkpoint, dtype, device)
     use_in_place_snake(code2wav)
     streams = Code2wavStreams(code2wav) if stream_state else None
 
@@ -65,9 +67,9 @@ def load_code2wav_decoder(
         (it needs the long context, and runs at frame rate: cheap), then the upsampling and
         decoder convs (sample rate: the cost) from frame ``trims[i]`` on."""
         trims = trims or [0] * codes.shape[0]
-        per_row = transformer_rows(codes, trims, jobs or [])
+        per_row = transformer_rows(codes.to(device), trims, jobs or [])
         length = max(r.shape[0] for r in per_row)
-        rows = torch.zeros(len(per_row), length, per_row[0].shape[1], dtype=per_row[0].dtype)
+        rows = per_row[0].new_zeros(len(per_row), length, per_row[0].shape[1])
         for i, r in enumerate(per_row):
             rows[i, : r.shape[0]] = r
         x = rows.permute(0, 2, 1)
@@ -76,7 +78,7 @@ def load_code2wav_decoder(
                 x = block(x)
         for block in code2wav.decoder:
             x = block(x)
-        return x.clamp(min=-1, max=1)[:, 0].float()
+        return x.clamp(min=-1, max=1)[:, 0].float().cpu()
 
     decoder = CodecDecoder(
         decode,
