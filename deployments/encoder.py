@@ -3,6 +3,9 @@
 Audio rows: the Thinker takes the prompt as embeddings with them in the audio positions.
 Image rows (deepstack features concatenated on the last dim): the Thinker passes them to vLLM
 as ``image_embeds`` with their grids (see ``omni_serve.compat.vllm_image_embeds``).
+Rows leave on the CPU even from a GPU replica: vLLM takes prompt embeddings there (its engine
+process reads them from the request), and the inline and object-store backends would otherwise
+carry CUDA tensors to a consumer that may have no GPU.
 """
 
 from __future__ import annotations
@@ -43,14 +46,14 @@ class EncoderDeployment:
             input_features=torch.cat(features, dim=1), feature_lens=lengths
         )
         self.clips += len(features)
-        return self.channel.put(out.embeds.float())
+        return self.channel.put(out.embeds.float().cpu())
 
     async def encode_images(self, pixels: TensorRef, grid_thw: torch.Tensor) -> TensorRef:
         """Rows of every image, in prompt order: [sum N_i, H * (1 + deepstack levels)]."""
         patches = await take(pixels)
         out = await self.vision.encode(pixel_values=patches, grid_thw=grid_thw)
         self.clips += int(grid_thw.shape[0])
-        return self.channel.put(torch.cat([out.embeds, *out.deepstack], dim=-1).float())
+        return self.channel.put(torch.cat([out.embeds, *out.deepstack], dim=-1).float().cpu())
 
     async def ready(self) -> bool:
         return True

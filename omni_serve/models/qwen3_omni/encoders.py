@@ -16,7 +16,7 @@ from omni_serve.models.qwen3_omni.checkpoint import load_config, load_submodule
 
 class Qwen3OmniEncoders:
     """``device``: where the towers run. Inputs may come on the CPU; outputs stay on the
-    device (the tensor channel copies them out, or hands them on GPU-to-GPU)."""
+    device (the caller decides where they go next)."""
 
     def __init__(
         self, checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
