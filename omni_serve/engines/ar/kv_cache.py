@@ -19,10 +19,12 @@ class SlotKVCache:
         head_dim: int,
         max_len: int,
         dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
     ) -> None:
         shape = (num_slots, num_kv_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.device = torch.device(device)
         self.lengths = [0] * num_slots
         self.max_len = max_len
         self._free = list(range(num_slots - 1, -1, -1))
@@ -57,12 +59,13 @@ class SlotKVCache:
             self.values[layer][slot, :, start : start + new] = values[row]
         span = max(starts) + new
         # Gather only the live span: copying the whole max_len per layer was most of a step.
-        index = torch.tensor(slots, dtype=torch.long)
+        device = self.device
+        index = torch.tensor(slots, dtype=torch.long, device=device)
         k = self.keys[layer][:, :, :span].index_select(0, index)
         v = self.values[layer][:, :, :span].index_select(0, index)
-        start_t = torch.tensor(starts).view(-1, 1, 1)
-        query_pos = start_t + torch.arange(new).view(1, -1, 1)  # [b, L, 1]
-        key_pos = torch.arange(span).view(1, 1, -1)  # [1, 1, S]
+        start_t = torch.tensor(starts, device=device).view(-1, 1, 1)
+        query_pos = start_t + torch.arange(new, device=device).view(1, -1, 1)  # [b, L, 1]
+        key_pos = torch.arange(span, device=device).view(1, 1, -1)  # [1, 1, S]
         mask = (key_pos <= query_pos).unsqueeze(1)  # [b, 1, L, S]
         return k, v, mask
 

@@ -97,7 +97,7 @@ def _is_tied(module: nn.Module, name: str) -> bool:
     return name in tied
 
 
-def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32):
+def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     from transformers import Qwen3OmniMoeTalkerForConditionalGeneration
 
     from omni_serve.compat.transformers import qwen3_omni_talker_audio_config
@@ -106,7 +106,7 @@ def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32):
     talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config)
     load_submodule(talker, checkpoint, "talker.")
     qwen3_omni_talker_audio_config(talker, config.thinker_config)
-    return talker.to(dtype), config
+    return talker.to(device=device, dtype=dtype), config
 
 
 def load_code2wav(checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):

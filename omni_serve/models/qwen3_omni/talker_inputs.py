@@ -10,6 +10,10 @@ video placeholders); everywhere else it reads layer 0, the token embeddings, whi
 up in its own copy of the table. So a prompt without media needs no captured rows at all: the
 Thinker sends ``TOKEN_EMBEDDINGS`` instead, computes nothing extra, and may serve the prompt
 from its prefix cache (rows of cached tokens are never computed, so never captured).
+
+Rows arrive on the CPU (from the channel; the embedding table stays there too: it is the
+Thinker's, vocabulary x hidden) and are projected where the Talker's weights are; position ids
+stay on the CPU (the runner moves them).
 """
 
 from __future__ import annotations
@@ -53,7 +57,11 @@ class TalkerInputBuilder:
     # -- rows ------------------------------------------------------------------------------
 
     def _text_rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.talker.text_projection(self.thinker_embed[token_ids].to(self._dtype))
+        return self.talker.text_projection(self._on_device(self.thinker_embed[token_ids]))
+
+    def _on_device(self, rows: torch.Tensor) -> torch.Tensor:
+        weight = self.talker.codec_head.weight
+        return rows.to(weight.device, weight.dtype)
 
     @property
     def _dtype(self) -> torch.dtype:
@@ -101,15 +109,18 @@ class TalkerInputBuilder:
         if embed_rows.shape[0] != len(prompt_ids) or accept_rows.shape[0] != len(prompt_ids):
             raise ValueError("thinker rows do not cover the prompt")
         user_idx = self._user_positions(ids)
-        dtype = self._dtype
-        user = torch.empty(len(user_idx), talker_cfg.text_config.hidden_size, dtype=dtype)
+        dtype, device = self._dtype, self.talker.codec_head.weight.device
+        hidden = talker_cfg.text_config.hidden_size
+        user = torch.empty(len(user_idx), hidden, dtype=dtype, device=device)
         mm = multimodal[user_idx]
         if mm.any():
-            user[mm] = self.talker.hidden_projection(accept_rows[user_idx][mm].to(dtype))
-        user[~mm] = self.talker.text_projection(embed_rows[user_idx][~mm].to(dtype))
+            rows = self.talker.hidden_projection(self._on_device(accept_rows[user_idx][mm]))
+            user[mm.to(device)] = rows
+        rows = self.talker.text_projection(self._on_device(embed_rows[user_idx][~mm]))
+        user[(~mm).to(device)] = rows
 
         start = self._assistant_start(ids)
-        role_rows = self.talker.text_projection(embed_rows[start : start + 3].to(dtype))
+        role_rows = self.talker.text_projection(self._on_device(embed_rows[start : start + 3]))
         first = self._text_rows(torch.tensor([first_token]))
         text_part = torch.cat([role_rows, self.tts_pad.expand(4, -1), self.tts_bos[None], first])
         codec_ids = torch.tensor(
@@ -119,8 +130,8 @@ class TalkerInputBuilder:
         )  # fmt: skip
         codec_part = torch.cat(
             [
-                torch.zeros(3, user.shape[1], dtype=dtype),
-                self.talker.get_input_embeddings()(codec_ids),
+                torch.zeros(3, user.shape[1], dtype=dtype, device=device),
+                self.talker.get_input_embeddings()(codec_ids.to(device)),
             ]
         )
         embeds = torch.cat([user, text_part + codec_part])

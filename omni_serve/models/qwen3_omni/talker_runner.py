@@ -10,6 +10,11 @@ The code predictor's 15 short passes also run on its own sub-layers here rather 
 its ``forward``: every row of a frame sits at the same positions, so no mask is needed, the
 rotary table is computed once, and the KV cache is one preallocated buffer per layer; the
 mask building and cache bookkeeping of 15 model calls per step were ~10% of a step at batch 4.
+
+The runner computes where the Talker's weights are (a GPU when the stage reserves one). Logits
+and codes come back to the CPU once per step for the engine's sampler and the Code2wav edge;
+the code predictor's sampled rows are drawn on the CPU too, with the requests' CPU generators
+(greedy rows stay on the device).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class TalkerRunner:
         self.predictor = talker.code_predictor
         self.tts_pad = tts_pad
         self.max_batch_size = max_batch_size
+        self.device = talker.codec_head.weight.device
         text_cfg = talker.config.text_config
         head_dim = (
             getattr(text_cfg, "head_dim", None)
@@ -72,13 +78,14 @@ class TalkerRunner:
             head_dim=head_dim,
             max_len=max_len,
             dtype=talker.codec_head.weight.dtype,
+            device=self.device,
         )
         predictor_cfg = self.predictor.config
         self.num_residuals = predictor_cfg.num_code_groups - 1
         # Positions 0..15 of every frame: cos/sin once (the same elementwise values per call).
-        probe = torch.zeros(1, dtype=talker.codec_head.weight.dtype)
+        probe = torch.zeros(1, dtype=talker.codec_head.weight.dtype, device=self.device)
         self._predictor_rope = self.predictor.model.rotary_emb(
-            probe, torch.arange(self.num_residuals + 1)[None]
+            probe, torch.arange(self.num_residuals + 1, device=self.device)[None]
         )
         self._predictor_kv_shape = (
             predictor_cfg.num_key_value_heads,
@@ -136,33 +143,38 @@ class TalkerRunner:
     @torch.no_grad()
     def prefill(self, state: TalkerState) -> StepOutput:
         state.slot = self.cache.allocate()
-        embeds = state.prompt_embeds.to(self.tts_pad.dtype)[None]
-        hidden = self._forward([state.slot], embeds, state.position_ids[:, None, :])
+        embeds = state.prompt_embeds.to(self.device, self.tts_pad.dtype)[None]
+        positions = state.position_ids.to(self.device)[:, None, :]
+        hidden = self._forward([state.slot], embeds, positions)
         state.last_hidden = hidden[0, -1]
-        return StepOutput(logits=self.talker.codec_head(hidden[0, -1]))
+        return StepOutput(logits=self.talker.codec_head(hidden[0, -1]).cpu())
 
     @torch.no_grad()
     def decode(self, states: list[TalkerState], last_tokens: list[int]) -> list[StepOutput]:
-        c0 = torch.tensor(last_tokens)
+        c0 = torch.tensor(last_tokens, device=self.device)
         c0_embed = self.model.get_input_embeddings()(c0)[:, None]  # [b, 1, H]
         past_hidden = torch.stack([s.last_hidden for s in states])[:, None]
         residual_codes, residual_sum = self._predict_residuals(states, past_hidden, c0_embed)
-        text = torch.stack([s.trailing.popleft() if s.trailing else self.tts_pad for s in states])
+        text = torch.stack(
+            [s.trailing.popleft() if s.trailing else self.tts_pad for s in states]
+        ).to(self.device)
         inputs = c0_embed + residual_sum + text[:, None]
         slots = [s.slot for s in states]
         positions = (
-            torch.tensor([self.cache.lengths[s.slot] + s.rope_delta for s in states])
+            torch.tensor(
+                [self.cache.lengths[s.slot] + s.rope_delta for s in states], device=self.device
+            )
             .view(1, -1, 1)
             .expand(3, -1, 1)
         )
         hidden = self._forward(slots, inputs, positions)[:, -1]
-        logits = self.talker.codec_head(hidden)
+        logits = self.talker.codec_head(hidden).cpu()  # one copy per step, for the sampler
+        frames = torch.cat([c0[:, None], residual_codes], dim=1).cpu()  # to Code2wav
         outs = []
         for i, state in enumerate(states):
             state.last_hidden = hidden[i]
             state.step += 1
-            codes = torch.cat([c0[i : i + 1], residual_codes[i]])
-            outs.append(StepOutput(logits=logits[i], outputs={"codes": codes}))
+            outs.append(StepOutput(logits=logits[i], outputs={"codes": frames[i]}))
         return outs
 
     # -- math ------------------------------------------------------------------------------
@@ -208,9 +220,10 @@ class TalkerRunner:
         token = torch.argmax(logits, dim=-1)
         rows = [i for i, s in enumerate(states) if not s.greedy]
         if rows:
-            token[rows] = sample_rows(
-                logits[rows], CODE_PREDICTOR_SAMPLING, [states[i].generator for i in rows]
+            picks = sample_rows(
+                logits[rows].cpu(), CODE_PREDICTOR_SAMPLING, [states[i].generator for i in rows]
             )
+            token[rows] = picks.to(token.device)
         return token
 
     def _forward(
