@@ -2,6 +2,7 @@
 and size, against plain pickled arguments and a single-thread memcpy in the same run.
 
     .venv/bin/python load_tests/bench_channel.py     # ~2 min
+    .venv/bin/python load_tests/bench_channel.py --cross-node     # ~2 min
 
 A round is: the producer ``put``s a preallocated float32 tensor (the copy into the channel is
 counted) and returns the ref; the consumer ``get``s it and answers its size. "pickled" sends
@@ -14,10 +15,18 @@ round right before each payload round); "gbps" counts the whole round,
 "transfer_gbps" only the added part. Writes
 load_tests/results/bench_channel.json and prints a table. Targets (issue 5): the chosen
 backend >= 50% of memcpy at >= 16 MB (>= 10x pickled); 4 KB adds < 1 ms.
+
+``--cross-node``: the producer and the consumer on two Ray nodes of one machine
+(``ray.cluster_utils.Cluster``; each node has its own raylet and object store, so an object
+store ref or a pickled argument is pulled by the consumer's node over the object manager, and
+the direct backend reads over UCX TCP), loopback standing in for the wire. Only the backends
+that cross nodes: ``auto`` picks shared memory on nodes that share a host (the same as the
+one-node run). Writes ``load_tests/results/bench_channel_cross_node.json``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -38,6 +47,8 @@ TCP_ONLY = {"env_vars": {"UCX_TLS": "tcp"}}
 # private buffer and the calls carry only its size: the floor for any channel that copies once,
 # since a copy inside a round runs with caches the two calls (and the other actor) just used.
 EXTRA = {"pickled": None, "direct_tcp": "direct", "copy": None}
+CROSS_NODE_BACKENDS = ["object_store", "direct_tcp", "pickled", "copy"]
+NODE_STORE_BYTES = 2 << 30  # each node's object store: 256 MB payloads with room to spare
 
 
 def memcpy_gbps(nbytes: int, repeats: int) -> float:
@@ -74,10 +85,35 @@ def in_process_ms(nbytes: int, repeats: int) -> dict[str, float]:
     return {"put_ms": statistics.median(puts) * 1e3, "take_ms": statistics.median(takes) * 1e3}
 
 
+def start_ray(cross_node: bool):
+    """Ray on one node, or two nodes of this machine (the cluster, to shut down after)."""
+    import ray
+
+    if not cross_node:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        return None
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "resources": {"node_a": 1}, "object_store_memory": NODE_STORE_BYTES,
+        "include_dashboard": False,
+    })  # fmt: skip
+    cluster.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=NODE_STORE_BYTES)
+    ray.init(address=cluster.address, log_to_driver=False)
+    return cluster
+
+
 def main() -> int:
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cross-node", action="store_true", help="producer, consumer on 2 nodes")
+    cross_node = parser.parse_args().cross_node
+    backends = CROSS_NODE_BACKENDS if cross_node else BACKENDS
+    cluster = start_ray(cross_node)
+    # Producer on one node, consumer on the other (cross-node), or both anywhere.
+    places = ({"resources": {"node_a": 0.1}}, {"resources": {"node_b": 0.1}}) if cross_node \
+        else ({}, {})  # fmt: skip
 
     @ray.remote(num_cpus=0)
     class Producer:
@@ -88,7 +124,8 @@ def main() -> int:
             self.tensors = {n: torch.ones(n // 4) for n in SIZES.values()}
             self.copies = {n: torch.empty(n // 4) for n in SIZES.values()}
             # One channel per backend, as a stage holds one per edge.
-            self.channels = {b: make_channel(b) for b in BACKENDS if b not in EXTRA}
+            names = {EXTRA.get(b, b) for b in backends} - {None}
+            self.channels = {name: make_channel(name) for name in names}
 
         def put(self, nbytes: int, backend: str):
             tensor = self.tensors[nbytes]
@@ -119,9 +156,10 @@ def main() -> int:
             return None
 
     pairs = {
-        "default": (Producer.remote(), Consumer.remote()),
-        "tcp": (Producer.options(runtime_env=TCP_ONLY).remote(),
-                Consumer.options(runtime_env=TCP_ONLY).remote()),
+        "default": (Producer.options(**places[0]).remote(),
+                    Consumer.options(**places[1]).remote()),
+        "tcp": (Producer.options(runtime_env=TCP_ONLY, **places[0]).remote(),
+                Consumer.options(runtime_env=TCP_ONLY, **places[1]).remote()),
     }  # fmt: skip
     producer, consumer = pairs["default"]
 
@@ -146,7 +184,7 @@ def main() -> int:
         repeats = 30 if nbytes <= 64 << 20 else 8
         row = {"size": label, "nbytes": nbytes, "memcpy_gbps": memcpy_gbps(nbytes, repeats),
                "shared_memory_in_process": in_process_ms(nbytes, repeats)}  # fmt: skip
-        for backend in BACKENDS:
+        for backend in backends:
             timed_round(nbytes, backend)  # warm-up
             # Each round paired with an empty one right before it: the machine's load drifts
             # over a run (the empty round moved 1.4 -> 2.2 ms between runs on this machine), so
@@ -165,38 +203,57 @@ def main() -> int:
             }
         rows.append(row)
         print(f"{label:>6}  memcpy {row['memcpy_gbps']:6.2f} GB/s  " + "  ".join(
-            f"{b} {row[b]['gbps']:6.2f} GB/s {row[b]['added_ms']:7.2f} ms" for b in BACKENDS
+            f"{b} {row[b]['gbps']:6.2f} GB/s {row[b]['added_ms']:7.2f} ms" for b in backends
         ), flush=True)  # fmt: skip
     ray.shutdown()
+    if cluster is not None:
+        cluster.shutdown()
 
+    name = "bench_channel_cross_node.json" if cross_node else "bench_channel.json"
+    summary = {
+        "empty_round_ms_at_start": overhead * 1e3,
+        "rows": rows,
+        "targets": cross_node_figures(rows) if cross_node else one_node_targets(rows),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / name).write_text(json.dumps(summary, indent=1))
+    print("targets:", json.dumps(summary["targets"], indent=1))
+    return 0
+
+
+def cross_node_figures(rows: list[dict]) -> dict:
+    """GB/s per backend by size, and each channel backend over pickled arguments."""
+    figures: dict = {}
+    for backend in ("object_store", "direct_tcp", "pickled"):
+        figures[f"{backend}_gbps_by_size"] = {r["size"]: r[backend]["gbps"] for r in rows}
+    for backend in ("object_store", "direct_tcp"):
+        figures[f"{backend}_over_pickled_by_size"] = {
+            r["size"]: r[backend]["gbps"] / r["pickled"]["gbps"] for r in rows
+        }
+    return figures
+
+
+def one_node_targets(rows: list[dict]) -> dict:
     big = [r for r in rows if r["nbytes"] >= 16 << 20]
 
     def worst(over: str, field: str = "gbps") -> float:
         return min(r["auto"][field] / (r[over] if over == "memcpy_gbps" else r[over][field])
                    for r in big)  # fmt: skip
 
-    summary = {
-        "empty_round_ms_at_start": overhead * 1e3,
-        "rows": rows,
-        "targets": {
-            "auto_over_memcpy_min_at_16MB_plus": worst("memcpy_gbps"),
-            "auto_transfer_over_memcpy_min_at_16MB_plus": worst("memcpy_gbps", "transfer_gbps"),
-            "auto_over_pickled_min_at_16MB_plus": worst("pickled"),
-            "auto_transfer_over_copy_round_min_at_16MB_plus": worst("copy", "transfer_gbps"),
-            "copy_round_transfer_over_memcpy_by_size": {
-                r["size"]: r["copy"]["transfer_gbps"] / r["memcpy_gbps"] for r in big
-            },
-            "added_ms_at_4KB": rows[0]["auto"]["added_ms"],
-            "direct_over_memcpy_min_at_16MB_plus": min(
-                r["direct"]["gbps"] / r["memcpy_gbps"] for r in big
-            ),
-            "direct_tcp_gbps_by_size": {r["size"]: r["direct_tcp"]["gbps"] for r in rows},
+    return {
+        "auto_over_memcpy_min_at_16MB_plus": worst("memcpy_gbps"),
+        "auto_transfer_over_memcpy_min_at_16MB_plus": worst("memcpy_gbps", "transfer_gbps"),
+        "auto_over_pickled_min_at_16MB_plus": worst("pickled"),
+        "auto_transfer_over_copy_round_min_at_16MB_plus": worst("copy", "transfer_gbps"),
+        "copy_round_transfer_over_memcpy_by_size": {
+            r["size"]: r["copy"]["transfer_gbps"] / r["memcpy_gbps"] for r in big
         },
-    }  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_channel.json").write_text(json.dumps(summary, indent=1))
-    print("targets:", json.dumps(summary["targets"], indent=1))
-    return 0
+        "added_ms_at_4KB": rows[0]["auto"]["added_ms"],
+        "direct_over_memcpy_min_at_16MB_plus": min(
+            r["direct"]["gbps"] / r["memcpy_gbps"] for r in big
+        ),
+        "direct_tcp_gbps_by_size": {r["size"]: r["direct_tcp"]["gbps"] for r in rows},
+    }
 
 
 if __name__ == "__main__":
