@@ -40,6 +40,10 @@ class KVPrefix:
     block_size: int
     ref: TensorRef
     mm_ids: list[str] = field(default_factory=list)
+    # How the exporting engine lays K and V out in a block (its attention backend's own
+    # format): an engine loads only blocks of its own layout, and a reader of the keys and
+    # values themselves picks its unpacking by it. "" = not recorded.
+    layout: str = ""
 
     @property
     def num_blocks(self) -> int:
@@ -109,6 +113,8 @@ def put_prefix(
     token_ids: list[int],
     block_size: int,
     mm_ids: list[str],
+    layout: str = "",
 ) -> KVPrefix:
     ref = channel.put(gather(caches, dims, block_ids))
-    return KVPrefix(list(token_ids[: len(block_ids) * block_size]), block_size, ref, mm_ids)
+    tokens = list(token_ids[: len(block_ids) * block_size])
+    return KVPrefix(tokens, block_size, ref, mm_ids, layout)

@@ -4,9 +4,16 @@ its prefill again, with the same tokens out."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import re
 
+import pytest
+import torch
+
+from omni_serve.engines.ar.kv_layout import dense_kv
 from omni_serve.engines.ar.vllm_engine import channel_kv_transfer_config
+from omni_serve.transport import take
+from omni_serve.transport.kv_blocks import KVPrefix
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +82,23 @@ def test_a_prefix_taken_already_is_recomputed_not_a_failure(engines):
     # it decodes from blocks nobody wrote).
     tokens, _, _ = _run(first, [*prompt, 2], {"omni_kv": exported["omni_kv"]})
     assert tokens == _run(first, [*prompt, 2])[0]
+
+
+def test_exported_blocks_read_back_as_the_models_own_keys_and_values(engines, hf_omni):
+    """User story: a stage that attends to an AR stage's KV (a DiT conditioned on the Thinker)
+    reads the exported blocks as the keys and values transformers' model computes itself."""
+    first, _ = engines
+    prompt = [*PROMPT[:300], 40]
+    _, _, exported = _run(first, prompt, {"omni_kv_export": True}, max_tokens=1)
+    prefix = KVPrefix.decode(exported["omni_kv"])
+    assert prefix.layout == "CPU_ATTN/vec"  # fp32 on a CPU without AMX, as in CI
+    dense = dense_kv(asyncio.run(take(prefix.ref)), prefix.layout)
+    with torch.no_grad():
+        cache = hf_omni.thinker(input_ids=torch.tensor([prompt]), use_cache=True).past_key_values
+    tokens = 2 * BLOCK  # the whole blocks of 301 tokens
+    assert len(dense) == len(cache.layers)
+    for name, (keys, values) in dense.items():
+        layer = cache.layers[int(re.search(r"layers\.(\d+)\.", name).group(1))]
+        # transformers: [batch, kv_heads, tokens, head_size]; dense: [tokens, kv_heads, ...]
+        torch.testing.assert_close(keys, layer.keys[0, :, :tokens].transpose(0, 1))
+        torch.testing.assert_close(values, layer.values[0, :, :tokens].transpose(0, 1))

@@ -35,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
 )
 
+from omni_serve.engines.ar.kv_layout import cache_layout
 from omni_serve.transport import ChannelError, make_channel, release, take
 from omni_serve.transport.kv_blocks import (
     EXPORT_KEY,
@@ -112,6 +113,7 @@ class ChannelKVConnector(KVConnectorBase_V1):
             # Each worker holds a shard of every block: one export would carry one shard.
             raise ValueError("ChannelKVConnector supports one worker (tensor/pipeline parallel 1)")
         self.block_size = vllm_config.cache_config.block_size
+        self.layout = cache_layout(vllm_config)
         self.num_blocks = kv_cache_config.num_blocks if kv_cache_config else 0
         backend = self._kv_transfer_config.get_from_extra_config("channel", "auto")
         inline = self._kv_transfer_config.get_from_extra_config("inline_max_bytes", 64 * 1024)
@@ -151,6 +153,12 @@ class ChannelKVConnector(KVConnectorBase_V1):
         if prefix.block_size != self.block_size:
             logger.warning("KV prefix of block size %d, engine uses %d: not loaded",
                            prefix.block_size, self.block_size)  # fmt: skip
+            release(prefix.ref)
+            return 0, False
+        if prefix.layout and self.layout and prefix.layout != self.layout:
+            # Same shapes can hold K and V in another order (another backend or kernel).
+            logger.warning("KV prefix of layout %s, engine uses %s: not loaded",
+                           prefix.layout, self.layout)  # fmt: skip
             release(prefix.ref)
             return 0, False
         usable = prefix.matching_tokens(list(request.prompt_token_ids), _mm_ids(request))
@@ -264,7 +272,8 @@ class ChannelKVConnector(KVConnectorBase_V1):
         for export in meta.exports:
             try:
                 prefix = put_prefix(self._channel, self._caches, self._dims, export.block_ids,
-                                    export.token_ids, self.block_size, export.mm_ids)  # fmt: skip
+                                    export.token_ids, self.block_size, export.mm_ids,
+                                    self.layout)  # fmt: skip
             except (ChannelError, OSError, RuntimeError) as exc:  # the request still answers
                 logger.warning("KV prefix of %s not exported: %s", export.req_id, exc)
                 self._exported[export.req_id] = ""

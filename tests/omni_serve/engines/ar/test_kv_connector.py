@@ -116,6 +116,19 @@ def test_no_import_for_another_block_size_or_a_covered_prefix(connector):
     assert connector.get_num_new_matched_tokens(req, 8) == (0, False)  # all local already
 
 
+def test_no_import_of_blocks_laid_out_by_another_backend(connector):
+    connector.layout = "CPU_ATTN/vec"
+    channel = make_channel("shared_memory")
+    other = KVPrefix(list(range(8)), BLOCK, channel.put(torch.zeros(4)), layout="CPU_ATTN/amx")
+    req = request("h", list(range(20)), {"omni_kv": other.encode()})
+    assert connector.get_num_new_matched_tokens(req, 0) == (0, False)
+    with pytest.raises(ChannelError):  # handed back, not left to its lease
+        asyncio.run(channel.get(other.ref))
+    same = KVPrefix(list(range(8)), BLOCK, channel.put(torch.zeros(4)), layout="CPU_ATTN/vec")
+    req = request("i", list(range(20)), {"omni_kv": same.encode()})
+    assert connector.get_num_new_matched_tokens(req, 0) == (8, False)
+
+
 NOT_A_PREFIX = base64.b64encode(pickle.dumps({"token_ids": [1]})).decode()
 
 

@@ -1,0 +1,82 @@
+"""Where a vLLM engine keeps K and V inside its cache blocks, and reading them back out.
+
+Engine to engine, exported blocks move as opaque bytes: the receiver is the same model on the
+same attention backend, so it scatters them into its cache as they are (the connector checks
+that the layouts match). A stage that attends to an AR stage's KV instead (a DiT conditioned on
+the Thinker's cache) needs the keys and values themselves: ``dense_kv`` unpacks exported blocks
+into per-layer [tokens, kv_heads, head_size] tensors, the shape vLLM's own attention takes them
+in. Only layouts checked against transformers' own cache have a reader
+(tests/integration/test_kv_prefix_transfer.py); any other is refused by name rather than
+unpacked by guess.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger(__name__)
+
+LayerKV = tuple[torch.Tensor, torch.Tensor]
+
+
+def cache_layout(vllm_config: VllmConfig) -> str:
+    """``"<attention backend>/<block format>"``, e.g. ``"CPU_ATTN/vec"``; "" if unknown."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backend
+
+        backend = get_current_attn_backend(vllm_config).get_name()
+    except Exception as exc:  # noqa: BLE001 - a layout we cannot name is just not checked
+        logger.warning("KV cache layout unknown (%s): exported blocks carry none", exc)
+        return ""
+    if backend == "CPU_ATTN":
+        return f"{backend}/{_cpu_isa(vllm_config)}"
+    resolve = getattr(vllm_config.cache_config, "get_resolved_kv_cache_layout", None)
+    return f"{backend}/{resolve().name}" if resolve else backend
+
+
+def _cpu_isa(vllm_config: VllmConfig) -> str:
+    """The CPU backend's kernel family, which decides how a block packs K (vLLM 0.32: chosen
+    by the private ``cpu_attn._get_attn_isa`` from dtype, block and head size; no public
+    accessor before the layers exist)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except ImportError:
+        return "unknown"
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    return _get_attn_isa(model.dtype, cache.block_size, model.get_head_size(), cache.cache_dtype)
+
+
+def _cpu_vec(blocks: torch.Tensor) -> LayerKV:
+    """CPU_ATTN's "vec" blocks, [blocks, heads, block_size, 2 * head_size]: per block and head
+    the first half holds K transposed ([head_size, block_size]), the second V
+    ([block_size, head_size])."""
+    num_blocks, heads, block_size, twice = blocks.shape
+    head_size = twice // 2
+    halves = blocks.reshape(num_blocks, heads, 2, block_size * head_size)
+    keys = halves[:, :, 0].reshape(num_blocks, heads, head_size, block_size).permute(0, 3, 1, 2)
+    values = halves[:, :, 1].reshape(num_blocks, heads, block_size, head_size).transpose(1, 2)
+    tokens = num_blocks * block_size
+    return keys.reshape(tokens, heads, head_size), values.reshape(tokens, heads, head_size)
+
+
+READERS: dict[str, Callable[[torch.Tensor], LayerKV]] = {"CPU_ATTN/vec": _cpu_vec}
+
+
+def dense_kv(blocks: dict[str, torch.Tensor], layout: str) -> dict[str, LayerKV]:
+    """Per layer (K, V), each [tokens, kv_heads, head_size], from an exported prefix's blocks
+    (``KVPrefix.layout`` names ``layout``). K is as the cache holds it: after the rotary
+    embedding, at the prompt's positions."""
+    reader = READERS.get(layout)
+    if reader is None:
+        raise ValueError(
+            f"no reader for KV layout {layout or '(not recorded)'!r}; readers exist for "
+            f"{sorted(READERS)}"
+        )
+    return {name: reader(layer) for name, layer in blocks.items()}
