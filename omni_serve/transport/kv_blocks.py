@@ -21,6 +21,10 @@ from omni_serve.transport.base import Channel, TensorRef
 # Keys of vLLM's per-request kv_transfer_params (omni_serve.engines.ar.kv_connector).
 EXPORT_KEY = "omni_kv_export"  # in: put this prompt's whole blocks on the channel
 PREFIX_KEY = "omni_kv"  # in: load this encoded KVPrefix; out: the exported one
+# in, for a prompt given as embeddings (vLLM has no token ids for it): its token ids, and
+# [(offset, identity)] of the media items spliced into it, to match prefixes on
+PROMPT_KEY = "omni_kv_prompt"
+MEDIA_KEY = "omni_kv_media"
 
 
 def block_dim(cache: torch.Tensor, num_blocks: int) -> int:
@@ -44,6 +48,15 @@ class KVPrefix:
     # format): an engine loads only blocks of its own layout, and a reader of the keys and
     # values themselves picks its unpacking by it. "" = not recorded.
     layout: str = ""
+    # What the exporting stage keeps with the blocks for the session's next turn (the
+    # Thinker's rows at media positions) and the facts that say what it covers. Engines never
+    # read it; it is freed with the prefix (``refs``).
+    companion: TensorRef | None = None
+    companion_meta: dict = field(default_factory=dict)
+
+    def refs(self) -> list[TensorRef]:
+        """Every buffer this prefix holds."""
+        return [self.ref] if self.companion is None else [self.ref, self.companion]
 
     @property
     def num_blocks(self) -> int:

@@ -43,7 +43,7 @@ def free_prefix(encoded: str | None) -> None:
     """Hand back the buffer of an encoded prefix nobody will load."""
     prefix = _decode(encoded) if encoded else None
     if prefix is not None:
-        release(prefix.ref)
+        release(*prefix.refs())
 
 
 @dataclass
@@ -88,11 +88,12 @@ class SessionPrefixes:
         prefix = _decode(encoded) if encoded else None
         if prefix is None:
             return
-        if not session_id or prefix.ref.nbytes > self.max_bytes:
-            release(prefix.ref)
+        nbytes = sum(ref.nbytes for ref in prefix.refs())
+        if not session_id or nbytes > self.max_bytes:
+            release(*prefix.refs())
             return
-        self._kept[session_id] = _Kept(encoded, prefix.ref.nbytes, time.monotonic())
-        self.nbytes += prefix.ref.nbytes
+        self._kept[session_id] = _Kept(encoded, nbytes, time.monotonic())
+        self.nbytes += nbytes
         self._evict()
 
     def clear(self) -> None:

@@ -15,8 +15,13 @@ builds it all).
   is gone, costs nothing but the prefill it would have saved. One the request does not load
   (its own prefix cache holds those tokens already, or they do not match) is freed.
 
-Not for requests that capture hidden states for a Talker: rows of imported tokens are never
-computed, so they cannot be captured (send such a request no ``omni_kv``).
+A prompt given as embeddings (vLLM sees no token ids or media in it) takes part when its
+``kv_transfer_params`` also name its token ids (``omni_kv_prompt``) and the media items spliced
+into it (``omni_kv_media``: [(offset, identity)]); without them it neither exports nor loads.
+
+A request that captures hidden states gets rows of the tokens it computes only: one that
+loads a prefix must have the loaded tokens' rows already (the Thinker keeps them per session).
+An aborted request's export is freed here: its output, which would carry it, goes nowhere.
 """
 
 from __future__ import annotations
@@ -34,12 +39,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
+from vllm.v1.request import RequestStatus
 
 from omni_serve.engines.ar.kv_layout import cache_layout
 from omni_serve.transport import ChannelError, make_channel, release, take
 from omni_serve.transport.kv_blocks import (
     EXPORT_KEY,
+    MEDIA_KEY,
     PREFIX_KEY,
+    PROMPT_KEY,
     KVPrefix,
     block_dim,
     put_prefix,
@@ -88,9 +96,28 @@ class ChannelKVWorkerMetadata(KVConnectorWorkerMetadata):
         return ChannelKVWorkerMetadata({**self.prefixes, **other.prefixes})
 
 
+def _prompt(request: Any) -> list[int]:
+    """The prompt's token ids; for an embeddings prompt, those its sender named (if they
+    cover it exactly), else none: such a prompt neither exports nor loads."""
+    if request.prompt_token_ids is not None:
+        return list(request.prompt_token_ids)
+    named = (request.kv_transfer_params or {}).get(PROMPT_KEY) or []
+    return list(named) if len(named) == request.num_prompt_tokens else []
+
+
 def _mm_ids(request: Any, before: int | None = None) -> list[str]:
+    """Identities of the prompt's media items (those starting before ``before``): vLLM's for
+    media it encodes, the sender's for rows spliced into an embeddings prompt."""
     features = getattr(request, "mm_features", None) or []
-    return [f.identifier for f in features if before is None or f.mm_position.offset < before]
+    spliced = (request.kv_transfer_params or {}).get(MEDIA_KEY) or []
+    items = [(f.mm_position.offset, f.identifier) for f in features] + [tuple(i) for i in spliced]
+    return [str(identity) for offset, identity in items if before is None or offset < before]
+
+
+def _free_export(params: dict[str, Any]) -> None:
+    encoded = params.get(PREFIX_KEY)
+    if encoded:
+        release(KVPrefix.decode(encoded).ref)
 
 
 def _run(coro: Any) -> Any:
@@ -123,6 +150,7 @@ class ChannelKVConnector(KVConnectorBase_V1):
         self._block_ids: dict[str, list[int]] = {}
         self._params: dict[str, dict[str, Any]] = {}  # exported, not finished yet
         self._awaiting: dict[str, dict[str, Any]] = {}  # finished, export not back yet
+        self._dropped: set[str] = set()  # aborted, export not back yet: free it on arrival
         # worker side
         worker = role == KVConnectorRole.WORKER
         self._channel = make_channel(backend, int(inline)) if worker else None
@@ -135,20 +163,24 @@ class ChannelKVConnector(KVConnectorBase_V1):
 
     def on_new_request(self, request: Request) -> None:
         params = request.kv_transfer_params or {}
-        if params.get(EXPORT_KEY) and request.prompt_token_ids:
+        if params.get(EXPORT_KEY) and _prompt(request):
             self._wanted[request.request_id] = request
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         encoded = (request.kv_transfer_params or {}).get(PREFIX_KEY)
-        if not encoded or not request.prompt_token_ids:
+        if not encoded:
             return 0, False
         try:
             prefix = KVPrefix.decode(encoded)
         except ValueError as exc:
             # The scheduler must not die for one request's bad params: it computes instead.
             logger.warning("KV prefix of %s unreadable (%s): not loaded", request.request_id, exc)
+            return 0, False
+        prompt = _prompt(request)
+        if not prompt:  # an embeddings prompt whose token ids nobody named: nothing to match
+            release(prefix.ref)
             return 0, False
         if prefix.block_size != self.block_size:
             logger.warning("KV prefix of block size %d, engine uses %d: not loaded",
@@ -161,7 +193,7 @@ class ChannelKVConnector(KVConnectorBase_V1):
                            prefix.layout, self.layout)  # fmt: skip
             release(prefix.ref)
             return 0, False
-        usable = prefix.matching_tokens(list(request.prompt_token_ids), _mm_ids(request))
+        usable = prefix.matching_tokens(prompt, _mm_ids(request))
         if usable <= num_computed_tokens:
             release(prefix.ref)  # nothing to load: hand the buffer back now, not at its lease
             return 0, False
@@ -202,7 +234,7 @@ class ChannelKVConnector(KVConnectorBase_V1):
 
     def _export_if_done(self, meta: ChannelKVMetadata, req_id: str, computed: int) -> None:
         request = self._wanted[req_id]
-        prompt = list(request.prompt_token_ids or [])
+        prompt = _prompt(request)
         if computed < len(prompt):
             return  # chunked prefill: the rest of the prompt comes in a later step
         del self._wanted[req_id]
@@ -217,6 +249,10 @@ class ChannelKVConnector(KVConnectorBase_V1):
             return
         for req_id, encoded in worker_meta.prefixes.items():
             value = encoded or None  # "" = the export failed
+            if req_id in self._dropped:
+                self._dropped.discard(req_id)
+                _free_export({PREFIX_KEY: value})
+                continue
             if req_id in self._awaiting:
                 # It finished in its prefill step and handed this dict to its output, which
                 # leaves the engine after this call: filled in place.
@@ -237,6 +273,13 @@ class ChannelKVConnector(KVConnectorBase_V1):
         if not (request.kv_transfer_params or {}).get(EXPORT_KEY):
             return False, None
         params = self._params.pop(req_id, None)
+        if request.status == RequestStatus.FINISHED_ABORTED:
+            # Its output goes nowhere (the caller aborted): the export would wait out its lease.
+            if params is None:
+                self._dropped.add(req_id)
+            else:
+                _free_export(params)
+            return False, None
         if params is None:
             params = self._awaiting[req_id] = {}
         return False, params

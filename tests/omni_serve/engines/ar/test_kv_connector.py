@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("vllm")
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
 
 from omni_serve.engines.ar.kv_connector import (  # noqa: E402
     ChannelKVConnector,
@@ -39,7 +40,7 @@ def _config(tensor_parallel: int = 1) -> NS:
 
 def request(req_id: str, prompt: list[int], params: dict | None) -> NS:
     return NS(request_id=req_id, prompt_token_ids=prompt, kv_transfer_params=params,
-              mm_features=[])  # fmt: skip
+              mm_features=[], status=RequestStatus.FINISHED_STOPPED)  # fmt: skip
 
 
 def step(new=(), cached=(), scheduled=None) -> NS:
@@ -89,6 +90,30 @@ def test_an_export_back_before_the_finish_goes_out_with_it(connector):
     assert connector.request_finished(req, [1, 2]) == (False, {"omni_kv": None})
 
 
+def _exported(channel) -> str:
+    return KVPrefix(list(range(8)), BLOCK, channel.put(torch.zeros(4))).encode()
+
+
+@pytest.mark.parametrize("export_back", ["before_the_abort", "after_the_abort"])
+def test_the_export_of_an_aborted_request_is_freed_not_left_to_its_lease(connector, export_back):
+    """An aborted request's output goes nowhere (the client left, or the Thinker reran it)."""
+    channel = make_channel("shared_memory")
+    encoded = _exported(channel)
+    req = request("a", list(range(8)), {"omni_kv_export": True})
+    connector.on_new_request(req)
+    connector.build_connector_meta(step(new=[("a", [1, 2], 0)], scheduled={"a": 8}))
+    back = NS(kv_connector_worker_meta=ChannelKVWorkerMetadata({"a": encoded}))
+    if export_back == "before_the_abort":
+        connector.update_connector_output(back)
+    req.status = RequestStatus.FINISHED_ABORTED
+    assert connector.request_finished(req, [1, 2]) == (False, None)
+    if export_back == "after_the_abort":
+        connector.update_connector_output(back)
+    with pytest.raises(ChannelError):
+        asyncio.run(channel.get(KVPrefix.decode(encoded).ref))
+    assert not connector._params and not connector._awaiting and not connector._dropped
+
+
 def test_a_request_that_ends_before_its_prefill_exports_nothing(connector):
     req = request("a", list(range(8)), {"omni_kv_export": True})
     connector.on_new_request(req)
@@ -127,6 +152,42 @@ def test_no_import_of_blocks_laid_out_by_another_backend(connector):
     same = KVPrefix(list(range(8)), BLOCK, channel.put(torch.zeros(4)), layout="CPU_ATTN/vec")
     req = request("i", list(range(20)), {"omni_kv": same.encode()})
     assert connector.get_num_new_matched_tokens(req, 0) == (8, False)
+
+
+def embeds_request(req_id: str, params: dict, length: int = 20) -> NS:
+    """An embeddings prompt: vLLM holds no token ids for it."""
+    return NS(request_id=req_id, prompt_token_ids=None, num_prompt_tokens=length,
+              kv_transfer_params=params, mm_features=[])  # fmt: skip
+
+
+def test_an_embeddings_prompt_matches_on_the_ids_and_items_its_sender_named(connector):
+    ids, items = list(range(20)), [[2, "rows:a"], [10, "rows:b"]]
+    named = {"omni_kv_prompt": ids, "omni_kv_media": items}
+    exporter = embeds_request("j", {"omni_kv_export": True, **named})
+    connector.on_new_request(exporter)
+    meta = connector.build_connector_meta(step(new=[("j", list(range(5)), 0)], scheduled={"j": 20}))
+    (export,) = meta.exports
+    assert export.token_ids == ids and export.mm_ids == ["rows:a", "rows:b"]
+
+    channel = make_channel("inline")
+    prefix = KVPrefix(ids[:8], BLOCK, channel.put(torch.zeros(1)), ["rows:a"])
+    same = embeds_request("k", {"omni_kv": prefix.encode(), **named})
+    assert connector.get_num_new_matched_tokens(same, 0) == (8, False)
+    other = {"omni_kv_prompt": ids, "omni_kv_media": [[2, "rows:c"], [10, "rows:b"]]}
+    assert connector.get_num_new_matched_tokens(
+        embeds_request("l", {"omni_kv": prefix.encode(), **other}), 0
+    ) == (0, False)  # same placeholder ids, other audio
+
+
+def test_an_embeddings_prompt_without_its_ids_neither_exports_nor_loads(connector):
+    connector.on_new_request(embeds_request("m", {"omni_kv_export": True}))
+    assert not connector._wanted
+    channel = make_channel("shared_memory")
+    prefix = KVPrefix(list(range(8)), BLOCK, channel.put(torch.zeros(4)))
+    wrong_length = {"omni_kv": prefix.encode(), "omni_kv_prompt": list(range(19))}
+    assert connector.get_num_new_matched_tokens(embeds_request("n", wrong_length), 0) == (0, False)
+    with pytest.raises(ChannelError):  # handed back at once
+        asyncio.run(channel.get(prefix.ref))
 
 
 NOT_A_PREFIX = base64.b64encode(pickle.dumps({"token_ids": [1]})).decode()
