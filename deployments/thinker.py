@@ -5,9 +5,12 @@ thinker) a session's turns hand their prompt's KV blocks to the next turn over t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -18,13 +21,51 @@ from omni_serve.api.errors import StageRejectedInput
 from omni_serve.engines.ar.base import ARRequest, PromptRejected, SamplingConfig
 from omni_serve.engines.ar.vllm_engine import VLLMEngine, channel_kv_transfer_config
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
-from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS, needs_captured_rows
-from omni_serve.transport import take
-from omni_serve.transport.kv_blocks import EXPORT_KEY, PREFIX_KEY
+from omni_serve.models.qwen3_omni.session_rows import (
+    SessionRows,
+    assemble,
+    covers,
+    media_digests,
+    rows_to_keep,
+)
+from omni_serve.models.qwen3_omni.talker_inputs import (
+    TOKEN_EMBEDDINGS,
+    media_token_ids,
+    needs_captured_rows,
+)
+from omni_serve.models.qwen3_omni.thinker_inputs import splice_rows
+from omni_serve.transport import TensorRef, release, take
+from omni_serve.transport.kv_blocks import EXPORT_KEY, MEDIA_KEY, PREFIX_KEY, PROMPT_KEY, KVPrefix
 from omni_serve.transport.session_prefixes import free_prefix
 
 log = logging.getLogger("ray.serve")
 ENGINE_WATCH_PERIOD_S = 1.0
+
+
+@dataclass
+class _Turn:
+    """A turn's session rows: those handed to it (``kept``) and those it keeps (``new``);
+    whatever it neither read nor handed on is freed when the turn ends."""
+
+    capturing: bool
+    kept: SessionRows | None = None
+    kept_taken: bool = False
+    new: SessionRows | None = None
+    handed: SessionRows | None = None
+    media: dict[str, list[str]] | None = None  # its media digests (a session's spoken turn)
+    ids: list[int] = field(default_factory=list)  # the prompt as the engine ran it
+
+    def unhanded(self) -> list[TensorRef]:
+        left = [] if self.kept is None or self.kept_taken else [self.kept]
+        left += [] if self.new is None else [self.new]
+        return [rows.ref for rows in left if rows is not self.handed]
+
+
+def _decode(encoded: str | None) -> KVPrefix | None:
+    try:
+        return KVPrefix.decode(encoded) if encoded else None
+    except ValueError:
+        return None  # the connector says so, and computes
 
 
 @serve.deployment
@@ -41,6 +82,10 @@ class ThinkerDeployment:
         self.model_config = model_config = load_config(model_path)
         self.accept_layer = model_config.talker_config.accept_hidden_layer
         self.audio_token_id = model_config.thinker_config.audio_token_id
+        modalities = ("audio", "image", "video")
+        self.placeholders = dict(zip(modalities, media_token_ids(model_config), strict=True))
+        self.merge_size = model_config.thinker_config.vision_config.spatial_merge_size
+        self.session_channel = edge_channel(config, stage_name, "session_kv")
         # For prompts whose media an encoder stage already encoded: the Thinker then takes
         # the prompt as embeddings (token embeddings with the encoder's rows spliced in).
         self.embed_tokens = load_thinker_embeddings(model_path)
@@ -60,25 +105,42 @@ class ThinkerDeployment:
         layers: tuple[int, ...] = ()
         if request.get("capture") and needs_captured_rows(request["prompt_ids"], self.model_config):
             layers = (0, self.accept_layer)
-        prompt: dict[str, Any] = {"prompt_token_ids": request["prompt_ids"]}
-        media = dict(request.get("multi_modal_data") or {})
-        if request.get("audio_rows") is not None:
-            prompt = {"prompt_embeds": await self._splice_audio(request)}
-        if request.get("image_rows") is not None:
-            media["image"] = {
-                "image_embeds": await take(request["image_rows"]),
-                "image_grid_thw": torch.as_tensor(request["image_grid_thw"]),
-            }
-        ar = ARRequest(
-            request["request_id"],
-            **prompt,
-            multi_modal_data=media or None,
-            sampling=sampling,
-            capture_layers=layers,
-            kv_transfer_params=self._kv_params(request, capturing=bool(layers)),
-        )
+        turn = _Turn(capturing=bool(layers))
         try:
-            async for out in self._generate(ar, request, layers):
+            request = self._take_session_rows(request, turn)
+            prompt: dict[str, Any] = {"prompt_token_ids": request["prompt_ids"]}
+            media = dict(request.get("multi_modal_data") or {})
+            spliced: list[tuple[int, str]] | None = None
+            if request.get("audio_rows") is not None:
+                rows = await take(request["audio_rows"])
+                embeds, spliced = splice_rows(
+                    self.embed_tokens, request["prompt_ids"], rows, self.audio_token_id
+                )
+                prompt = {"prompt_embeds": embeds}
+            image_rows = None
+            if request.get("image_rows") is not None:
+                image_rows = await take(request["image_rows"])
+                media["image"] = {
+                    "image_embeds": image_rows,
+                    "image_grid_thw": torch.as_tensor(request["image_grid_thw"]),
+                }
+            if layers and self.session_kv and request.get("session_id"):
+                turn.media = media_digests(
+                    request.get("multi_modal_data"), spliced, image_rows,
+                    request.get("image_grid_thw"), self.merge_size,
+                )  # fmt: skip
+            # A spoken turn reads caches only where the previous one's rows can stand in.
+            reuse = turn.capturing and turn.kept is not None
+            ar = ARRequest(
+                request["request_id"],
+                **prompt,
+                multi_modal_data=media or None,
+                sampling=sampling,
+                capture_layers=layers,
+                kv_transfer_params=self._kv_params(request, turn.capturing and not reuse, spliced),
+                read_cache=True if reuse else None,
+            )
+            async for out in self._generate(ar, request, layers, turn):
                 yield out
         except PromptRejected as exc:  # a 400 for the client, not a stage failure
             raise StageRejectedInput(str(exc)) from None
@@ -86,66 +148,128 @@ class ThinkerDeployment:
             if not self.engine.running:  # a request must not fail for a dead engine: exit
                 self._exit_for_dead_engine()
             raise
+        finally:
+            release(*turn.unhanded())
 
-    def _kv_params(self, request: dict[str, Any], capturing: bool) -> dict[str, Any] | None:
+    def _kv_params(
+        self, request: dict[str, Any], capturing: bool, spliced: list[tuple[int, str]] | None = None
+    ) -> dict[str, Any] | None:
         """A session's turn exports its prompt's KV and loads the previous turn's, except when
-        it captures rows for the Talker (rows of loaded tokens are never computed)."""
+        it captures rows for the Talker with no rows kept to stand in for cached ones (rows of
+        loaded tokens are never computed). An embeddings prompt (``spliced``: the encoder
+        stage's items in it) names its token ids and items, which vLLM does not see, for the
+        connector to match prefixes on."""
         offered = request.get("session_kv")
         if not self.session_kv or not request.get("session_id"):
             free_prefix(offered)
             return None
         params: dict[str, Any] = {EXPORT_KEY: True}
+        if spliced is not None:
+            params[PROMPT_KEY], params[MEDIA_KEY] = list(request["prompt_ids"]), spliced
         if offered and not capturing:
             params[PREFIX_KEY] = offered
         else:
             free_prefix(offered)
         return params
 
+    def _take_session_rows(self, request: dict[str, Any], turn: _Turn) -> dict[str, Any]:
+        """The rows the session's last spoken turn kept ride its prefix: this turn owns them
+        now (``turn.kept``); the prefix goes on without them."""
+        prefix = _decode(request.get("session_kv"))
+        if prefix is None or prefix.companion is None:
+            return request
+        turn.kept = SessionRows(ref=prefix.companion, **prefix.companion_meta)
+        prefix.companion, prefix.companion_meta = None, {}
+        return {**request, "session_kv": prefix.encode()}
+
     async def _generate(
-        self, ar: ARRequest, request: dict[str, Any], layers: tuple[int, ...]
+        self, ar: ARRequest, request: dict[str, Any], layers: tuple[int, ...], turn: _Turn
     ) -> AsyncIterator[dict[str, Any]]:
-        n_prompt = len(request["prompt_ids"])
         by_embeds = ar.prompt_embeds is not None
         rows: dict[int, list[torch.Tensor]] = {k: [] for k in layers}
         sent_rows = False
-        async for chunk in self.engine.generate(ar):
-            out = {
-                "token_ids": chunk.token_ids,
-                "text": chunk.text,
-                "finished": chunk.finished,
-                "finish_reason": chunk.finish_reason,
-                "num_prompt_tokens": chunk.num_prompt_tokens,
-                "num_cached_tokens": chunk.num_cached_tokens,
-                # vLLM has no real ids for an embeddings prompt; the caller's ids stand.
-                "prompt_token_ids": None if by_embeds else chunk.prompt_token_ids,
-            }
-            if chunk.kv_transfer_params:
-                out["session_kv"] = chunk.kv_transfer_params.get(PREFIX_KEY)
-            for k, v in chunk.hidden.items():
-                rows[k].append(v)
-            if request.get("capture") and not layers and not sent_rows:
-                out["prompt_rows"] = TOKEN_EMBEDDINGS  # no media: the Talker looks them up
-                sent_rows = True
-            if layers and not sent_rows:
-                have = sum(v.shape[0] for v in rows[0])
-                if have >= chunk.num_prompt_tokens or chunk.finished:
-                    full = {
-                        k: torch.cat(v)[: chunk.num_prompt_tokens or n_prompt]
-                        for k, v in rows.items()
-                    }
-                    out["prompt_rows"] = self.channel.put(full)
+        async with contextlib.aclosing(self.engine.generate(ar)) as chunks:
+            async for chunk in chunks:
+                # The prompt as the engine ran it (placeholders expanded; an embeddings prompt
+                # came expanded, and vLLM has no real ids for it).
+                ids = list(request["prompt_ids"]) if by_embeds else chunk.prompt_token_ids
+                turn.ids = turn.ids or ids or []
+                checked = layers and not sent_rows and ar.read_cache and chunk.num_cached_tokens
+                cached = chunk.num_cached_tokens
+                if checked and not covers(turn.kept, turn.ids, turn.media or {}, cached):
+                    turn.ids = []
+                    break  # cached media the kept rows do not cover: run without caches
+                out = {
+                    "token_ids": chunk.token_ids,
+                    "text": chunk.text,
+                    "finished": chunk.finished,
+                    "finish_reason": chunk.finish_reason,
+                    "num_prompt_tokens": chunk.num_prompt_tokens,
+                    "num_cached_tokens": chunk.num_cached_tokens,
+                    # vLLM has no real ids for an embeddings prompt; the caller's ids stand.
+                    "prompt_token_ids": None if by_embeds else chunk.prompt_token_ids,
+                }
+                for k, v in chunk.hidden.items():
+                    rows[k].append(v)
+                if request.get("capture") and not layers and not sent_rows:
+                    out["prompt_rows"] = TOKEN_EMBEDDINGS  # no media: the Talker looks them up
                     sent_rows = True
+                if layers and not sent_rows:
+                    full = await self._prompt_rows(chunk, rows, turn)
+                    if full is not None:
+                        out["prompt_rows"] = self.channel.put(full)
+                        sent_rows = True
+                if chunk.kv_transfer_params:  # the last chunk
+                    out["session_kv"] = self._with_rows(
+                        chunk.kv_transfer_params.get(PREFIX_KEY), turn
+                    )
+                yield out
+                if chunk.finished:
+                    return
+        log.info("request %s: cached media without kept rows; rerunning without caches",
+                 ar.request_id)  # fmt: skip
+        params = {k: v for k, v in (ar.kv_transfer_params or {}).items() if k != PREFIX_KEY}
+        rerun = dataclasses.replace(ar, request_id=f"{ar.request_id}-uncached", read_cache=False,
+                                    kv_transfer_params=params or None)  # fmt: skip
+        async for out in self._generate(rerun, request, layers, turn):
             yield out
 
-    async def _splice_audio(self, request: dict[str, Any]) -> torch.Tensor:
-        rows = await take(request["audio_rows"])
-        ids = torch.tensor(request["prompt_ids"])
-        slots = ids == self.audio_token_id
-        if int(slots.sum()) != rows.shape[0]:
-            raise ValueError(f"{int(slots.sum())} audio positions but {rows.shape[0]} encoder rows")
-        embeds = self.embed_tokens[ids].clone()
-        embeds[slots] = rows.to(embeds.dtype)
-        return embeds
+    async def _prompt_rows(
+        self, chunk: Any, rows: dict[int, list[torch.Tensor]], turn: _Turn
+    ) -> dict[int, torch.Tensor] | None:
+        """The prompt's rows for the Talker once the engine has them all (kept rows at cached
+        media positions, token embeddings at cached text ones), and what this turn keeps for
+        the session's next spoken turn."""
+        cached, ids = chunk.num_cached_tokens, turn.ids
+        if sum(v.shape[0] for v in rows[0]) < len(ids) - cached and not chunk.finished:
+            return None
+        captured = {k: torch.cat(v)[: len(ids) - cached] for k, v in rows.items()}
+        full = captured
+        if cached:
+            kept_rows = await take(turn.kept.ref)
+            turn.kept_taken = True
+            accept = assemble(turn.kept, kept_rows, captured[self.accept_layer], cached)
+            full = {0: self.embed_tokens[torch.tensor(ids)], self.accept_layer: accept}
+        if turn.media is not None:
+            keep = rows_to_keep(ids, full[self.accept_layer], self.placeholders)
+            turn.new = SessionRows(
+                ids, turn.media, self.session_channel.put(keep), self.placeholders
+            )
+        return full
+
+    @staticmethod
+    def _with_rows(encoded: str | None, turn: _Turn) -> str | None:
+        """The turn's export, carrying the rows for the next spoken turn: this turn's own, or
+        (a turn that computed none) those it was handed, still right for what extends them."""
+        companion = turn.new or (None if turn.kept_taken else turn.kept)
+        prefix = _decode(encoded)
+        if prefix is None or companion is None:
+            return encoded
+        prefix.companion = companion.ref
+        prefix.companion_meta = {"ids": companion.ids, "media": companion.media,
+                                 "placeholders": companion.placeholders}  # fmt: skip
+        turn.handed = companion
+        return prefix.encode()
 
     async def _exit_when_engine_dies(self) -> None:
         """vLLM runs its engine in child processes; when one dies (OOM-killed, say) this replica

@@ -7,11 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from deployments.thinker import ThinkerDeployment
 from omni_serve.config.loading import load_pipeline_config
+from omni_serve.transport import make_channel, take
 from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.kv_blocks import EXPORT_KEY, PREFIX_KEY, KVPrefix
+from omni_serve.transport.session_prefixes import free_prefix
 
 pytestmark = pytest.mark.integration
 BLOCK = 128  # vLLM's CPU block size
@@ -41,18 +44,37 @@ async def replicas(tiny_omni_path):
         await replica.engine.shutdown()
 
 
-async def _turn(replica, request_id: str, prompt: list[int], session_kv: str | None = None):
+async def _turn(
+    replica, request_id: str, prompt: list[int], session_kv: str | None = None, **extra
+):
     request = {
         "request_id": request_id, "prompt_ids": prompt, "session_id": "s-1",
-        "session_kv": session_kv, "sampling": {"max_tokens": 4, "temperature": 0.0},
+        "session_kv": session_kv, "sampling": {"max_tokens": 4, "temperature": 0.0}, **extra,
     }  # fmt: skip
     chunks = [chunk async for chunk in replica.generate(request)]
     tokens = [t for c in chunks for t in c["token_ids"]]
     return tokens, chunks[0]["num_cached_tokens"], chunks[-1].get("session_kv")
 
 
-def _freed(encoded: str) -> bool:
-    ref = KVPrefix.decode(encoded).ref
+async def _spoken_turn(
+    replica, request_id: str, prompt: list[int], clips: torch.Tensor, session_kv=None, session=True
+):
+    """A spoken reply to a prompt whose audio the encoder stage encoded (``clips``: its rows)."""
+    request = {
+        "request_id": request_id, "prompt_ids": prompt, "session_kv": session_kv,
+        "session_id": "s-2" if session else None, "capture": True,
+        "audio_rows": make_channel("inline").put(clips.clone()),
+        "sampling": {"max_tokens": 4, "temperature": 0.0},
+    }  # fmt: skip
+    chunks = [chunk async for chunk in replica.generate(request)]
+    (rows,) = [await take(c["prompt_rows"]) for c in chunks if c.get("prompt_rows") is not None]
+    tokens = [t for c in chunks for t in c["token_ids"]]
+    return tokens, chunks[0]["num_cached_tokens"], chunks[-1].get("session_kv"), rows
+
+
+def _freed(encoded: str, companion: bool = False) -> bool:
+    prefix = KVPrefix.decode(encoded)
+    ref = prefix.companion if companion else prefix.ref
     with open(shm.SHM_DIR / ref.key, "rb") as f:
         generation, state, _ = shm.HEADER.unpack(f.read(shm.HEADER.size))
     return generation != ref.handle[1] or state == shm.FREE
@@ -79,9 +101,80 @@ async def test_the_replica_holding_the_prefix_frees_the_copy(replicas):
     assert _freed(exported)  # not left to wait for the lease
 
 
-def test_a_turn_that_captures_rows_loads_nothing(replicas):
+async def test_an_audio_turn_the_encoder_stage_encoded_hands_its_prefix_over_too(replicas):
+    """The encoder stage's rows make the turn an embeddings prompt (no token ids for vLLM):
+    the prefix still moves, and only into a prompt with the same audio."""
+    first, second = replicas
+    audio = first.audio_token_id
+    prompt = [*TURN_ONE[:100], *[audio] * 150, *TURN_ONE[100:200]]
+    rows = torch.randn(150, first.embed_tokens.shape[1], generator=torch.Generator().manual_seed(0))
+
+    def with_rows(rows: torch.Tensor) -> dict:
+        return {"audio_rows": make_channel("inline").put(rows.clone())}
+
+    _, cached, exported = await _turn(first, "a1", prompt, **with_rows(rows))
+    assert cached == 0 and exported
+    turn_two = [*prompt, 42, 43, 44]
+    tokens, cached, _ = await _turn(second, "a2-elsewhere", turn_two, exported, **with_rows(rows))
+    assert cached == len(prompt) // BLOCK * BLOCK and _freed(exported)
+    reference, _, _ = await _turn(first, "a2-reference", turn_two, **with_rows(rows))
+    assert tokens == reference
+
+    _, _, exported = await _turn(first, "b1", prompt, **with_rows(rows))
+    other = rows + 1  # same placeholders, other audio
+    _, cached, _ = await _turn(second, "b2-other-audio", turn_two, exported, **with_rows(other))
+    assert cached == 0 and _freed(exported)
+
+
+def test_a_turn_that_captures_rows_without_kept_rows_loads_nothing(replicas):
     first, _ = replicas
     params = first._kv_params({"session_id": "s-1", "session_kv": None}, capturing=True)
     assert params == {EXPORT_KEY: True}  # exports for the next turn, loads nothing
     assert first._kv_params({"session_kv": None}, capturing=False) is None  # no session
     assert PREFIX_KEY not in (params or {})
+
+
+async def test_a_spoken_turn_with_audio_loads_the_prefix_and_its_kept_rows_elsewhere(replicas):
+    """A voice conversation's next spoken turn on another replica: turn one's KV is loaded and
+    its clip's rows come from what turn one kept; only the new part is computed, and the Talker
+    gets the rows a from-scratch run gives."""
+    first, second = replicas
+    audio, hidden = first.audio_token_id, first.embed_tokens.shape[1]
+    g = torch.Generator().manual_seed(1)
+    clips = torch.randn(190, hidden, generator=g)  # turn one's clip (150 rows), turn two's (40)
+    turn_one = [*TURN_ONE[:100], *[audio] * 150, *TURN_ONE[100:200]]  # 350 tokens
+    turn_two = [*turn_one, *TURN_ONE[200:230], *[audio] * 40, *TURN_ONE[230:250]]  # 440
+    _, cached, exported, _ = await _spoken_turn(first, "v1", turn_one, clips[:150])
+    assert cached == 0 and KVPrefix.decode(exported).companion is not None
+
+    tokens, cached, exported_two, rows = await _spoken_turn(
+        second, "v2-elsewhere", turn_two, clips, exported
+    )
+    assert cached == len(turn_one) // BLOCK * BLOCK
+    assert _freed(exported) and _freed(exported, companion=True)  # both taken
+    reference, ref_cached, _, ref_rows = await _spoken_turn(
+        first, "v2-reference", turn_two, clips, session=False
+    )
+    assert ref_cached == 0 and tokens == reference
+    media = torch.tensor(turn_two) == audio  # the Talker reads the accept layer only there
+    torch.testing.assert_close(rows[first.accept_layer][media], ref_rows[first.accept_layer][media])
+    torch.testing.assert_close(rows[0][~media], ref_rows[0][~media])
+
+    # Turn one's rows again, on the replica whose cache holds turn two (its second clip
+    # included): cached media the rows do not cover, so the turn runs again without caches.
+    _, _, exported_one, _ = await _spoken_turn(first, "v1-again", turn_one, clips[:150])
+    turn_three = [*turn_two, *TURN_ONE[250:260]]
+    tokens, cached, exported_three, rows = await _spoken_turn(
+        second, "v3", turn_three, clips, exported_one
+    )
+    assert cached == 0
+    reference, _, _, ref_rows = await _spoken_turn(
+        first, "v3-reference", turn_three, clips, session=False
+    )
+    assert tokens == reference
+    media = torch.tensor(turn_three) == audio
+    torch.testing.assert_close(rows[first.accept_layer][media], ref_rows[first.accept_layer][media])
+    assert _freed(exported_one, companion=True)
+    for encoded in (exported_two, exported_three):
+        free_prefix(encoded)
+        assert _freed(encoded) and _freed(encoded, companion=True)

@@ -48,6 +48,9 @@ class ARRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     # For the engine's KV connector (export this prompt's KV, or load a peer's prefix).
     kv_transfer_params: dict[str, Any] | None = None
+    # Serve prompt tokens from caches (prefix cache, a loaded prefix). None: unless capturing,
+    # since rows of cached tokens are never computed; a caller that has them already says so.
+    read_cache: bool | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt_embeds is None):

@@ -122,8 +122,10 @@ class VLLMEngine:
             repetition_penalty=s.repetition_penalty,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra or None,
-            # Captured rows must cover every prompt token: a prefix-cache hit skips them.
-            skip_reading_prefix_cache=bool(request.capture_layers),
+            # Captured rows cover computed tokens only: a cache hit skips them.
+            skip_reading_prefix_cache=not request.read_cache
+            if request.read_cache is not None
+            else bool(request.capture_layers),
         )
 
     def _prompt(self, request: ARRequest) -> dict[str, Any]:

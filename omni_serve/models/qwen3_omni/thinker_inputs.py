@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
+
+import torch
 
 
 def thinker_prompt(processor, messages: list[dict], audios=(), images=()) -> tuple[list[int], dict]:
@@ -17,3 +20,29 @@ def thinker_prompt(processor, messages: list[dict], audios=(), images=()) -> tup
     if images:
         mm["image"] = list(images) if len(images) > 1 else images[0]
     return ids, mm
+
+
+def splice_rows(
+    embed_tokens: torch.Tensor, prompt_ids: list[int], rows: torch.Tensor, token_id: int
+) -> tuple[torch.Tensor, list[tuple[int, str]]]:
+    """The prompt as embeddings, ``rows`` (an encoder stage's output) at the positions of
+    ``token_id``; and for each run of those positions (one media item) its offset and a digest
+    of its rows. The digests stand in for the media's identity where vLLM sees no media (an
+    embeddings prompt): KV blocks covering an item load only into a prompt with the same item."""
+    ids = torch.tensor(prompt_ids)
+    slots = ids == token_id
+    if int(slots.sum()) != rows.shape[0]:
+        raise ValueError(f"{int(slots.sum())} media positions but {rows.shape[0]} encoder rows")
+    embeds = embed_tokens[ids].clone()
+    embeds[slots] = rows.to(embeds.dtype)
+    items: list[tuple[int, str]] = []
+    used, start = 0, None
+    for i, slot in enumerate([*slots.tolist(), False]):
+        if slot and start is None:
+            start = i
+        elif not slot and start is not None:
+            item = rows[used : used + i - start].contiguous()
+            digest = hashlib.blake2b(item.view(torch.uint8).numpy().tobytes(), digest_size=16)
+            items.append((start, f"rows:{digest.hexdigest()}"))
+            used, start = used + i - start, None
+    return embeds, items
