@@ -107,6 +107,26 @@ def test_a_sessions_prefix_is_kept_for_the_app_not_per_ingress_replica(served):
     assert [kept_prefixes() for _ in range(4)] == [1] * 4  # turn two's replaced turn one's
 
 
+def test_a_voice_chats_next_spoken_turn_is_served_from_the_first_ones_cache(served):
+    """User story: a voice chat (audio in, speech out, one session): the second spoken turn
+    reuses turn one's KV and the rows turn one kept for the Talker (cached tokens reported),
+    and still speaks."""
+    system = {"role": "system", "content": "You answer briefly and kindly. " * 40}
+    session = {"session_id": "ops-voice-1", **SPOKEN, "max_tokens": 4}
+    asked = audio_question()["messages"]  # the audio goes through the encoder stage
+    first = chat({"messages": [system, *asked], **session})
+    assert first.status_code == 200, first.text[:300]
+    reply = first.json()["choices"][0]["message"]
+    assert reply["audio"]["data"]
+    turn = [system, *asked, {"role": "assistant", "content": reply["content"]}, *asked]
+    second = chat({"messages": turn, **session})
+    assert second.status_code == 200, second.text[:300]
+    assert second.json()["choices"][0]["message"]["audio"]["data"]
+    prompt = first.json()["usage"]["prompt_tokens"]
+    cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= prompt // 128 * 128 > 0
+
+
 def kept_prefixes() -> float:
     lines = httpx.get(f"{URL}/metrics", timeout=30).text.splitlines()
     [line] = [line for line in lines if line.startswith('omni_session_kv{what="prefixes"}')]
