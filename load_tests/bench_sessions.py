@@ -2,6 +2,7 @@
 first token of turns 2 and 3 with the session KV handover, against the same without it.
 
     .venv/bin/python load_tests/bench_sessions.py [--conversations 12] [--words 280]
+    .venv/bin/python load_tests/bench_sessions.py --voice --conversations 4
 
 Serves ``load_tests/configs/qwen3_omni_sessions_pipeline.yaml`` (small-qwen3-omni, two Thinker
 replicas behind Serve's default router, the ``session_kv`` edge on). Conversations run in
@@ -13,11 +14,18 @@ Turn 1 is a full prefill in both groups: the reference. The ratio compares the m
 first token of turns 2-3 (the misses are what the handover removes; a median hides them when
 most turns land where their prefix is). Writes
 ``load_tests/results/bench_sessions.json``.
+
+``--voice``: a voice chat instead: every user turn carries a 1.5 s clip (which the encoder
+stage encodes) and asks for a spoken reply, so every turn captures the Thinker's rows for the
+Talker. Without a session such a turn reads no cache at all; with one it reads caches where
+the rows its session kept cover them. Writes ``load_tests/results/bench_sessions_voice.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import io
 import json
 import random
 import statistics
@@ -26,6 +34,8 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
+import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
@@ -46,11 +56,26 @@ def system_prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-def ask(client: httpx.Client, messages: list[dict], session: str | None) -> dict:
+SPOKEN = {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
+
+
+def clip(rng: random.Random) -> dict:
+    """A 1.5 s tone of a random pitch, as an input_audio part."""
+    t = np.arange(24000) / 16000
+    wave = (0.3 * np.sin(2 * np.pi * rng.uniform(200, 800) * t)).astype(np.float32)
+    buf = io.BytesIO()
+    sf.write(buf, wave, 16000, format="WAV", subtype="FLOAT")
+    data = base64.b64encode(buf.getvalue()).decode()
+    return {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+
+
+def ask(client: httpx.Client, messages: list[dict], session: str | None, voice: bool) -> dict:
     body = {"model": "qwen3-omni", "messages": messages, "max_tokens": 4, "temperature": 0.0}
+    if voice:
+        body |= SPOKEN
     if session:
         body["session_id"] = session
-    response = client.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
+    response = client.post(f"{URL}/v1/chat/completions", json=body, timeout=300)
     response.raise_for_status()
     data = response.json()
     return {
@@ -61,7 +86,7 @@ def ask(client: httpx.Client, messages: list[dict], session: str | None) -> dict
     }
 
 
-def run(conversations: int, words: int) -> dict[str, list[list[dict]]]:
+def run(conversations: int, words: int, voice: bool = False) -> dict[str, list[list[dict]]]:
     rng = random.Random(0)
     groups: dict[str, list[list[dict]]] = {"handover": [], "local": []}
     with httpx.Client() as client:
@@ -71,10 +96,11 @@ def run(conversations: int, words: int) -> dict[str, list[list[dict]]]:
             }
             turns: dict[str, list[dict]] = {name: [] for name in groups}
             for question in TURNS:
+                content = [clip(rng), {"type": "text", "text": question}] if voice else question
                 for name, messages in chats.items():
-                    messages.append({"role": "user", "content": question})
+                    messages.append({"role": "user", "content": content})
                     session = f"bench-{i}" if name == "handover" else None
-                    turn = ask(client, messages, session)
+                    turn = ask(client, messages, session, voice)
                     messages.append({"role": "assistant", "content": turn.pop("reply")})
                     turns[name].append(turn)
             for name in groups:
@@ -110,14 +136,15 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--conversations", type=int, default=12)
     parser.add_argument("--words", type=int, default=280, help="system prompt length in words")
+    parser.add_argument("--voice", action="store_true", help="audio in, speech out")
     args = parser.parse_args()
     server = ServeProcess("graphs.qwen3_omni:build_app", URL, (f"pipeline_config={PIPELINE}",))
     started = time.perf_counter()
     server.start(timeout_s=600)
     print(f"server ready in {time.perf_counter() - started:.0f}s", flush=True)
     try:
-        run(2, 200)  # warm-up, not counted
-        groups = run(args.conversations, args.words)
+        run(2, 200, args.voice)  # warm-up, not counted
+        groups = run(args.conversations, args.words, args.voice)
     finally:
         server.stop()
     summary = {name: summarize(conversations) for name, conversations in groups.items()}
@@ -127,7 +154,7 @@ def main() -> int:
     )
     summary["config"] = {"pipeline": PIPELINE, **vars(args)}
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "bench_sessions.json"
+    out = RESULTS / ("bench_sessions_voice.json" if args.voice else "bench_sessions.json")
     out.write_text(json.dumps({"summary": summary, "turns": groups}, indent=1))
     print(json.dumps(summary, indent=1))
     print(f"wrote {out}")
