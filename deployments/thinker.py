@@ -35,8 +35,8 @@ from omni_serve.models.qwen3_omni.talker_inputs import (
 )
 from omni_serve.models.qwen3_omni.thinker_inputs import splice_rows
 from omni_serve.transport import TensorRef, release, take
-from omni_serve.transport.kv_blocks import EXPORT_KEY, MEDIA_KEY, PREFIX_KEY, PROMPT_KEY, KVPrefix
-from omni_serve.transport.session_prefixes import free_prefix
+from omni_serve.transport.kv_blocks import EXPORT_KEY, MEDIA_KEY, PREFIX_KEY, PROMPT_KEY
+from omni_serve.transport.session_prefixes import decode_prefix, free_prefix
 
 log = logging.getLogger("ray.serve")
 ENGINE_WATCH_PERIOD_S = 1.0
@@ -59,13 +59,6 @@ class _Turn:
         left = [] if self.kept is None or self.kept_taken else [self.kept]
         left += [] if self.new is None else [self.new]
         return [rows.ref for rows in left if rows is not self.handed]
-
-
-def _decode(encoded: str | None) -> KVPrefix | None:
-    try:
-        return KVPrefix.decode(encoded) if encoded else None
-    except ValueError:
-        return None  # the connector says so, and computes
 
 
 @serve.deployment
@@ -175,7 +168,7 @@ class ThinkerDeployment:
     def _take_session_rows(self, request: dict[str, Any], turn: _Turn) -> dict[str, Any]:
         """The rows the session's last spoken turn kept ride its prefix: this turn owns them
         now (``turn.kept``); the prefix goes on without them."""
-        prefix = _decode(request.get("session_kv"))
+        prefix = decode_prefix(request.get("session_kv"))
         if prefix is None or prefix.companion is None:
             return request
         turn.kept = SessionRows(ref=prefix.companion, **prefix.companion_meta)
@@ -262,7 +255,7 @@ class ThinkerDeployment:
         """The turn's export, carrying the rows for the next spoken turn: this turn's own, or
         (a turn that computed none) those it was handed, still right for what extends them."""
         companion = turn.new or (None if turn.kept_taken else turn.kept)
-        prefix = _decode(encoded)
+        prefix = decode_prefix(encoded)
         if prefix is None or companion is None:
             return encoded
         prefix.companion = companion.ref

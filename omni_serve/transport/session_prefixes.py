@@ -31,7 +31,10 @@ DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_TTL_S = 300.0
 
 
-def _decode(encoded: str) -> KVPrefix | None:
+def decode_prefix(encoded: str | None) -> KVPrefix | None:
+    """The prefix, or None for none or an unreadable one (logged)."""
+    if not encoded:
+        return None
     try:
         return KVPrefix.decode(encoded)
     except ValueError as exc:
@@ -41,7 +44,7 @@ def _decode(encoded: str) -> KVPrefix | None:
 
 def free_prefix(encoded: str | None) -> None:
     """Hand back the buffer of an encoded prefix nobody will load."""
-    prefix = _decode(encoded) if encoded else None
+    prefix = decode_prefix(encoded)
     if prefix is not None:
         release(*prefix.refs())
 
@@ -85,7 +88,7 @@ class SessionPrefixes:
         old = self._take(session_id)
         if old is not None:
             free_prefix(old.encoded)
-        prefix = _decode(encoded) if encoded else None
+        prefix = decode_prefix(encoded)
         if prefix is None:
             return
         nbytes = sum(ref.nbytes for ref in prefix.refs())

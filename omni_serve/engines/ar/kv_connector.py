@@ -53,6 +53,7 @@ from omni_serve.transport.kv_blocks import (
     put_prefix,
     scatter,
 )
+from omni_serve.transport.session_prefixes import free_prefix
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -115,9 +116,7 @@ def _mm_ids(request: Any, before: int | None = None) -> list[str]:
 
 
 def _free_export(params: dict[str, Any]) -> None:
-    encoded = params.get(PREFIX_KEY)
-    if encoded:
-        release(KVPrefix.decode(encoded).ref)
+    free_prefix(params.get(PREFIX_KEY))
 
 
 def _run(coro: Any) -> Any:
