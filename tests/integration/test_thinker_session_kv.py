@@ -11,6 +11,8 @@ import torch
 
 from deployments.thinker import ThinkerDeployment
 from omni_serve.config.loading import load_pipeline_config
+from omni_serve.testing.abuse import wait_for
+from omni_serve.testing.leaks import shm_usage
 from omni_serve.transport import make_channel, take
 from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.kv_blocks import EXPORT_KEY, PREFIX_KEY, KVPrefix
@@ -139,6 +141,7 @@ async def test_a_spoken_turn_with_audio_loads_the_prefix_and_its_kept_rows_elsew
     its clip's rows come from what turn one kept; only the new part is computed, and the Talker
     gets the rows a from-scratch run gives."""
     first, second = replicas
+    exports_before = shm_usage().in_use  # the engines' KV exports (other processes' segments)
     audio, hidden = first.audio_token_id, first.embed_tokens.shape[1]
     g = torch.Generator().manual_seed(1)
     clips = torch.randn(190, hidden, generator=g)  # turn one's clip (150 rows), turn two's (40)
@@ -178,3 +181,5 @@ async def test_a_spoken_turn_with_audio_loads_the_prefix_and_its_kept_rows_elsew
     for encoded in (exported_two, exported_three):
         free_prefix(encoded)
         assert _freed(encoded) and _freed(encoded, companion=True)
+    # Nothing else left in use: the export of v3's first (aborted) run was freed too.
+    wait_for(lambda: shm_usage().in_use == exports_before, 10, "exports handed back")
