@@ -34,7 +34,7 @@ from omni_serve.models.qwen3_omni.talker_inputs import (
     needs_captured_rows,
 )
 from omni_serve.models.qwen3_omni.thinker_inputs import splice_rows
-from omni_serve.transport import TensorRef, release, take
+from omni_serve.transport import ChannelError, TensorRef, release, take
 from omni_serve.transport.kv_blocks import EXPORT_KEY, MEDIA_KEY, PREFIX_KEY, PROMPT_KEY
 from omni_serve.transport.session_prefixes import decode_prefix, free_prefix
 
@@ -49,7 +49,8 @@ class _Turn:
 
     capturing: bool
     kept: SessionRows | None = None
-    kept_taken: bool = False
+    kept_taken: bool = False  # read (or found gone): freed, not to be handed on
+    kept_rows: torch.Tensor | None = None
     new: SessionRows | None = None
     handed: SessionRows | None = None
     media: dict[str, list[str]] | None = None  # its media digests (a session's spoken turn)
@@ -188,10 +189,9 @@ class ThinkerDeployment:
                 ids = list(request["prompt_ids"]) if by_embeds else chunk.prompt_token_ids
                 turn.ids = turn.ids or ids or []
                 checked = layers and not sent_rows and ar.read_cache and chunk.num_cached_tokens
-                cached = chunk.num_cached_tokens
-                if checked and not covers(turn.kept, turn.ids, turn.media or {}, cached):
+                if checked and not await self._read_kept_rows(turn, chunk.num_cached_tokens):
                     turn.ids = []
-                    break  # cached media the kept rows do not cover: run without caches
+                    break  # no kept rows for the cached media: run without caches
                 out = {
                     "token_ids": chunk.token_ids,
                     "text": chunk.text,
@@ -227,6 +227,20 @@ class ThinkerDeployment:
         async for out in self._generate(rerun, request, layers, turn):
             yield out
 
+    async def _read_kept_rows(self, turn: _Turn, cached: int) -> bool:
+        """Whether the kept rows cover the cached media, read now if so (a ref that is gone,
+        its producer replica having died, counts as not)."""
+        if not covers(turn.kept, turn.ids, turn.media or {}, cached):
+            return False
+        try:
+            turn.kept_rows = await take(turn.kept.ref)
+        except ChannelError as exc:
+            log.warning("session rows unreadable (%s)", exc)
+            return False
+        finally:
+            turn.kept_taken = True
+        return True
+
     async def _prompt_rows(
         self, chunk: Any, rows: dict[int, list[torch.Tensor]], turn: _Turn
     ) -> dict[int, torch.Tensor] | None:
@@ -239,9 +253,7 @@ class ThinkerDeployment:
         captured = {k: torch.cat(v)[: len(ids) - cached] for k, v in rows.items()}
         full = captured
         if cached:
-            kept_rows = await take(turn.kept.ref)
-            turn.kept_taken = True
-            accept = assemble(turn.kept, kept_rows, captured[self.accept_layer], cached)
+            accept = assemble(turn.kept, turn.kept_rows, captured[self.accept_layer], cached)
             full = {0: self.embed_tokens[torch.tensor(ids)], self.accept_layer: accept}
         if turn.media is not None:
             keep = rows_to_keep(ids, full[self.accept_layer], self.placeholders)

@@ -13,7 +13,7 @@ from deployments.thinker import ThinkerDeployment
 from omni_serve.config.loading import load_pipeline_config
 from omni_serve.testing.abuse import wait_for
 from omni_serve.testing.leaks import shm_usage
-from omni_serve.transport import make_channel, take
+from omni_serve.transport import make_channel, release, take
 from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.kv_blocks import EXPORT_KEY, PREFIX_KEY, KVPrefix
 from omni_serve.transport.session_prefixes import free_prefix
@@ -183,3 +183,22 @@ async def test_a_spoken_turn_with_audio_loads_the_prefix_and_its_kept_rows_elsew
         assert _freed(encoded) and _freed(encoded, companion=True)
     # Nothing else left in use: the export of v3's first (aborted) run was freed too.
     wait_for(lambda: shm_usage().in_use == exports_before, 10, "exports handed back")
+
+
+async def test_a_spoken_turn_whose_kept_rows_are_gone_answers_without_caches(replicas):
+    """The kept rows' buffer is gone (the replica that kept them died, say): the turn still
+    answers the same, computing its whole prompt."""
+    first, _ = replicas
+    audio, hidden = first.audio_token_id, first.embed_tokens.shape[1]
+    clips = torch.randn(190, hidden, generator=torch.Generator().manual_seed(2))
+    turn_one = [*TURN_ONE[50:150], *[audio] * 150, *TURN_ONE[150:250]]
+    turn_two = [*turn_one, *TURN_ONE[:30], *[audio] * 40, *TURN_ONE[30:50]]
+    _, _, exported, _ = await _spoken_turn(first, "w1", turn_one, clips[:150])
+    release(KVPrefix.decode(exported).companion)
+    tokens, cached, exported_two, rows = await _spoken_turn(first, "w2", turn_two, clips, exported)
+    assert cached == 0  # its own cache held turn one, but no rows for it
+    reference, _, _, ref_rows = await _spoken_turn(first, "w2-ref", turn_two, clips, session=False)
+    assert tokens == reference
+    media = torch.tensor(turn_two) == audio
+    torch.testing.assert_close(rows[first.accept_layer][media], ref_rows[first.accept_layer][media])
+    free_prefix(exported_two)
