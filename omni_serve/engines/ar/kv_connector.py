@@ -115,10 +115,6 @@ def _mm_ids(request: Any, before: int | None = None) -> list[str]:
     return [str(identity) for offset, identity in items if before is None or offset < before]
 
 
-def _free_export(params: dict[str, Any]) -> None:
-    free_prefix(params.get(PREFIX_KEY))
-
-
 def _run(coro: Any) -> Any:
     """Run a coroutine from the engine's synchronous step, with or without a loop here."""
     try:
@@ -250,7 +246,7 @@ class ChannelKVConnector(KVConnectorBase_V1):
             value = encoded or None  # "" = the export failed
             if req_id in self._dropped:
                 self._dropped.discard(req_id)
-                _free_export({PREFIX_KEY: value})
+                free_prefix(value)
                 continue
             if req_id in self._awaiting:
                 # It finished in its prefill step and handed this dict to its output, which
@@ -277,7 +273,7 @@ class ChannelKVConnector(KVConnectorBase_V1):
             if params is None:
                 self._dropped.add(req_id)
             else:
-                _free_export(params)
+                free_prefix(params.get(PREFIX_KEY))
             return False, None
         if params is None:
             params = self._awaiting[req_id] = {}

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
+
+from omni_serve.models.qwen3_omni.session_rows import digest
 
 
 def thinker_prompt(processor, messages: list[dict], audios=(), images=()) -> tuple[list[int], dict]:
@@ -41,8 +42,6 @@ def splice_rows(
         if slot and start is None:
             start = i
         elif not slot and start is not None:
-            item = rows[used : used + i - start].contiguous()
-            digest = hashlib.blake2b(item.view(torch.uint8).numpy().tobytes(), digest_size=16)
-            items.append((start, f"rows:{digest.hexdigest()}"))
+            items.append((start, f"rows:{digest(rows[used : used + i - start])}"))
             used, start = used + i - start, None
     return embeds, items

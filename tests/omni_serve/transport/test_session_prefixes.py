@@ -94,3 +94,18 @@ async def test_freeing_a_prefix_already_loaded_is_harmless(channel):
     with pytest.raises(ChannelError):
         await take(KVPrefix.decode(encoded).ref)
     free_prefix("not a prefix")  # unreadable: logged, not raised
+
+
+def test_a_prefixs_companion_counts_toward_the_budget_and_goes_with_it(channel):
+    """The Thinker's rows kept with a spoken turn's prefix are part of what the store holds."""
+    prefix = KVPrefix.decode(_prefix(channel, 1.0))
+    prefix.companion = channel.put(torch.zeros(4))  # 16 bytes beside the 32 of the blocks
+    encoded = prefix.encode()
+    companion = KVPrefix(list(range(8)), 4, prefix.companion).encode()  # its state, readable
+    sessions = SessionPrefixes(max_bytes=64)
+    sessions.keep("s", encoded)
+    assert sessions.nbytes == 48 and _state(companion) == shm.IN_USE
+    sessions.keep("t", _prefix(channel, 2.0))  # 80 bytes > 64: the oldest, both refs, goes
+    assert sessions.nbytes == 32
+    assert _state(encoded) == shm.FREE and _state(companion) == shm.FREE
+    free_prefix(sessions.pop("t"))
