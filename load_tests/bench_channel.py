@@ -108,7 +108,12 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cross-node", action="store_true", help="producer, consumer on 2 nodes")
-    cross_node = parser.parse_args().cross_node
+    parser.add_argument("--copy-threads", type=int, default=None,
+                        help="threads for the channel's copy (default: the library's)")  # fmt: skip
+    args = parser.parse_args()
+    cross_node = args.cross_node
+    if args.copy_threads is not None:  # before Ray and the library start: workers inherit it
+        os.environ["OMNI_CHANNEL_COPY_THREADS"] = str(args.copy_threads)
     backends = CROSS_NODE_BACKENDS if cross_node else BACKENDS
     cluster = start_ray(cross_node)
     # Producer on one node, consumer on the other (cross-node), or both anywhere.
@@ -131,8 +136,10 @@ def main() -> int:
             tensor = self.tensors[nbytes]
             if backend == "pickled":
                 return tensor
-            if backend == "copy":
-                self.copies[nbytes].copy_(tensor)
+            if backend == "copy":  # the channel's own copy routine, into private memory
+                from omni_serve.transport.copying import copy_bytes
+
+                copy_bytes(self.copies[nbytes].view(torch.uint8), tensor.view(torch.uint8))
                 return nbytes
             return self.channels[EXTRA.get(backend, backend)].put(tensor)
 
@@ -210,7 +217,10 @@ def main() -> int:
         cluster.shutdown()
 
     name = "bench_channel_cross_node.json" if cross_node else "bench_channel.json"
+    from omni_serve.transport.copying import COPY_THREADS
+
     summary = {
+        "copy_threads": COPY_THREADS,
         "empty_round_ms_at_start": overhead * 1e3,
         "rows": rows,
         "targets": cross_node_figures(rows) if cross_node else one_node_targets(rows),

@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 import torch
 
+from omni_serve.transport.copying import copy_bytes
+
 Payload = torch.Tensor | dict[Any, torch.Tensor]
 
 
@@ -71,12 +73,13 @@ def layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, tuple[int, int]]
 
 def pack(tensors: dict[str, torch.Tensor], offsets: dict[str, tuple[int, int]],
          buffer: torch.Tensor) -> None:  # fmt: skip
-    """Copy the tensors' bytes into ``buffer`` (uint8) at their offsets."""
+    """Copy the tensors' bytes into ``buffer`` (uint8) at their offsets (``copy_`` moves them
+    across devices where the buffer lives elsewhere)."""
     for key, t in tensors.items():
         start, length = offsets[key]
         if length:
-            raw = t.detach().to(buffer.device).contiguous().reshape(-1).view(torch.uint8)
-            buffer[start : start + length].copy_(raw)
+            raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            copy_bytes(buffer[start : start + length], raw)
 
 
 def unpack(raw: torch.Tensor, ref: TensorRef, offsets: dict[str, tuple[int, int]],

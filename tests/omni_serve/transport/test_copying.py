@@ -1,0 +1,32 @@
+import torch
+
+from omni_serve.transport import copying
+from omni_serve.transport.copying import PARALLEL_FROM, PART_ALIGN, copy_bytes, parts
+
+
+def test_small_copies_stay_on_one_thread() -> None:
+    assert parts(PARALLEL_FROM - 1, threads=4) == [(0, PARALLEL_FROM - 1)]
+    assert parts(1 << 30, threads=1) == [(0, 1 << 30)]
+
+
+def test_large_copies_split_into_page_aligned_ranges_that_cover_every_byte() -> None:
+    nbytes = 3 * PARALLEL_FROM + 12345  # not a multiple of anything
+    ranges = parts(nbytes, threads=4)
+    assert len(ranges) == 4
+    assert ranges[0][0] == 0 and ranges[-1][1] == nbytes
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(start % PART_ALIGN == 0 for start, _ in ranges)
+
+
+def test_no_thread_gets_less_than_a_minimum_part() -> None:
+    assert len(parts(PARALLEL_FROM, threads=64)) == PARALLEL_FROM // copying.MIN_PART
+
+
+def test_a_split_copy_copies_every_byte(monkeypatch) -> None:
+    monkeypatch.setattr(copying, "PARALLEL_FROM", 1 << 12)
+    monkeypatch.setattr(copying, "MIN_PART", 1 << 12)
+    src = torch.randint(0, 256, (5 * 4096 + 77,), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    assert len(parts(src.numel(), threads=3)) == 3
+    copy_bytes(dst, src, threads=3)
+    assert torch.equal(dst, src)
