@@ -50,6 +50,7 @@ from omni_serve.transport.base import (
     named_tensors,
     pack,
     payload_spec,
+    size_class,
     unpack,
 )
 
@@ -145,7 +146,7 @@ class _Landings:
             return chosen
 
     def _new(self, nbytes: int) -> tuple[mmap.mmap, Any] | None:
-        size = max(MIN_BUFFER, 1 << (nbytes - 1).bit_length())
+        size = size_class(nbytes, MIN_BUFFER)
         with self.picking:
             if self.pooled_bytes + size > POOL_BYTES:
                 return None  # over budget: a one-read buffer instead
@@ -194,7 +195,7 @@ class _Endpoint:
             return buffer
 
     def _register(self, nbytes: int, device: torch.device) -> _Buffer:
-        size = max(MIN_BUFFER, 1 << (nbytes - 1).bit_length())
+        size = size_class(nbytes, MIN_BUFFER)
         pooled = self.pooled_bytes + size <= POOL_BYTES
         memory = torch.zeros(size if pooled else nbytes, dtype=torch.uint8, device=device)
         registration = self.agent.register_memory([memory])

@@ -47,6 +47,7 @@ from omni_serve.transport.base import (
     named_tensors,
     pack,
     payload_spec,
+    size_class,
     unpack,
 )
 
@@ -124,7 +125,7 @@ class _SegmentPool:
                     usable.append(segment)
         if usable:
             return min(usable, key=lambda s: s.size), True
-        size = max(MIN_SEGMENT, 1 << (nbytes - 1).bit_length())
+        size = size_class(nbytes, MIN_SEGMENT)
         pooled = self.pooled_bytes + size <= POOL_BYTES
         if not pooled:
             size = nbytes
