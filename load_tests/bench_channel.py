@@ -1,7 +1,7 @@
 """Tensor channel benchmark: one payload from a producer actor to a consumer actor, per backend
 and size, against plain pickled arguments and a single-thread memcpy in the same run.
 
-    .venv/bin/python load_tests/bench_channel.py     # ~2 min
+    .venv/bin/python load_tests/bench_channel.py     # ~40 s
     .venv/bin/python load_tests/bench_channel.py --cross-node     # ~2 min
 
 A round is: the producer ``put``s a preallocated float32 tensor (the copy into the channel is
@@ -12,7 +12,9 @@ the tensor itself as the actor-call argument (what a DeploymentHandle call does 
 same with UCX held to TCP, as between two hosts.
 Added latency = round minus the same two calls with no payload, measured in pairs (an empty
 round right before each payload round); "gbps" counts the whole round,
-"transfer_gbps" only the added part. Writes
+"transfer_gbps" only the added part. "stream_gbps" (one node; auto, object_store, pickled,
+copy): bursts of payloads sent back to back, all in flight, as a stage streaming chunks sends
+them. Writes
 load_tests/results/bench_channel.json and prints a table. Targets (issue 5): the chosen
 backend >= 50% of memcpy at >= 16 MB (>= 10x pickled); 4 KB adds < 1 ms.
 
@@ -47,8 +49,22 @@ TCP_ONLY = {"env_vars": {"UCX_TLS": "tcp"}}
 # private buffer and the calls carry only its size: the floor for any channel that copies once,
 # since a copy inside a round runs with caches the two calls (and the other actor) just used.
 EXTRA = {"pickled": None, "direct_tcp": "direct", "copy": None}
+# Streamed too (one node): the backends a one-host edge would use, and the references.
+STREAM_BACKENDS = ["auto", "object_store", "pickled", "copy"]
+STREAM_BURST_BYTES = 256 << 20
 CROSS_NODE_BACKENDS = ["object_store", "direct_tcp", "pickled", "copy"]
 NODE_STORE_BYTES = 2 << 30  # each node's object store: 256 MB payloads with room to spare
+
+
+def stream_gbps(producer, consumer, nbytes: int, backend: str) -> float:
+    """Throughput with payloads in flight back to back (median of 5 bursts after one to warm
+    up; a burst holds ~256 MB, 2 to 16 payloads), as a stage streaming chunks sees it."""
+    import ray
+
+    count = max(2, min(16, STREAM_BURST_BYTES // nbytes))
+    seconds = [ray.get(producer.stream.remote(nbytes, backend, count, consumer))
+               for _ in range(6)][1:]  # fmt: skip
+    return nbytes * count / statistics.median(seconds) / 1e9
 
 
 def memcpy_gbps(nbytes: int, repeats: int) -> float:
@@ -146,6 +162,14 @@ def main() -> int:
         def noop(self) -> None:
             return None
 
+        def stream(self, nbytes: int, backend: str, count: int, consumer) -> float:
+            """``count`` payloads sent back to back, each its own call to the consumer, all in
+            flight at once: seconds until the consumer has taken the last."""
+            start = time.perf_counter()
+            calls = [consumer.get.remote(self.put(nbytes, backend)) for _ in range(count)]
+            assert ray.get(calls) == [nbytes] * count
+            return time.perf_counter() - start
+
     @ray.remote(num_cpus=0)
     class Consumer:
         def __init__(self) -> None:
@@ -208,6 +232,9 @@ def main() -> int:
                 "gbps": nbytes / latency / 1e9,
                 "transfer_gbps": nbytes / max(latency - paired, 1e-6) / 1e9,
             }
+        if not cross_node:
+            for backend in STREAM_BACKENDS:
+                row[backend]["stream_gbps"] = stream_gbps(producer, consumer, nbytes, backend)
         rows.append(row)
         print(f"{label:>6}  memcpy {row['memcpy_gbps']:6.2f} GB/s  " + "  ".join(
             f"{b} {row[b]['gbps']:6.2f} GB/s {row[b]['added_ms']:7.2f} ms" for b in backends
@@ -259,6 +286,12 @@ def one_node_targets(rows: list[dict]) -> dict:
             r["size"]: r["copy"]["transfer_gbps"] / r["memcpy_gbps"] for r in big
         },
         "added_ms_at_4KB": rows[0]["auto"]["added_ms"],
+        "auto_stream_over_memcpy_by_size": {
+            r["size"]: r["auto"]["stream_gbps"] / r["memcpy_gbps"] for r in big
+        },
+        "auto_stream_over_pickled_stream_by_size": {
+            r["size"]: r["auto"]["stream_gbps"] / r["pickled"]["stream_gbps"] for r in big
+        },
         "direct_over_memcpy_min_at_16MB_plus": min(
             r["direct"]["gbps"] / r["memcpy_gbps"] for r in big
         ),
