@@ -32,6 +32,16 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return _helpers
 
 
+def _forget_helpers() -> None:
+    """In a forked child: the parent's helper threads do not exist there, and an executor
+    that still counts them starts no new ones, so a split copy would wait forever."""
+    global _helpers
+    _helpers = None
+
+
+os.register_at_fork(after_in_child=_forget_helpers)
+
+
 def parts(nbytes: int, threads: int = COPY_THREADS) -> list[tuple[int, int]]:
     """(start, end) byte ranges covering ``nbytes``: one per thread that gets at least
     ``MIN_PART``; a single range when the copy stays on one thread."""

@@ -1,3 +1,6 @@
+import os
+import signal
+
 import torch
 
 from omni_serve.transport import copying
@@ -30,3 +33,18 @@ def test_a_split_copy_copies_every_byte(monkeypatch) -> None:
     assert len(parts(src.numel(), threads=3)) == 3
     copy_bytes(dst, src, threads=3)
     assert torch.equal(dst, src)
+
+
+def test_a_forked_child_can_split_copies_after_its_parent_did(monkeypatch) -> None:
+    monkeypatch.setattr(copying, "PARALLEL_FROM", 1 << 12)
+    monkeypatch.setattr(copying, "MIN_PART", 1 << 12)
+    src = torch.randint(0, 256, (4 * 4096,), dtype=torch.uint8)
+    copy_bytes(torch.empty_like(src), src, threads=2)  # the parent's helpers exist now
+    pid = os.fork()
+    if pid == 0:  # child: exit 0 only if the split copy finishes and is right
+        dst = torch.zeros_like(src)
+        signal.alarm(10)
+        copy_bytes(dst, src, threads=2)
+        os._exit(0 if torch.equal(dst, src) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
