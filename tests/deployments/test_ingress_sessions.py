@@ -67,8 +67,13 @@ def _store():
     return SessionStore.func_or_class(max_bytes=1 << 20, ttl_s=300.0)
 
 
+# The class Serve's ASGI wrapper wraps: the wrapper's async ``__del__`` (the app's lifespan
+# shutdown, for replicas Serve runs) only warns "never awaited" on these hand-built objects.
+IngressClass = next(k for k in Ingress.func_or_class.__mro__[1:] if k.__name__ == "Ingress")
+
+
 def _ingress(clients: FakeThinker, store=None):
-    ingress = object.__new__(Ingress.func_or_class)
+    ingress = object.__new__(IngressClass)
     ingress.clients, ingress.metrics = clients, ApiMetrics()
     ingress.store = store if store is not None else _store()
     ingress.sessions = SessionStoreClient(LocalHandle(ingress.store))
