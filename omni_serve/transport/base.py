@@ -61,17 +61,6 @@ def named_tensors(payload: Payload) -> tuple[dict[str, torch.Tensor], list[Any] 
     return {"": payload}, None
 
 
-def size_class(nbytes: int, minimum: int) -> int:
-    """The size of a pooled buffer for ``nbytes``: at least ``minimum``, else rounded up to a
-    multiple of an eighth of the power of two below it, so buffers are reused across nearby
-    sizes and waste at most an eighth. (Rounding to the next power of two doubled every
-    power-of-two payload, whose header pushes it just past one: 64 MB took 128 MB.)"""
-    if nbytes <= minimum:
-        return minimum
-    step = 1 << max(12, (nbytes - 1).bit_length() - 4)
-    return -(-nbytes // step) * step
-
-
 def layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, tuple[int, int]], int]:
     """(offset, nbytes) per tensor in one flat buffer, after an ALIGN-byte header; its size."""
     offsets, end = {}, ALIGN

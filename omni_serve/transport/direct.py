@@ -50,7 +50,6 @@ from omni_serve.transport.base import (
     named_tensors,
     pack,
     payload_spec,
-    size_class,
     unpack,
 )
 
@@ -146,7 +145,7 @@ class _Landings:
             return chosen
 
     def _new(self, nbytes: int) -> tuple[mmap.mmap, Any] | None:
-        size = size_class(nbytes, MIN_BUFFER)
+        size = max(MIN_BUFFER, 1 << (nbytes - 1).bit_length())
         with self.picking:
             if self.pooled_bytes + size > POOL_BYTES:
                 return None  # over budget: a one-read buffer instead
@@ -195,7 +194,7 @@ class _Endpoint:
             return buffer
 
     def _register(self, nbytes: int, device: torch.device) -> _Buffer:
-        size = size_class(nbytes, MIN_BUFFER)
+        size = max(MIN_BUFFER, 1 << (nbytes - 1).bit_length())
         pooled = self.pooled_bytes + size <= POOL_BYTES
         memory = torch.zeros(size if pooled else nbytes, dtype=torch.uint8, device=device)
         registration = self.agent.register_memory([memory])

@@ -47,7 +47,6 @@ from omni_serve.transport.base import (
     named_tensors,
     pack,
     payload_spec,
-    size_class,
     unpack,
 )
 
@@ -125,7 +124,7 @@ class _SegmentPool:
                     usable.append(segment)
         if usable:
             return min(usable, key=lambda s: s.size), True
-        size = size_class(nbytes, MIN_SEGMENT)
+        size = max(MIN_SEGMENT, 1 << (nbytes - 1).bit_length())
         pooled = self.pooled_bytes + size <= POOL_BYTES
         if not pooled:
             size = nbytes
