@@ -16,8 +16,9 @@ exclusive ``flock`` on the segment, so an abandon and a read cannot both win.
 
 Crash cleanup: a segment in use for longer than the lease is reclaimed by its producer (its
 consumer died); segments of a dead producer are unlinked by ``sweep_orphans``, which every
-producer runs now and then. Payloads beyond the pool's budget get a one-shot segment that
-``free`` unlinks.
+producer runs now and then. A new segment that would take the pool past its budget makes room
+by unlinking free segments, least recently used first; payloads that still do not fit get a
+one-shot segment that ``free`` unlinks.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class _SegmentPool:
         if usable:
             return min(usable, key=lambda s: s.size), True
         size = max(MIN_SEGMENT, 1 << (nbytes - 1).bit_length())
-        pooled = self.pooled_bytes + size <= POOL_BYTES
+        pooled = self.pooled_bytes + size <= POOL_BYTES or self._evict(size)
         if not pooled:
             size = nbytes
         segment = _create(size, pooled)
@@ -133,6 +134,30 @@ class _SegmentPool:
             self.segments[segment.name] = segment
             self.pooled_bytes += size
         return segment, pooled
+
+    def _evict(self, size: int) -> bool:
+        """Make room for a new ``size`` segment under the budget by unlinking free segments,
+        least recently put first; False (nothing unlinked) if even all of them are too few.
+        Why: payloads that grow (a session's KV prefix, turn after turn) leave segments of
+        smaller sizes behind; without eviction they fill the budget and every later payload
+        gets a one-shot segment, whose fresh pages cost far more to write than the copy."""
+        states = {name: segment.state() for name, segment in self.segments.items()}
+        free = sorted(
+            (s for s in self.segments.values() if states[s.name][1] == FREE),
+            key=lambda s: states[s.name][2],
+        )
+        if self.pooled_bytes - sum(s.size for s in free) + size > POOL_BYTES:
+            return False
+        for segment in free:
+            if self.pooled_bytes + size <= POOL_BYTES:
+                break
+            del self.segments[segment.name]
+            self.pooled_bytes -= segment.size
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(SHM_DIR / segment.name)
+            with contextlib.suppress(BufferError):  # a view still exported: GC unmaps it
+                segment.view.close()
+        return True
 
     def close(self) -> None:
         """At exit: unlink our segments (consumers' mappings stay valid)."""

@@ -185,3 +185,33 @@ def test_auto_uses_shared_memory_for_large_payloads_without_a_cluster():
     ref = auto.put(torch.zeros(4096))
     assert ref.backend == "shared_memory"
     auto.free(ref)
+
+
+@pytest.fixture
+def fresh_pool(monkeypatch):
+    """This process's producer pool, empty; its segments unlinked afterwards."""
+    pool = shm._SegmentPool()
+    monkeypatch.setattr(shm, "_pool", pool)
+    yield pool
+    pool.close()
+
+
+async def test_a_new_size_over_the_budget_evicts_free_segments_not_ones_in_use(
+    fresh_pool, monkeypatch
+):
+    pool = fresh_pool
+    monkeypatch.setattr(shm, "POOL_BYTES", 4 << 20)
+    channel = SharedMemoryChannel()
+    small = channel.put(torch.ones(3 << 18))  # 3 MB: a 4 MB segment, the whole budget
+    held = await channel.get(small)  # in use: not evictable
+    grown = channel.put(torch.ones(4 << 18))  # 4 MB + header: an 8 MB class, over the budget
+    assert "-o-" in grown.key and (shm.SHM_DIR / small.key).exists()
+    await take(grown)
+    del held
+    gc.collect()  # the last view of the small payload dies: its segment is free again
+    channel.free(small)
+    monkeypatch.setattr(shm, "POOL_BYTES", 8 << 20)
+    grown = channel.put(torch.ones(4 << 18))  # 4 + 8 > 8 MB: the free small one makes room
+    assert "-p-" in grown.key and not (shm.SHM_DIR / small.key).exists()
+    assert pool.pooled_bytes == 8 << 20 and list(pool.segments) == [grown.key]
+    assert torch.equal(await take(grown), torch.ones(4 << 18))
