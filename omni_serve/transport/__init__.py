@@ -6,8 +6,17 @@ from __future__ import annotations
 import socket
 import time
 
+import torch
+
 from omni_serve.compat.nixl import nixl_available
-from omni_serve.transport.base import Channel, ChannelError, Payload, TensorRef, payload_spec
+from omni_serve.transport.base import (
+    Channel,
+    ChannelError,
+    Payload,
+    Reservation,
+    TensorRef,
+    payload_spec,
+)
 from omni_serve.transport.direct import DirectChannel
 from omni_serve.transport.inline import InlineChannel
 from omni_serve.transport.object_store import ObjectStoreChannel
@@ -51,6 +60,12 @@ class AutoChannel:
         if nbytes <= self.inline_max_bytes:
             return self.small.put(payload)
         return self._large().put(payload)
+
+    def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
+        nbytes, _ = payload_spec(like)
+        if nbytes <= self.inline_max_bytes:
+            return self.small.reserve(like, device)
+        return self._large().reserve(like, device)
 
     def _large(self) -> Channel:
         if self.large is not None:
@@ -117,6 +132,7 @@ __all__ = [
     "DirectChannel",
     "InlineChannel",
     "ObjectStoreChannel",
+    "Reservation",
     "SharedMemoryChannel",
     "TensorRef",
     "backend_for",

@@ -6,6 +6,7 @@ the consumer ``get``s the tensors back and ``free``s the ref when done.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,10 +31,27 @@ class TensorRef:
     handle: Any = None  # backend-specific (the payload itself for inline, an ObjectRef, ...)
 
 
+@dataclass
+class Reservation:
+    """Channel memory shaped like a payload, for a producer that can write its payload in place
+    (``torch.index_select(..., out=...)`` of KV blocks, say) instead of building it and having
+    ``put`` copy it: ``tensors`` to write, then ``commit()`` for the ref, or ``cancel()``.
+    Do not write to ``tensors`` after committing: a consumer may be reading them."""
+
+    tensors: Payload
+    commit: Callable[[], TensorRef]
+    cancel: Callable[[], None]
+
+
 class Channel(Protocol):
     name: str
 
     def put(self, payload: Payload) -> TensorRef: ...
+
+    def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
+        """Memory for a payload shaped like ``like`` (its tensors may be on the "meta" device:
+        only dtypes and shapes are read), on ``device`` where the backend can place it."""
+        ...
 
     async def get(self, ref: TensorRef) -> Payload: ...
 
@@ -49,6 +67,19 @@ def payload_spec(payload: Payload) -> tuple[int, dict[str, tuple[str, tuple[int,
     tensors = payload if isinstance(payload, dict) else {"": payload}
     spec = {str(k): (str(t.dtype), tuple(t.shape)) for k, t in tensors.items()}
     return sum(t.numel() * t.element_size() for t in tensors.values()), spec
+
+
+def reservation_to_put(channel: Channel, like: Payload,
+                       device: torch.device | None = None) -> Reservation:  # fmt: skip
+    """For backends with no memory of their own to hand out (inline, object store): plain
+    tensors, ``put`` on commit."""
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        place = device or (torch.device("cpu") if t.is_meta else t.device)
+        return torch.empty(t.shape, dtype=t.dtype, device=place)
+
+    tensors = {k: empty(t) for k, t in like.items()} if isinstance(like, dict) else empty(like)
+    return Reservation(tensors, lambda: channel.put(tensors), lambda: None)
 
 
 ALIGN = 64  # bytes; every tensor (and the data after a header) starts on a cache line

@@ -45,6 +45,7 @@ from omni_serve.transport.base import (
     ALIGN,
     ChannelError,
     Payload,
+    Reservation,
     TensorRef,
     layout,
     named_tensors,
@@ -341,20 +342,39 @@ class DirectChannel:
     name = "direct"
 
     def put(self, payload: Payload) -> TensorRef:
+        on_gpu = [t.device for t in named_tensors(payload)[0].values() if t.device.type == "cuda"]
+        tensors, offsets, buffer, ref = self._claim(payload, on_gpu[0] if on_gpu else None)
+        try:
+            pack(tensors, offsets, buffer.memory)
+        except BaseException:
+            self.free(ref)
+            raise
+        return ref
+
+    def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
+        """A registered buffer to write into: on ``device`` if it is a GPU (the consumer reads
+        it GPU to GPU), else in host memory."""
+        _, offsets, buffer, ref = self._claim(like, device)
+        views = unpack(buffer.memory, ref, offsets, ref.handle.keys)
+        return Reservation(views, lambda: ref, lambda: self.free(ref))
+
+    def _claim(self, payload: Payload, device: torch.device | None
+               ) -> tuple[dict[str, torch.Tensor], dict, _Buffer, TensorRef]:  # fmt: skip
+        """A buffer for ``payload``, in use from now on, and the ref that will name it."""
         nbytes, spec = payload_spec(payload)
         tensors, keys = named_tensors(payload)
-        on_gpu = [t.device for t in tensors.values() if t.device.type == "cuda"]
-        device = on_gpu[0] if on_gpu else torch.device("cpu")
+        if device is None or device.type != "cuda":
+            device = torch.device("cpu")
         offsets, needed = layout(tensors)
         owner = endpoint()
         buffer = owner.acquire(needed, device)
-        pack(tensors, offsets, buffer.memory)
         mem_type, device_id = _mem_type(device)
         where = _Where(
             owner.name, owner.metadata, owner.metadata_version, buffer.index,
             buffer.memory.data_ptr(), mem_type, device_id, buffer.generation, needed, offsets, keys,
         )  # fmt: skip
-        return TensorRef(self.name, f"{owner.name}/{buffer.index}", nbytes, spec, handle=where)
+        ref = TensorRef(self.name, f"{owner.name}/{buffer.index}", nbytes, spec, handle=where)
+        return tensors, offsets, buffer, ref
 
     async def get(self, ref: TensorRef) -> Payload:
         where: _Where = ref.handle

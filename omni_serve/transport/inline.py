@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING
 
-from omni_serve.transport.base import ChannelError, Payload, TensorRef, payload_spec
+from omni_serve.transport.base import (
+    ChannelError,
+    Payload,
+    Reservation,
+    TensorRef,
+    payload_spec,
+    reservation_to_put,
+)
+
+if TYPE_CHECKING:
+    import torch
 
 
 class InlineChannel:
@@ -13,6 +24,9 @@ class InlineChannel:
     def put(self, payload: Payload) -> TensorRef:
         nbytes, spec = payload_spec(payload)
         return TensorRef(self.name, uuid.uuid4().hex, nbytes, spec, handle=payload)
+
+    def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
+        return reservation_to_put(self, like, device)
 
     async def get(self, ref: TensorRef) -> Payload:
         if ref.handle is None:

@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
-from omni_serve.transport.base import ChannelError, Payload, TensorRef, payload_spec
+from omni_serve.transport.base import (
+    ChannelError,
+    Payload,
+    Reservation,
+    TensorRef,
+    payload_spec,
+    reservation_to_put,
+)
 
 
 def _to_numpy(t: torch.Tensor) -> tuple[Any, str]:
@@ -39,6 +46,9 @@ class ObjectStoreChannel:
         encoded = {k: _to_numpy(t) for k, t in tensors.items()}
         handle = (ray.put(encoded), is_dict)
         return TensorRef(self.name, uuid.uuid4().hex, nbytes, spec, handle=handle)
+
+    def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
+        return reservation_to_put(self, like, device)
 
     async def get(self, ref: TensorRef) -> Payload:
         if ref.handle is None:

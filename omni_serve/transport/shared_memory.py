@@ -43,6 +43,7 @@ import torch
 from omni_serve.transport.base import (
     ChannelError,
     Payload,
+    Reservation,
     TensorRef,
     layout,
     named_tensors,
@@ -264,16 +265,32 @@ class SharedMemoryChannel:
     name = "shared_memory"
 
     def put(self, payload: Payload) -> TensorRef:
+        tensors, offsets, segment, ref = self._claim(payload)
+        try:
+            pack(tensors, offsets, torch.frombuffer(segment.view, dtype=torch.uint8))
+        except BaseException:
+            self.free(ref)
+            raise
+        if not ref.handle[-1]:  # one-shot: the consumer maps it by name
+            segment.view.close()
+        return ref
+
+    def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
+        """A segment to write into (host memory whatever ``device`` asks)."""
+        _, offsets, segment, ref = self._claim(like)
+        _, _, _, _, keys, _ = ref.handle
+        views = unpack(torch.frombuffer(segment.view, dtype=torch.uint8), ref, offsets, keys)
+        return Reservation(views, lambda: ref, lambda: self.free(ref))
+
+    def _claim(self, payload: Payload) -> tuple[dict[str, torch.Tensor], dict, _Segment, TensorRef]:
+        """A segment for ``payload``, in use from now on, and the ref that will name it."""
         nbytes, spec = payload_spec(payload)
         tensors, keys = named_tensors(payload)
         offsets, needed = layout(tensors)
         segment, pooled = _pool.acquire(needed)
-        pack(tensors, offsets, torch.frombuffer(segment.view, dtype=torch.uint8))
         generation = segment.claim()
-        if not pooled:
-            segment.view.close()
         handle = (socket.gethostname(), generation, segment.size, offsets, keys, pooled)
-        return TensorRef(self.name, segment.name, nbytes, spec, handle=handle)
+        return tensors, offsets, segment, TensorRef(self.name, segment.name, nbytes, spec, handle)
 
     async def get(self, ref: TensorRef) -> Payload:
         host, generation, size, offsets, keys, pooled = ref.handle

@@ -101,3 +101,31 @@ async def test_take_reads_then_frees(channel):
     assert torch.equal(await take(ref), torch.arange(4))
     with pytest.raises(ChannelError):
         await take(ref)
+
+
+def _meta(payload):
+    """The payload's shapes and dtypes only, as a producer asks for memory before it has data."""
+    if isinstance(payload, dict):
+        return {k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in payload.items()}
+    return torch.empty(payload.shape, dtype=payload.dtype, device="meta")
+
+
+@pytest.mark.parametrize(("name", "payload"), list(payloads()), ids=[n for n, _ in payloads()])
+async def test_a_payload_written_into_reserved_memory_round_trips(channel, name, payload):
+    reservation = channel.reserve(_meta(payload))
+    if isinstance(payload, dict):
+        assert set(reservation.tensors) == set(payload)
+        for k, t in payload.items():
+            reservation.tensors[k].copy_(t)
+    else:
+        reservation.tensors.copy_(payload)
+    ref = reservation.commit()
+    wire = pickle.loads(pickle.dumps(ref)) if ref.backend != "object_store" else ref
+    got = await channel.get(wire)
+    for k, t in payload.items() if isinstance(payload, dict) else [("", payload)]:
+        out = got[k] if isinstance(payload, dict) else got
+        assert out.dtype == t.dtype and out.shape == t.shape and torch.equal(out, t)
+    del got, out  # shared memory hands a segment back once this process's views of it die
+    channel.free(ref)
+    with pytest.raises(ChannelError, match="freed"):
+        await channel.get(ref)

@@ -206,3 +206,19 @@ def test_auto_picks_direct_across_hosts_and_shared_memory_on_one(monkeypatch):
     monkeypatch.setattr(transport, "nixl_available", lambda: False)
     with pytest.raises(ValueError, match="nixl-cu12"):
         make_channel("direct")
+
+
+async def test_a_reservation_written_in_place_is_read_by_another_process(peer, monkeypatch):
+    monkeypatch.setattr(direct_module, "_endpoint", None)  # an agent with no buffers yet
+    channel = DirectChannel()
+    like = {k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in _payload().items()}
+    channel.reserve(like).cancel()
+    owner = direct_module.endpoint()
+    (cancelled,) = owner.buffers.values()
+    assert cancelled.state == direct_module.FREE  # given back at once
+    reservation = channel.reserve(like)
+    for key, t in _payload().items():
+        reservation.tensors[key].copy_(t)
+    ref = reservation.commit()
+    assert ref.handle.buffer == cancelled.index  # the same buffer, reused
+    _assert_same(peer("take", ref), _payload())

@@ -215,3 +215,18 @@ async def test_a_new_size_over_the_budget_evicts_free_segments_not_ones_in_use(
     assert "-p-" in grown.key and not (shm.SHM_DIR / small.key).exists()
     assert pool.pooled_bytes == 8 << 20 and list(pool.segments) == [grown.key]
     assert torch.equal(await take(grown), torch.ones(4 << 18))
+
+
+async def test_a_cancelled_reservation_gives_its_segment_back_and_a_written_one_is_read(
+    fresh_pool,
+):
+    channel = SharedMemoryChannel()
+    like = {"k": torch.empty(256, 1024, device="meta")}
+    channel.reserve(like).cancel()
+    (segment,) = fresh_pool.segments.values()
+    assert segment.state()[1] == shm.FREE
+    reservation = channel.reserve(like)
+    torch.arange(256 * 1024, out=reservation.tensors["k"].view(-1))  # written in place
+    ref = reservation.commit()
+    assert ref.key == segment.name and len(fresh_pool.segments) == 1  # the same segment, reused
+    assert torch.equal((await take(ref))["k"].view(-1), torch.arange(256 * 1024.0))
