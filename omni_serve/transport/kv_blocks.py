@@ -90,15 +90,22 @@ class KVPrefix:
         return same // self.block_size * self.block_size
 
 
-def gather(
-    caches: dict[str, torch.Tensor], dims: dict[str, int], block_ids: list[int]
-) -> dict[str, torch.Tensor]:
-    """The blocks ``block_ids`` of every layer, block dimension first (a copy)."""
+def gather_into(
+    out: dict[str, torch.Tensor],
+    caches: dict[str, torch.Tensor],
+    dims: dict[str, int],
+    block_ids: list[int],
+) -> None:
+    """Write the blocks ``block_ids`` of every layer into ``out[layer]`` (block dimension
+    first): straight from the cache where it indexes blocks first and sits on ``out``'s
+    device, so exporting copies the blocks once."""
     index = torch.tensor(block_ids, dtype=torch.long)
-    out = {}
     for name, cache in caches.items():
-        out[name] = cache.index_select(dims[name], index.to(cache.device)).movedim(dims[name], 0)
-    return {name: t.contiguous() for name, t in out.items()}
+        dim, target = dims[name], out[name]
+        if dim == 0 and cache.device == target.device:
+            torch.index_select(cache, 0, index.to(cache.device), out=target)
+        else:
+            target.copy_(cache.index_select(dim, index.to(cache.device)).movedim(dim, 0))
 
 
 def scatter(
@@ -128,6 +135,20 @@ def put_prefix(
     mm_ids: list[str],
     layout: str = "",
 ) -> KVPrefix:
-    ref = channel.put(gather(caches, dims, block_ids))
+    like = {
+        name: torch.empty(
+            (len(block_ids), *(n for d, n in enumerate(cache.shape) if d != dims[name])),
+            dtype=cache.dtype, device="meta",
+        )
+        for name, cache in caches.items()
+    }  # fmt: skip
+    devices = {cache.device for cache in caches.values()}
+    reservation = channel.reserve(like, devices.pop() if len(devices) == 1 else None)
+    try:
+        gather_into(reservation.tensors, caches, dims, block_ids)
+    except BaseException:
+        reservation.cancel()
+        raise
+    ref = reservation.commit()
     tokens = list(token_ids[: len(block_ids) * block_size])
     return KVPrefix(tokens, block_size, ref, mm_ids, layout)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from omni_serve.transport import make_channel, take
+from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.kv_blocks import KVPrefix, block_dim, put_prefix, scatter
 
 NUM_BLOCKS, BLOCK = 8, 4
@@ -17,12 +18,13 @@ def _caches(layout: str) -> dict[str, torch.Tensor]:
     return {f"layers.{i}.attn": torch.randn(shape, generator=gen) for i in range(3)}
 
 
+@pytest.mark.parametrize("backend", ["shared_memory", "inline"])
 @pytest.mark.parametrize("layout", ["cpu", "kv_first"])
-async def test_blocks_move_from_one_cache_into_other_block_ids_of_another(layout):
+async def test_blocks_move_from_one_cache_into_other_block_ids_of_another(layout, backend):
     source, target = _caches(layout), {k: torch.zeros_like(v) for k, v in _caches(layout).items()}
     dims = {k: block_dim(v, NUM_BLOCKS) for k, v in source.items()}
     tokens = list(range(3 * BLOCK + 1))
-    prefix = put_prefix(make_channel("shared_memory"), source, dims, [5, 1, 6], tokens, BLOCK, [])
+    prefix = put_prefix(make_channel(backend), source, dims, [5, 1, 6], tokens, BLOCK, [])
     assert prefix.num_blocks == 3 and prefix.token_ids == tokens[: 3 * BLOCK]
     wire = KVPrefix.decode(prefix.encode())
     scatter(await take(wire.ref), target, dims, [0, 7], first=1)  # the first block hit locally
@@ -31,6 +33,18 @@ async def test_blocks_move_from_one_cache_into_other_block_ids_of_another(layout
         for src, dst in ((1, 0), (6, 7)):
             assert torch.equal(source[name].select(dim, src), target[name].select(dim, dst))
         assert not target[name].select(dim, 1).any()  # untouched
+
+
+def test_an_export_that_fails_midway_gives_its_segment_back(monkeypatch):
+    pool = shm._SegmentPool()
+    monkeypatch.setattr(shm, "_pool", pool)
+    source = _caches("cpu")
+    dims = {k: 0 for k in source}
+    with pytest.raises(IndexError):  # block 99 does not exist
+        put_prefix(make_channel("shared_memory"), source, dims, [1, 99], [0] * 8, BLOCK, [])
+    (segment,) = pool.segments.values()
+    assert segment.state()[1] == shm.FREE
+    pool.close()
 
 
 def test_a_cache_without_a_block_dimension_is_refused():
