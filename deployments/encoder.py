@@ -25,6 +25,20 @@ from deployments.common import (
 from omni_serve.engines.encoders.base import TorchEncoderEngine
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
 from omni_serve.transport import TensorRef, take
+from omni_serve.transport.base import put_in_place
+
+
+def _like(rows: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """What the channel carries for ``rows`` ([N, H]): float32 on the host, ``width`` wide."""
+    return torch.empty((rows.shape[0], width or rows.shape[-1]), dtype=torch.float32, device="meta")
+
+
+def _concat_into(out: torch.Tensor, parts: list[torch.Tensor]) -> None:
+    """``torch.cat(parts, dim=-1)`` written into ``out`` (each part cast and moved once)."""
+    start = 0
+    for part in parts:
+        out[:, start : start + part.shape[-1]].copy_(part)
+        start += part.shape[-1]
 
 
 @serve.deployment
@@ -46,14 +60,18 @@ class EncoderDeployment:
             input_features=torch.cat(features, dim=1), feature_lens=lengths
         )
         self.clips += len(features)
-        return self.channel.put(out.embeds.float().cpu())
+        return put_in_place(self.channel, _like(out.embeds), lambda rows: rows.copy_(out.embeds))
 
     async def encode_images(self, pixels: TensorRef, grid_thw: torch.Tensor) -> TensorRef:
         """Rows of every image, in prompt order: [sum N_i, H * (1 + deepstack levels)]."""
         patches = await take(pixels)
         out = await self.vision.encode(pixel_values=patches, grid_thw=grid_thw)
         self.clips += int(grid_thw.shape[0])
-        return self.channel.put(torch.cat([out.embeds, *out.deepstack], dim=-1).float().cpu())
+        parts = [out.embeds, *out.deepstack]
+        width = sum(p.shape[-1] for p in parts)
+        return put_in_place(
+            self.channel, _like(out.embeds, width), lambda rows: _concat_into(rows, parts)
+        )
 
     async def ready(self) -> bool:
         return True

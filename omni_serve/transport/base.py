@@ -82,6 +82,19 @@ def reservation_to_put(channel: Channel, like: Payload,
     return Reservation(tensors, lambda: channel.put(tensors), lambda: None)
 
 
+def put_in_place(channel: Channel, like: Payload, fill: Callable[[Payload], None],
+                 device: torch.device | None = None) -> TensorRef:  # fmt: skip
+    """``fill`` writes the payload into reserved channel memory; its ref (the memory goes back
+    if ``fill`` fails)."""
+    reservation = channel.reserve(like, device)
+    try:
+        fill(reservation.tensors)
+    except BaseException:
+        reservation.cancel()
+        raise
+    return reservation.commit()
+
+
 ALIGN = 64  # bytes; every tensor (and the data after a header) starts on a cache line
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omni_serve.transport.base import Channel, TensorRef
+from omni_serve.transport.base import Channel, TensorRef, put_in_place
 
 # Keys of vLLM's per-request kv_transfer_params (omni_serve.engines.ar.kv_connector).
 EXPORT_KEY = "omni_kv_export"  # in: put this prompt's whole blocks on the channel
@@ -143,12 +143,9 @@ def put_prefix(
         for name, cache in caches.items()
     }  # fmt: skip
     devices = {cache.device for cache in caches.values()}
-    reservation = channel.reserve(like, devices.pop() if len(devices) == 1 else None)
-    try:
-        gather_into(reservation.tensors, caches, dims, block_ids)
-    except BaseException:
-        reservation.cancel()
-        raise
-    ref = reservation.commit()
+    ref = put_in_place(
+        channel, like, lambda out: gather_into(out, caches, dims, block_ids),
+        devices.pop() if len(devices) == 1 else None,
+    )  # fmt: skip
     tokens = list(token_ids[: len(block_ids) * block_size])
     return KVPrefix(tokens, block_size, ref, mm_ids, layout)
