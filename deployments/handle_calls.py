@@ -9,8 +9,11 @@ clear 503.
   ``RayActorError``. Stage calls are pure functions of their arguments, so a call that has
   produced nothing yet is sent again, to another replica; a stream that has already yielded
   is not (the client has part of the answer): it ends with ``ReplicaDied`` naming the stage
-  (503 with Retry-After). A request whose client has seen nothing yet (a unary chat or speech
-  request) is run again from the start once: ``rerun_after_replica_death``.
+  (503 with Retry-After). So does a retry that finds the refs it carries gone: the dead
+  replica had read them and handed them back (it finished with them, then died before its
+  answer arrived), so only the whole request can be run again. A request whose client has
+  seen nothing yet (a unary chat or speech request, an image) is run again from the start
+  once: ``rerun_after_replica_death``.
 - Serve's ``BackPressureError`` / ``DeploymentUnavailableError`` become ``StageUnavailable``
   (503 with Retry-After).
 - Once a call has ended in any way (answered, refused, failed, cancelled while still queued at
@@ -31,7 +34,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from omni_serve.api.errors import ReplicaDied, StageUnavailable
 from omni_serve.compat.ray_serve import dead_deployment
-from omni_serve.transport import TensorRef, release
+from omni_serve.transport import ChannelError, TensorRef, release
 
 log = logging.getLogger("ray.serve")
 UNAVAILABLE_RETRY_AFTER_S = 5.0  # a stage with no running replica: Serve is replacing it
@@ -59,6 +62,7 @@ def _unavailable(exc: Exception) -> StageUnavailable:
 
 async def call(method: Any, *args: Any) -> Any:
     """``await method.remote(*args)`` for a handle method, e.g. ``call(handle.decode, x)``."""
+    died: RayActorError | None = None
     try:
         for attempt in range(RETRIES_AFTER_REPLICA_DEATH + 1):
             response = method.remote(*args)
@@ -72,7 +76,12 @@ async def call(method: Any, *args: Any) -> Any:
             except RayActorError as exc:
                 if attempt == RETRIES_AFTER_REPLICA_DEATH:
                     raise ReplicaDied(dead_deployment(exc)) from exc
+                died = exc
                 log.warning("a replica died during a stage call; sending it again: %s", exc)
+            except ChannelError as exc:  # from the stage, as a RayTaskError that is one too
+                if died is None:
+                    raise
+                raise ReplicaDied(dead_deployment(died)) from exc  # its inputs went with it
         raise AssertionError("unreachable")
     finally:
         release(*_carried_refs(args))
@@ -80,6 +89,7 @@ async def call(method: Any, *args: Any) -> Any:
 
 async def stream(method: Any, *args: Any) -> AsyncIterator[Any]:
     """``async for item in method.remote(*args)`` for a streaming handle method."""
+    died: RayActorError | None = None
     try:
         for attempt in range(RETRIES_AFTER_REPLICA_DEATH + 1):
             responses = method.remote(*args)
@@ -95,7 +105,12 @@ async def stream(method: Any, *args: Any) -> AsyncIterator[Any]:
             except RayActorError as exc:
                 if yielded or attempt == RETRIES_AFTER_REPLICA_DEATH:
                     raise ReplicaDied(dead_deployment(exc)) from exc
+                died = exc
                 log.warning("a replica died before streaming anything; sending it again: %s", exc)
+            except ChannelError as exc:
+                if died is None:
+                    raise
+                raise ReplicaDied(dead_deployment(died)) from exc
             finally:  # cancelled, closed early, or failed: stop the stage's work on it
                 if not finished:
                     responses.cancel()

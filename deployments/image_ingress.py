@@ -153,7 +153,13 @@ class ImageIngress:
         deadline = request_deadline(timeout_s, self.config.api.request_timeout_s)
         self.metrics.in_flight.inc()
         try:
-            result = await await_within(generate_images(self.clients, options), deadline)
+            # Nothing reaches the client before the images do: a replica death costs a rerun.
+            result = await await_within(
+                handle_calls.rerun_after_replica_death(
+                    lambda: generate_images(self.clients, options)
+                ),
+                deadline,
+            )
         except RequestTimeout as exc:
             self.metrics.requests.labels("timeout").inc()
             raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None

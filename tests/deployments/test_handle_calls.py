@@ -14,6 +14,7 @@ from ray.serve.exceptions import BackPressureError
 
 from deployments import handle_calls
 from omni_serve.api.errors import ReplicaDied, StageUnavailable
+from omni_serve.transport import ChannelError
 
 
 def thinker_died() -> ActorDiedError:
@@ -182,3 +183,23 @@ async def test_a_retried_call_keeps_its_refs_for_the_second_replica():
 
     assert await handle_calls.call(Recording(ActorDiedError(), "ok"), ref) == "ok"
     assert states == [shm.IN_USE, shm.IN_USE]  # still there for the replacement replica
+
+
+def vae_died() -> ActorDiedError:
+    context = ActorDiedErrorContext(class_name="ServeReplica:default:vae", actor_id=bytes(16))
+    return ActorDiedError(context)
+
+
+async def test_a_retry_whose_inputs_the_dead_replica_consumed_names_that_replica():
+    lost = FakeMethod(vae_died(), ChannelError("ref omni-shm-1-p-x was freed"))
+    with pytest.raises(ReplicaDied) as died:
+        await handle_calls.call(lost, "latents")
+    assert died.value.stage == "vae"
+    streamed = FakeMethod([vae_died()], [ChannelError("ref omni-shm-1-p-x was freed")])
+    with pytest.raises(ReplicaDied):
+        _ = [x async for x in handle_calls.stream(streamed)]
+
+
+async def test_a_channel_error_without_a_replica_death_is_the_stages_own():
+    with pytest.raises(ChannelError):
+        await handle_calls.call(FakeMethod(ChannelError("ref was freed")))
