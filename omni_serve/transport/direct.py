@@ -169,6 +169,7 @@ class _Endpoint:
         self.buffers: dict[int, _Buffer] = {}
         self.pooled_bytes = 0
         self.metadata, self.metadata_version = self.agent.get_agent_metadata(), 0
+        self.registered = 0  # buffers registered so far: the next one's index
         self.loaded: dict[str, int] = {}  # remote agent -> metadata version loaded
         self.freed: deque[tuple[str, int, int]] = deque(maxlen=FREED_MEMORY)
         self.landings = _Landings(self.agent, self.lock)
@@ -199,7 +200,11 @@ class _Endpoint:
         pooled = self.pooled_bytes + size <= POOL_BYTES
         memory = torch.zeros(size if pooled else nbytes, dtype=torch.uint8, device=device)
         registration = self.agent.register_memory([memory])
-        index = max(self.buffers, default=-1) + 1
+        # Never an index a dropped (one-read) buffer had: a stale ref to it names index,
+        # address and generation, and a new buffer at the same index and address (the
+        # allocator hands freed memory back) would start at the same generation.
+        index = self.registered
+        self.registered += 1
         buffer = _Buffer(index, memory, registration, pooled)
         self.buffers[index] = buffer
         self.pooled_bytes += size if pooled else 0

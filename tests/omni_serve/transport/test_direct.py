@@ -222,3 +222,24 @@ async def test_a_reservation_written_in_place_is_read_by_another_process(peer, m
     ref = reservation.commit()
     assert ref.handle.buffer == cancelled.index  # the same buffer, reused
     _assert_same(peer("take", ref), _payload())
+
+
+async def test_a_stale_ref_to_a_dropped_buffer_never_reads_the_next_payload(peer, monkeypatch):
+    monkeypatch.setattr(direct_module, "_endpoint", None)  # an agent with no buffers yet
+    monkeypatch.setattr(direct_module, "POOL_BYTES", 0)  # every buffer is a one-read buffer
+    owner, channel = direct_module.endpoint(), DirectChannel()
+    stale = channel.put(torch.zeros(1 << 18))
+    assert torch.equal(peer("take", stale), torch.zeros(1 << 18))
+    deadline = time.monotonic() + 3
+    while stale.handle.buffer in owner.buffers:  # freed by the reader, then dropped
+        assert time.monotonic() < deadline, "the reader's free never arrived"
+        await asyncio.sleep(0.02)
+    fresh = channel.put(torch.ones(1 << 18))
+    assert fresh.handle.buffer != stale.handle.buffer
+    other = Peer()  # a reader that never saw the stale ref: it must not get the fresh payload
+    try:
+        with pytest.raises(ChannelError):
+            other("get", stale)
+    finally:
+        other.close()
+    assert torch.equal(peer("take", fresh), torch.ones(1 << 18))
