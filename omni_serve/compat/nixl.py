@@ -7,6 +7,7 @@ installs ``nixl-cu12`` by itself, which runs without CUDA (UCX over shared memor
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
@@ -50,3 +51,13 @@ def new_agent(name: str) -> Any:
     nixl = load_nixl()
     config = nixl.nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
     return nixl.nixl_agent(name, config)
+
+
+def drop_remote_agent(agent: Any, remote: str) -> None:
+    """Forget ``remote`` after a failed read from it. NIXL 1.5.1 leaves the connection of a
+    failed transfer (NIXL_ERR_REMOTE_DISCONNECT, e.g. a stale ref that read memory its owner
+    had deregistered) unusable: ``add_remote_agent`` then fails (REMOTE_DISCONNECT, later
+    INVALID_PARAM) until the agent is removed, which cut the reader off from a live producer
+    for good. Removing it lets the next ref's metadata add it afresh."""
+    with contextlib.suppress(Exception):  # unknown to this agent: nothing to drop
+        agent.remove_remote_agent(remote)

@@ -251,8 +251,17 @@ class _Endpoint:
             try:
                 self.agent.add_remote_agent(where.metadata)  # re-adding replaces the old one
             except Exception as exc:  # nixl raises its own exception types
+                self._forget(where.agent)
                 raise ChannelError(f"direct ref from {where.agent} unreachable: {exc}") from exc
             self.loaded[where.agent] = where.metadata_version
+
+    def _forget(self, agent: str) -> None:
+        """After a failed read: the next ref from ``agent`` adds it afresh."""
+        from omni_serve.compat.nixl import drop_remote_agent
+
+        with self.lock:
+            self.loaded.pop(agent, None)
+            drop_remote_agent(self.agent, agent)
 
     def read(self, where: _Where, device: torch.device) -> torch.Tensor:
         """The payload's bytes (header included), checked against the generation."""
@@ -301,11 +310,14 @@ class _Endpoint:
                 with self.lock:
                     state = self.agent.check_xfer_state(handle)
         except Exception as exc:  # nixl raises its own types (remote disconnected, not found)
+            state = "ERR"
             raise ChannelError(f"reading direct ref from {where.agent} failed: {exc}") from exc
         finally:
             if handle is not None:
                 with self.lock:
                     handle.release()
+            if state != "DONE":
+                self._forget(where.agent)
         if state != "DONE":
             why = "timed out" if state == "PROC" else "failed (its producer may be gone)"
             raise ChannelError(f"reading direct ref from {where.agent} {why}")
