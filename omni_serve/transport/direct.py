@@ -170,6 +170,7 @@ class _Endpoint:
         self.pooled_bytes = 0
         self.metadata, self.metadata_version = self.agent.get_agent_metadata(), 0
         self.registered = 0  # buffers registered so far: the next one's index
+        self.generations = 0  # payloads put so far, over all buffers: the next one's generation
         self.loaded: dict[str, int] = {}  # remote agent -> metadata version loaded
         self.freed: deque[tuple[str, int, int]] = deque(maxlen=FREED_MEMORY)
         self.landings = _Landings(self.agent, self.lock)
@@ -189,7 +190,12 @@ class _Endpoint:
                 buffer = min(usable, key=lambda b: b.memory.numel())
             else:
                 buffer = self._register(nbytes, device)
-            buffer.generation += 1
+            # One count over all of this agent's buffers, not one per buffer: a stale ref names
+            # an address and a generation, and a reader on this host (UCX over CMA) reads a
+            # dropped buffer's memory even after deregistration; the allocator may hand that
+            # address to a new buffer, whose header must then never show the stale generation.
+            self.generations += 1
+            buffer.generation = self.generations
             buffer.mark(IN_USE)
             self._serve()
             self.wake.set()  # from its idle pace to the busy one: a reader may need it now
@@ -200,10 +206,7 @@ class _Endpoint:
         pooled = self.pooled_bytes + size <= POOL_BYTES
         memory = torch.zeros(size if pooled else nbytes, dtype=torch.uint8, device=device)
         registration = self.agent.register_memory([memory])
-        # Never an index a dropped (one-read) buffer had: a stale ref to it names index,
-        # address and generation, and a new buffer at the same index and address (the
-        # allocator hands freed memory back) would start at the same generation.
-        index = self.registered
+        index = self.registered  # never a dropped (one-read) buffer's: refs name buffers by it
         self.registered += 1
         buffer = _Buffer(index, memory, registration, pooled)
         self.buffers[index] = buffer

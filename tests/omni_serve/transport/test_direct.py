@@ -236,6 +236,9 @@ async def test_a_stale_ref_to_a_dropped_buffer_never_reads_the_next_payload(peer
         await asyncio.sleep(0.02)
     fresh = channel.put(torch.ones(1 << 18))
     assert fresh.handle.buffer != stale.handle.buffer
+    # The allocator may put the fresh buffer at the stale one's address (it did in CI), where a
+    # reader on this host still reads: its header must not show the stale generation.
+    assert fresh.handle.generation != stale.handle.generation
     other = Peer()  # a reader that never saw the stale ref
     try:
         with pytest.raises(ChannelError):  # not the fresh payload
