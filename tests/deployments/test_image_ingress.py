@@ -1,0 +1,64 @@
+"""The image ingress runs a request again from the start when a stage replica died under it:
+the client has received nothing yet, so it gets its image instead of a 503."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from deployments.image_ingress import ImageIngress
+from omni_serve.api.errors import ApiError, ReplicaDied
+from omni_serve.api.metrics import ApiMetrics
+from omni_serve.models.qwen_image.pipeline import ImageOptions
+
+# The class under Serve's ASGI wrapper (whose async __del__ only warns on hand-built objects).
+IngressClass = next(
+    k for k in ImageIngress.func_or_class.__mro__[1:] if k.__name__ == "ImageIngress"
+)
+
+
+class FakeClients:
+    """Stages that answer at once; the VAE's first ``deaths`` decodes die."""
+
+    def __init__(self, deaths: int) -> None:
+        self.deaths, self.encodes = deaths, 0
+
+    async def encode(self, prompts):
+        self.encodes += 1
+        return ["rows"] * len(prompts)
+
+    async def denoise(self, request):
+        return ["latents"] * len(request["seeds"])
+
+    async def decode(self, latents, height, width):
+        if self.deaths:
+            self.deaths -= 1
+            raise ReplicaDied("vae")
+        return "image"
+
+    async def fetch(self, ref):
+        return torch.zeros(4, 4, 3, dtype=torch.uint8)
+
+
+def _ingress(clients: FakeClients):
+    ingress = object.__new__(IngressClass)
+    ingress.clients, ingress.metrics = clients, ApiMetrics()
+    ingress.config = types.SimpleNamespace(api=types.SimpleNamespace(request_timeout_s=30.0))
+    return ingress
+
+
+OPTIONS = ImageOptions(prompt="a red kite", width=64, height=64, steps=2, seed=1)
+
+
+async def test_a_replica_death_costs_a_rerun_not_the_request():
+    clients = FakeClients(deaths=1)
+    result = await _ingress(clients)._run(OPTIONS, None)
+    assert len(result.images) == 1 and clients.encodes == 2  # run again from the start
+
+
+async def test_a_second_death_is_a_503_with_retry_after():
+    with pytest.raises(ApiError) as failed:
+        await _ingress(FakeClients(deaths=2))._run(OPTIONS, None)
+    assert failed.value.status == 503 and failed.value.headers == {"Retry-After": "5"}
