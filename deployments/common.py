@@ -90,11 +90,13 @@ def find_edge(config: PipelineConfig, source: str, payload: str | None = None) -
 
 
 def edge_channel(config: PipelineConfig, source: str, payload: str | None = None) -> Channel:
-    """The tensor channel for what ``source`` sends downstream (its edge's settings)."""
+    """The tensor channel for what ``source`` sends downstream (its edge's settings). A GPU
+    payload stays on the GPU only when the target stage reserves one (the ingress has none)."""
     edge = find_edge(config, source, payload)
     if edge is None:
         return make_channel()
-    return make_channel(edge.channel.backend, edge.channel.inline_max_bytes)
+    gpu_consumer = config.stage(edge.target).deployment.ray_actor_options.num_gpus > 0
+    return make_channel(edge.channel.backend, edge.channel.inline_max_bytes, gpu_consumer)
 
 
 def pin_to_cores(cores: list[int] | None) -> None:

@@ -98,6 +98,22 @@ def put_in_place(channel: Channel, like: Payload, fill: Callable[[Payload], None
 ALIGN = 64  # bytes; every tensor (and the data after a header) starts on a cache line
 
 
+def gpu_of(payload: Payload) -> torch.device | None:
+    """The GPU the payload's first GPU tensor is on (None: all on the host)."""
+    tensors = payload.values() if isinstance(payload, dict) else (payload,)
+    return next((t.device for t in tensors if t.device.type == "cuda"), None)
+
+
+def on_host(payload: Payload) -> Payload:
+    """The payload with its GPU tensors copied to host memory: what every backend but direct
+    carries (a consumer may have no GPU, or another one)."""
+    if gpu_of(payload) is None:
+        return payload
+    if isinstance(payload, dict):
+        return {k: t.cpu() for k, t in payload.items()}
+    return payload.cpu()
+
+
 def named_tensors(payload: Payload) -> tuple[dict[str, torch.Tensor], list[Any] | None]:
     """The payload's tensors under string keys, and its own keys (None: a bare tensor)."""
     if isinstance(payload, dict):

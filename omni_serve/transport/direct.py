@@ -47,6 +47,7 @@ from omni_serve.transport.base import (
     Payload,
     Reservation,
     TensorRef,
+    gpu_of,
     layout,
     named_tensors,
     pack,
@@ -71,6 +72,7 @@ class _Where:
     agent: str
     metadata: bytes  # the owner's NIXL metadata when it registered this buffer
     metadata_version: int
+    dropped: int  # buffers the owner had deregistered when it made this ref
     buffer: int
     address: int
     mem_type: str  # "DRAM" or "VRAM"
@@ -171,7 +173,11 @@ class _Endpoint:
         self.metadata, self.metadata_version = self.agent.get_agent_metadata(), 0
         self.registered = 0  # buffers registered so far: the next one's index
         self.generations = 0  # payloads put so far, over all buffers: the next one's generation
-        self.loaded: dict[str, int] = {}  # remote agent -> metadata version loaded
+        self.loaded: dict[str, tuple[int, int]] = {}  # remote agent -> (version, dropped) loaded
+        self.reading: dict[str, int] = {}  # remote agent -> reads from it under way
+        self.reads_ended = threading.Condition(self.lock)
+        self.dropped = 0  # buffers deregistered so far (one-read buffers, once read)
+        self.reloads = 0  # remote agents dropped and added again (see _load)
         self.freed: deque[tuple[str, int, int]] = deque(maxlen=FREED_MEMORY)
         self.landings = _Landings(self.agent, self.lock)
         self.thread: threading.Thread | None = None
@@ -223,6 +229,7 @@ class _Endpoint:
             if not buffer.pooled:
                 self.agent.deregister_memory(buffer.registration)
                 del self.buffers[index]
+                self.dropped += 1
 
     def _serve(self) -> None:
         if self.thread is None:
@@ -250,16 +257,36 @@ class _Endpoint:
     # -- consumer side ----------------------------------------------------------------------
 
     def _load(self, where: _Where) -> None:
-        if self.loaded.get(where.agent, -1) < where.metadata_version:
-            try:
-                self.agent.add_remote_agent(where.metadata)  # re-adding replaces the old one
-            except Exception as exc:  # nixl raises its own exception types
-                self._forget(where.agent)
-                raise ChannelError(f"direct ref from {where.agent} unreachable: {exc}") from exc
-            self.loaded[where.agent] = where.metadata_version
+        """Load the owner's metadata if this ref's is newer (caller holds ``self.lock``).
+
+        Adding metadata again only adds the sections new to this reader, and NIXL 1.5.1
+        refuses a known section (address and length) under a new key (NIXL_ERR_NOT_ALLOWED,
+        "TODO: Support metadata updates"), after which neither removing nor adding the agent
+        works (INVALID_PARAM). A new buffer lands at a dropped one's address easily (seen on an
+        H100: the CUDA caching allocator hands a one-read 1 GiB buffer's block back), so once
+        the owner has dropped a buffer since this reader loaded it, the reader drops the agent
+        first (when no read from it is under way) and adds it afresh."""
+        version, dropped = self.loaded.get(where.agent, (-1, 0))
+        if version >= where.metadata_version:
+            return
+        if version >= 0 and where.dropped > dropped:
+            if not self.reads_ended.wait_for(
+                lambda: not self.reading.get(where.agent), TRANSFER_TIMEOUT_S
+            ):
+                raise ChannelError(f"direct ref from {where.agent}: its reads never ended")
+            if self.loaded.get(where.agent, (-1, 0))[0] >= where.metadata_version:
+                return  # another thread reloaded it while this one waited
+            self._forget(where.agent)
+            self.reloads += 1
+        try:
+            self.agent.add_remote_agent(where.metadata)
+        except Exception as exc:  # nixl raises its own exception types
+            self._forget(where.agent)
+            raise ChannelError(f"direct ref from {where.agent} unreachable: {exc}") from exc
+        self.loaded[where.agent] = (where.metadata_version, where.dropped)
 
     def _forget(self, agent: str) -> None:
-        """After a failed read: the next ref from ``agent`` adds it afresh."""
+        """After a failed read, or before reloading it: the next ref adds ``agent`` afresh."""
         from omni_serve.compat.nixl import drop_remote_agent
 
         with self.lock:
@@ -276,16 +303,22 @@ class _Endpoint:
         header_only = [(where.address, HEADER.size, where.device_id)]
         with self.lock:
             self._load(where)
-        # The payload, then room for the second header read (it must be registered too).
-        memory, done = self.landings.take(where.size + ALIGN, device)
+            self.reading[where.agent] = self.reading.get(where.agent, 0) + 1
         try:
-            self._transfer(memory[: where.size], remote, where)
-            first = HEADER.unpack(memory[: HEADER.size].cpu().numpy().tobytes())
-            again = memory[where.size : where.size + HEADER.size]
-            self._transfer(again, header_only, where)
-            second = HEADER.unpack(again.cpu().numpy().tobytes())
+            # The payload, then room for the second header read (it must be registered too).
+            memory, done = self.landings.take(where.size + ALIGN, device)
+            try:
+                self._transfer(memory[: where.size], remote, where)
+                first = HEADER.unpack(memory[: HEADER.size].cpu().numpy().tobytes())
+                again = memory[where.size : where.size + HEADER.size]
+                self._transfer(again, header_only, where)
+                second = HEADER.unpack(again.cpu().numpy().tobytes())
+            finally:
+                done()
         finally:
-            done()
+            with self.lock:
+                self.reading[where.agent] -= 1
+                self.reads_ended.notify_all()
         if first != (where.generation, IN_USE) or second != first:
             raise ChannelError(f"direct ref {where.agent}/{where.buffer} was freed")
         return memory
@@ -352,18 +385,26 @@ def endpoint() -> _Endpoint:
 
 
 def _consumer_device(where: _Where) -> torch.device:
-    """GPU to GPU when both sides have one (the point of this backend); host memory else."""
-    if where.mem_type == "VRAM" and torch.cuda.is_available():
+    """GPU to GPU when the payload is on a GPU (the point of this backend); host memory else."""
+    if where.mem_type == "VRAM":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
 class DirectChannel:
+    """``gpu_consumer``: the consumer has a GPU, so payloads on a GPU stay there (registered
+    GPU buffers, read GPU to GPU); without one they go to host buffers, since a reader whose
+    UCX has no CUDA support cannot read GPU memory ("cannot find remote protocol ... from
+    cuda", seen on an H100 with CUDA_VISIBLE_DEVICES="" in the reader)."""
+
     name = "direct"
 
+    def __init__(self, gpu_consumer: bool = True) -> None:
+        self.gpu_consumer = gpu_consumer
+
     def put(self, payload: Payload) -> TensorRef:
-        on_gpu = [t.device for t in named_tensors(payload)[0].values() if t.device.type == "cuda"]
-        tensors, offsets, buffer, ref = self._claim(payload, on_gpu[0] if on_gpu else None)
+        device = gpu_of(payload) if self.gpu_consumer else None
+        tensors, offsets, buffer, ref = self._claim(payload, device)
         try:
             pack(tensors, offsets, buffer.memory)
         except BaseException:
@@ -374,7 +415,7 @@ class DirectChannel:
     def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
         """A registered buffer to write into: on ``device`` if it is a GPU (the consumer reads
         it GPU to GPU), else in host memory."""
-        _, offsets, buffer, ref = self._claim(like, device)
+        _, offsets, buffer, ref = self._claim(like, device if self.gpu_consumer else None)
         views = unpack(buffer.memory, ref, offsets, ref.handle.keys)
         return Reservation(views, lambda: ref, lambda: self.free(ref))
 
@@ -390,7 +431,7 @@ class DirectChannel:
         buffer = owner.acquire(needed, device)
         mem_type, device_id = _mem_type(device)
         where = _Where(
-            owner.name, owner.metadata, owner.metadata_version, buffer.index,
+            owner.name, owner.metadata, owner.metadata_version, owner.dropped, buffer.index,
             buffer.memory.data_ptr(), mem_type, device_id, buffer.generation, needed, offsets, keys,
         )  # fmt: skip
         ref = TensorRef(self.name, f"{owner.name}/{buffer.index}", nbytes, spec, handle=where)
@@ -398,6 +439,11 @@ class DirectChannel:
 
     async def get(self, ref: TensorRef) -> Payload:
         where: _Where = ref.handle
+        if where.mem_type == "VRAM" and not torch.cuda.is_available():
+            raise ChannelError(
+                f"direct ref {ref.key} is in GPU memory and this process has no GPU: the "
+                "producer's channel must be made with gpu_consumer=False for this edge"
+            )
         memory = await asyncio.to_thread(endpoint().read, where, _consumer_device(where))
         return unpack(memory, ref, where.offsets, where.keys)
 

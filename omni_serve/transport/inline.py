@@ -10,6 +10,7 @@ from omni_serve.transport.base import (
     Payload,
     Reservation,
     TensorRef,
+    on_host,
     payload_spec,
     reservation_to_put,
 )
@@ -23,7 +24,7 @@ class InlineChannel:
 
     def put(self, payload: Payload) -> TensorRef:
         nbytes, spec = payload_spec(payload)
-        return TensorRef(self.name, uuid.uuid4().hex, nbytes, spec, handle=payload)
+        return TensorRef(self.name, uuid.uuid4().hex, nbytes, spec, handle=on_host(payload))
 
     def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
         return reservation_to_put(self, like, device)

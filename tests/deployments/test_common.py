@@ -31,6 +31,28 @@ def test_edge_channel_follows_the_edge_settings():
     assert edge_channel(config, "b").name == "auto"
 
 
+def test_gpu_payloads_stay_on_the_gpu_only_toward_a_stage_that_reserves_one():
+    """A reader without CUDA cannot read GPU memory (direct backend), so the producer's
+    channel keeps a GPU payload there only when the edge's target has a GPU."""
+    gpu = {"ray_actor_options": {"num_gpus": 1}}
+    config = parse_pipeline_config(
+        {
+            "name": "m", "family": "qwen_image", "model": "tiny-qwen-image",
+            "stages": [{"name": "dit", "kind": "dit", "deployment": gpu},
+                       {"name": "vae", "kind": "vae", "deployment": gpu},
+                       {"name": "text_encoder", "kind": "text_encoder"},
+                       {"name": "ingress", "kind": "ingress"}],
+            "edges": [{"source": "text_encoder", "target": "dit", "payload": "prompt_rows"},
+                      {"source": "dit", "target": "vae", "payload": "latents",
+                       "channel": {"backend": "direct"}},
+                      {"source": "vae", "target": "ingress", "payload": "images"}],
+        }
+    )  # fmt: skip
+    assert edge_channel(config, "text_encoder").gpu_consumer is True
+    assert edge_channel(config, "dit").gpu_consumer is True  # pinned direct: GPU to GPU
+    assert edge_channel(config, "vae").gpu_consumer is False  # the ingress has no GPU
+
+
 def test_a_stage_runs_on_a_gpu_only_when_it_reserves_one_and_one_is_visible(monkeypatch):
     import torch
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
+import dataclasses
 import os
 import time
 
@@ -12,6 +12,7 @@ import torch
 
 from omni_serve.transport import AutoChannel, ChannelError, DirectChannel, make_channel, take
 from omni_serve.transport import direct as direct_module
+from tests.omni_serve.transport.peer import Peer
 
 pytest.importorskip("omni_serve.compat.nixl").load_nixl()
 
@@ -42,37 +43,9 @@ def _peer_main(conn, env: dict[str, str]) -> None:
             conn.send(exc)
 
 
-class Peer:
-    def __init__(self, **env: str) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_peer_main, args=(child, env), daemon=True)
-        self.process.start()
-
-    def __call__(self, op: str, arg=None):
-        self.conn.send((op, arg))
-        if not self.conn.poll(60):
-            raise TimeoutError(f"peer did not answer {op}")
-        answer = self.conn.recv()
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    def wait_in_use(self, expected: int, timeout: float = 3.0) -> int:
-        deadline = time.monotonic() + timeout
-        while (count := self("in_use")) != expected and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return count
-
-    def close(self) -> None:
-        if self.process.is_alive():
-            self.conn.send(("exit", None))
-            self.process.join(10)
-
-
 @pytest.fixture
 def peer():
-    peer = Peer()
+    peer = Peer(_peer_main)
     yield peer
     peer.close()
 
@@ -125,7 +98,7 @@ async def test_a_stale_ref_reads_as_freed_never_as_the_next_payload(peer):
         await DirectChannel().get(ref)  # remembered here as freed
     newer = peer("put", torch.ones(1 << 18))
     assert newer.handle.buffer == ref.handle.buffer
-    other = Peer()  # a reader that never saw the first ref: the generation check stops it
+    other = Peer(_peer_main)  # a reader that never saw the first ref: the generation check stops it
     try:
         with pytest.raises(ChannelError, match="freed"):
             other("get", ref)
@@ -187,7 +160,7 @@ async def test_payloads_beyond_the_pool_budget_get_a_buffer_of_their_own(monkeyp
 def test_over_tcp_the_owner_drives_the_transfer():
     """UCX_TLS=tcp is the wire between two hosts: the owner's notification loop has to make
     progress for the reader, who would otherwise wait forever."""
-    producer, consumer = Peer(UCX_TLS="tcp"), Peer(UCX_TLS="tcp")
+    producer, consumer = Peer(_peer_main, UCX_TLS="tcp"), Peer(_peer_main, UCX_TLS="tcp")
     try:
         payload = torch.randn(4 << 20, generator=torch.Generator().manual_seed(1))  # 16 MB
         ref = producer("put", payload)
@@ -206,6 +179,46 @@ def test_auto_picks_direct_across_hosts_and_shared_memory_on_one(monkeypatch):
     monkeypatch.setattr(transport, "nixl_available", lambda: False)
     with pytest.raises(ValueError, match="nixl-cu12"):
         make_channel("direct")
+
+
+def test_auto_sends_gpu_payloads_direct_even_on_one_host(monkeypatch):
+    """Shared memory would take a GPU payload through host memory twice (device to host, then
+    host to device in the consumer); direct reads it GPU to GPU. The GPU round trip itself is
+    in test_direct_gpu.py."""
+    import omni_serve.transport as transport
+
+    monkeypatch.setattr(transport, "cluster_is_one_host", lambda: True)
+    auto, gpu, big = AutoChannel(inline_max_bytes=16), torch.device("cuda", 0), 64 << 20
+    assert auto._large(gpu, big).name == "direct"
+    assert auto._large(gpu, 1 << 20).name == "shared_memory"  # under the direct read's floor
+    assert auto._large(torch.device("cpu"), big).name == auto._large().name == "shared_memory"
+    monkeypatch.setattr(transport, "nixl_available", lambda: False)
+    assert auto._large(gpu, big).name == "shared_memory"
+    pinned = AutoChannel(large=transport.ObjectStoreChannel())
+    assert pinned._large(gpu, big).name == "object_store"  # the edge's pin wins
+
+
+def test_for_a_consumer_without_a_gpu_gpu_payloads_go_through_host_memory(monkeypatch):
+    import omni_serve.transport as transport
+
+    monkeypatch.setattr(transport, "cluster_is_one_host", lambda: True)
+    auto = AutoChannel(inline_max_bytes=16, gpu_consumer=False)
+    assert auto._large(torch.device("cuda", 0), 64 << 20).name == "shared_memory"
+    monkeypatch.setattr(transport, "cluster_is_one_host", lambda: False)
+    auto = AutoChannel(inline_max_bytes=16, gpu_consumer=False)
+    direct = auto._large(torch.device("cuda", 0), 64 << 20)
+    assert direct.name == "direct" and direct.gpu_consumer is False  # host buffers
+    assert make_channel("direct", gpu_consumer=False).gpu_consumer is False
+    assert make_channel("auto", gpu_consumer=False).gpu_consumer is False
+
+
+async def test_a_gpu_ref_in_a_process_without_a_gpu_fails_with_a_reason(monkeypatch):
+    ref = DirectChannel().put(torch.ones(1 << 16))
+    gpu_ref = dataclasses.replace(ref, handle=dataclasses.replace(ref.handle, mem_type="VRAM"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ChannelError, match="no GPU"):
+        await DirectChannel().get(gpu_ref)
+    DirectChannel().free(ref)
 
 
 async def test_a_reservation_written_in_place_is_read_by_another_process(peer, monkeypatch):
@@ -239,7 +252,7 @@ async def test_a_stale_ref_to_a_dropped_buffer_never_reads_the_next_payload(peer
     # The allocator may put the fresh buffer at the stale one's address (it did in CI), where a
     # reader on this host still reads: its header must not show the stale generation.
     assert fresh.handle.generation != stale.handle.generation
-    other = Peer()  # a reader that never saw the stale ref
+    other = Peer(_peer_main)  # a reader that never saw the stale ref
     try:
         with pytest.raises(ChannelError):  # not the fresh payload
             other("get", stale)
@@ -247,3 +260,33 @@ async def test_a_stale_ref_to_a_dropped_buffer_never_reads_the_next_payload(peer
         assert torch.equal(other("take", fresh), torch.ones(1 << 18))
     finally:
         other.close()
+
+
+async def test_after_the_owner_drops_a_buffer_a_reader_reloads_it_once_its_reads_end():
+    """A new buffer may sit at a dropped one's address (the CUDA caching allocator hands the
+    block back), which NIXL 1.5.1 refuses to re-key for a reader that knew the old one: the
+    reader drops the owner's agent and adds it afresh, once its reads from it are over."""
+    owner = Peer(_peer_main, OMNI_DIRECT_POOL_BYTES="0")  # every buffer is a one-read buffer
+    try:
+        first = owner("put", _payload())
+        _assert_same(await take(first), _payload())  # loads the owner's agent here
+        assert owner.wait_in_use(0) == 0  # read, freed and dropped by the owner
+        second = owner("put", _payload())
+        assert second.handle.dropped == first.handle.dropped + 1
+        reader = direct_module.endpoint()
+        reloads = reader.reloads
+        with reader.lock:
+            reader.reading[second.handle.agent] = 1  # another read from it is under way
+        taking = asyncio.ensure_future(take(second))
+        await asyncio.sleep(0.3)
+        assert not taking.done() and reader.reloads == reloads  # waits for that read
+        with reader.lock:
+            reader.reading[second.handle.agent] = 0
+            reader.reads_ended.notify_all()
+        _assert_same(await asyncio.wait_for(taking, 10), _payload())
+        assert reader.reloads == reloads + 1
+        third = owner("put", _payload())  # and again: each dropped buffer, one reload
+        _assert_same(await take(third), _payload())
+        assert reader.reloads == reloads + 2 and owner.wait_in_use(0) == 0
+    finally:
+        owner.close()

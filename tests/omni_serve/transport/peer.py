@@ -1,0 +1,48 @@
+"""Another process to put and take payloads in, driven over a pipe: a stage on another replica."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+
+class Peer:
+    def __init__(self, main: Callable[[Connection, dict[str, str]], None], **env: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=main, args=(child, env), daemon=True)
+        # The child starts with ``env`` in place: importing ``main``'s module may read it
+        # (CUDA_VISIBLE_DEVICES counts from the first CUDA query, a skipif at import time).
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            self.process.start()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def __call__(self, op: str, arg=None):
+        self.conn.send((op, arg))
+        if not self.conn.poll(60):
+            raise TimeoutError(f"peer did not answer {op}")
+        answer = self.conn.recv()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def wait_in_use(self, expected: int, timeout: float = 3.0) -> int:
+        deadline = time.monotonic() + timeout
+        while (count := self("in_use")) != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return count
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(("exit", None))
+            self.process.join(10)
