@@ -7,15 +7,16 @@ GPUDirect between GPUs. Only a ref (agent metadata, address, generation: ~0.5 KB
 handle call.
 
 Each process has one NIXL agent and a pool of registered buffers (registration is the slow
-part, and it changes the agent's metadata, so buffers are reused like shared-memory
-segments). A buffer's 64-byte header holds a generation and a state, written by its owner
-before the payload; the consumer reads header and payload in one transfer, then the header
-again, and accepts the payload only if the generation matched both times and the buffer was
-in use (a seqlock: a buffer freed or reused during the read shows up as "freed", never as
-someone else's data). The consumer gets its own copy, so the owner may reuse a buffer as soon
-as it is freed or abandoned; both arrive as notifications, handled by a thread of the owner
-that also drives UCX for readers on other hosts. A consumer that dies before freeing leaves
-the buffer in use until the lease runs out; a producer that dies makes reads fail at once.
+part, and it changes the agent's metadata, so buffers are reused like shared-memory segments,
+and free ones are evicted, least recently used first, when a new size needs room). A buffer's
+64-byte header holds a generation and a state, written by its owner before the payload; the
+consumer reads header and payload in one transfer, then the header again, and accepts the
+payload only if the generation matched both times and the buffer was in use (a seqlock: a
+buffer freed or reused during the read shows up as "freed", never as someone else's data). The
+consumer gets its own copy, so the owner may reuse a buffer as soon as it is freed or
+abandoned; both arrive as notifications, handled by a thread of the owner that also drives UCX
+for readers on other hosts. A consumer that dies before freeing leaves the buffer in use until
+the lease runs out; a producer that dies makes reads fail at once.
 
 Unlike shared memory, a ref taken once cannot be read again by a retried call (the first
 reader's free released it).
@@ -151,12 +152,30 @@ class _Landings:
         size = max(MIN_BUFFER, 1 << (nbytes - 1).bit_length())
         with self.picking:
             if self.pooled_bytes + size > POOL_BYTES:
+                self._evict(self.pooled_bytes + size - POOL_BYTES)
+            if self.pooled_bytes + size > POOL_BYTES:
                 return None  # over budget: a one-read buffer instead
             self.pooled_bytes += size
         memory = mmap.mmap(-1, size)
         with self.lock:
             registration = self.agent.register_memory([torch.frombuffer(memory, dtype=torch.uint8)])
         return memory, registration
+
+    def _evict(self, room: int) -> None:
+        """Deregister idle landings, longest idle first, until ``room`` bytes of the budget
+        are free (caller holds ``self.picking``); their memory goes once nothing views it."""
+        idle = []
+        with contextlib.suppress(IndexError):
+            while True:
+                idle.append(self.idle.popleft())
+        for landing in idle:
+            if room <= 0:
+                self.idle.append(landing)
+                continue
+            with self.lock:
+                self.agent.deregister_memory(landing[1])
+            self.pooled_bytes -= len(landing[0])
+            room -= len(landing[0])
 
 
 class _Endpoint:
@@ -209,6 +228,8 @@ class _Endpoint:
 
     def _register(self, nbytes: int, device: torch.device) -> _Buffer:
         size = max(MIN_BUFFER, 1 << (nbytes - 1).bit_length())
+        if self.pooled_bytes + size > POOL_BYTES:
+            self._evict(self.pooled_bytes + size - POOL_BYTES)
         pooled = self.pooled_bytes + size <= POOL_BYTES
         memory = torch.zeros(size if pooled else nbytes, dtype=torch.uint8, device=device)
         registration = self.agent.register_memory([memory])
@@ -220,6 +241,26 @@ class _Endpoint:
         self.metadata, self.metadata_version = self.agent.get_agent_metadata(), index + 1
         return buffer
 
+    def _evict(self, room: int) -> None:
+        """Deregister free pooled buffers, least recently used first, until ``room`` bytes of
+        the budget are free (or none is left to evict): payloads that grow (a session's KV
+        prefix, turn after turn) would otherwise leave smaller free buffers holding the budget
+        and every larger payload a one-read buffer, registered and dropped per read (and each
+        drop makes its readers reload this agent)."""
+        free = sorted((b for b in self.buffers.values() if b.pooled and b.state == FREE),
+                      key=lambda b: b.since)  # fmt: skip
+        for buffer in free:
+            if room <= 0:
+                return
+            self._drop(buffer)
+            self.pooled_bytes -= buffer.memory.numel()
+            room -= buffer.memory.numel()
+
+    def _drop(self, buffer: _Buffer) -> None:
+        self.agent.deregister_memory(buffer.registration)
+        del self.buffers[buffer.index]
+        self.dropped += 1
+
     def release(self, index: int, generation: int) -> None:
         with self.lock:
             buffer = self.buffers.get(index)
@@ -227,9 +268,7 @@ class _Endpoint:
                 return  # a second free, or the buffer serves a newer payload already
             buffer.mark(FREE)
             if not buffer.pooled:
-                self.agent.deregister_memory(buffer.registration)
-                del self.buffers[index]
-                self.dropped += 1
+                self._drop(buffer)
 
     def _serve(self) -> None:
         if self.thread is None:

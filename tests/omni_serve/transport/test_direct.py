@@ -157,6 +157,51 @@ async def test_payloads_beyond_the_pool_budget_get_a_buffer_of_their_own(monkeyp
     assert ref.handle.buffer not in owner.buffers  # deregistered and dropped
 
 
+async def test_a_new_size_over_the_budget_evicts_free_pooled_buffers_not_used_ones(
+    peer, monkeypatch
+):
+    monkeypatch.setattr(direct_module, "_endpoint", None)  # an agent with no buffers yet
+    monkeypatch.setattr(direct_module, "POOL_BYTES", 6 << 20)
+    owner, channel = direct_module.endpoint(), DirectChannel()
+    kept = channel.put(torch.zeros(1 << 18))  # a 2 MB buffer (1 MB + header), left in use
+    old = channel.put(torch.zeros(1 << 18))  # another 2 MB buffer, read and freed below
+    assert torch.equal(peer("take", old), torch.zeros(1 << 18))
+    deadline = time.monotonic() + 3
+    while owner.buffers[old.handle.buffer].state != direct_module.FREE:
+        assert time.monotonic() < deadline, "the reader's free never arrived"
+        await asyncio.sleep(0.02)
+    grown = channel.put(torch.ones(1 << 19))  # 2 MB + header: a 4 MB buffer, over the budget
+    assert old.handle.buffer not in owner.buffers  # the free one made room
+    assert owner.buffers[kept.handle.buffer].state == direct_module.IN_USE  # never the used one
+    assert owner.buffers[grown.handle.buffer].pooled and owner.pooled_bytes == 6 << 20
+    assert grown.handle.dropped == old.handle.dropped + 1
+    assert torch.equal(peer("take", grown), torch.ones(1 << 19))  # the reader reloads
+    channel.free(kept)
+
+
+async def test_a_reader_over_its_landing_budget_evicts_idle_landings(peer, monkeypatch):
+    monkeypatch.setattr(direct_module, "_endpoint", None)  # a reader with no landings yet
+    monkeypatch.setattr(direct_module, "POOL_BYTES", 4 << 20)
+    landings = direct_module.endpoint().landings
+    small = await take(peer("put", torch.zeros(1 << 18)))  # lands in a 2 MB landing
+    assert torch.equal(small, torch.zeros(1 << 18)) and landings.pooled_bytes == 2 << 20
+    del small  # the landing is idle again once the read's worker thread has let go of it
+    await _until(lambda: len(landings.idle) == 1)
+    grown = await take(peer("put", torch.ones(1 << 19)))  # 2 MB + header: a 4 MB landing
+    assert torch.equal(grown, torch.ones(1 << 19))
+    assert landings.pooled_bytes == 4 << 20  # the idle 2 MB one made room
+    del grown
+    await _until(lambda: len(landings.idle) == 1)
+    assert [len(memory) for memory, _ in landings.idle] == [4 << 20]
+
+
+async def _until(condition, timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
+
+
 def test_over_tcp_the_owner_drives_the_transfer():
     """UCX_TLS=tcp is the wire between two hosts: the owner's notification loop has to make
     progress for the reader, who would otherwise wait forever."""
