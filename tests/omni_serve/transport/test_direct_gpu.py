@@ -12,8 +12,9 @@ import time
 import pytest
 import torch
 
-from omni_serve.transport import AutoChannel, ChannelError, DirectChannel, take
+from omni_serve.transport import AutoChannel, ChannelError, DirectChannel, make_channel, take
 from omni_serve.transport import direct as direct_module
+from omni_serve.transport.kv_blocks import KVPrefix, put_prefix, scatter
 from tests.omni_serve.transport.peer import Peer
 
 pytest.importorskip("omni_serve.compat.nixl").load_nixl()
@@ -44,6 +45,13 @@ def _gpu_peer_main(conn, env: dict[str, str]) -> None:
                     continue
                 devices = {k: str(t.device) for k, t in got.items()}
                 conn.send((devices, {k: t.cpu() for k, t in got.items()}))
+            elif op == "import_kv":  # a Thinker replica reusing another's prefix blocks
+                wire, block_ids = arg
+                target = {k: torch.zeros_like(v) for k, v in _kv_caches().items()}
+                blocks = asyncio.run(take(KVPrefix.decode(wire).ref))
+                scatter(blocks, target, _kv_dims(), block_ids)
+                conn.send(({str(t.device) for t in blocks.values()},
+                           {k: t.cpu() for k, t in target.items()}))  # fmt: skip
             elif op == "in_use":
                 owner = direct_module.endpoint()
                 conn.send(sum(b.state == direct_module.IN_USE for b in owner.buffers.values()))
@@ -51,6 +59,17 @@ def _gpu_peer_main(conn, env: dict[str, str]) -> None:
                 return
         except Exception as exc:  # sent back so the test sees the message
             conn.send(exc)
+
+
+def _kv_caches() -> dict[str, torch.Tensor]:
+    """vLLM's GPU layout per layer: (2, blocks, block size, kv heads, head dim), bf16."""
+    gen = torch.Generator().manual_seed(1)
+    return {f"layers.{i}.attn": torch.randn((2, 64, 16, 8, 128), generator=gen)
+            .to("cuda", torch.bfloat16) for i in range(8)}  # fmt: skip
+
+
+def _kv_dims() -> dict[str, int]:
+    return {name: 1 for name in _kv_caches()}
 
 
 @pytest.fixture
@@ -171,3 +190,19 @@ def test_one_read_gpu_buffers_at_a_reused_address_are_read_by_the_same_consumer(
             assert time.monotonic() < deadline, "the reader's free never arrived"
             time.sleep(0.02)
     assert len(set(addresses)) < len(addresses)  # the case this test is about did happen
+
+
+def test_kv_blocks_move_gpu_to_gpu_into_another_replicas_cache(gpu_peer):
+    """A session's prefix, exported from one Thinker's GPU cache (gathered straight into a
+    registered GPU buffer) and scattered into another's at other block ids, never through
+    host memory: 8 MB of blocks, over the direct read's floor."""
+    caches, source_ids, target_ids = _kv_caches(), [5, 1, 60, 7] * 4, list(range(16))
+    tokens = list(range(16 * 16 + 3))
+    prefix = put_prefix(make_channel(), caches, _kv_dims(), source_ids, tokens, 16, [])
+    assert (prefix.ref.backend, prefix.ref.handle.mem_type) == ("direct", "VRAM")
+    devices, target = gpu_peer("import_kv", (prefix.encode(), target_ids))
+    assert devices == {"cuda:0"}  # landed on the consumer's GPU
+    for name, cache in caches.items():
+        for src, dst in zip(source_ids, target_ids, strict=True):
+            assert torch.equal(cache[:, src].cpu(), target[name][:, dst]), (name, dst)
+        assert not target[name][:, 16:].any()  # untouched
