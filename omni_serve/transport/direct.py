@@ -25,21 +25,16 @@ reader's free released it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import mmap
 import os
 import socket
 import struct
 import threading
 import time
 import uuid
-import weakref
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from omni_serve.transport.base import (
@@ -55,12 +50,12 @@ from omni_serve.transport.base import (
     payload_spec,
     unpack,
 )
+from omni_serve.transport.direct_landings import Landings, pooled_size
 
 HEADER = struct.Struct("<QQ")  # generation, state
 FREE, IN_USE = 0, 1
 LEASE_S = 600.0  # a buffer in use for longer than this has lost its consumer
-POOL_BYTES = int(os.environ.get("OMNI_DIRECT_POOL_BYTES", 2 << 30))
-MIN_BUFFER = 1 << 20
+POOL_BYTES = int(os.environ.get("OMNI_DIRECT_POOL_BYTES", 2 << 30))  # per pool, per process
 TRANSFER_TIMEOUT_S = float(os.environ.get("OMNI_DIRECT_TIMEOUT_S", 30.0))
 POLL_BUSY_S, POLL_IDLE_S = 0.001, 0.05  # the owner's notification loop
 FREED_MEMORY = 4096  # refs this process freed, remembered so a second read fails here
@@ -104,80 +99,6 @@ def _mem_type(device: torch.device) -> tuple[str, int]:
     return ("VRAM", device.index or 0) if device.type == "cuda" else ("DRAM", 0)
 
 
-class _Landings:
-    """Registered host memory that reads land in (consumer side). Fresh pages cost more than
-    the copy (the kernel faults and zeroes them: 16 MB read in 8.4 ms into new memory, 2 ms
-    into touched memory), so landing buffers are reused: the tensors a read returns view one,
-    and it comes back when the last of them dies. GPU reads land in fresh memory (the CUDA
-    caching allocator already reuses it), registered for the one read."""
-
-    def __init__(self, agent: Any, lock: threading.RLock) -> None:
-        self.agent, self.lock = agent, lock
-        self.idle: deque[tuple[mmap.mmap, Any]] = deque()  # appended to by finalizers too
-        self.picking = threading.Lock()
-        self.pooled_bytes = 0
-
-    def take(self, nbytes: int, device: torch.device) -> tuple[torch.Tensor, Callable[[], None]]:
-        """Memory for one read, and what to call once the transfer is over."""
-        if device.type == "cpu":
-            landing = self._idle_fitting(nbytes) or self._new(nbytes)
-            if landing is not None:
-                array = np.frombuffer(landing[0], dtype=np.uint8, count=nbytes)
-                weakref.finalize(array, self.idle.append, landing)  # no lock: GC may run it
-                return torch.from_numpy(array), lambda: None
-        memory = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        with self.lock:
-            registration = self.agent.register_memory([memory])
-
-        def deregister() -> None:
-            with self.lock:
-                self.agent.deregister_memory(registration)
-
-        return memory, deregister
-
-    def _idle_fitting(self, nbytes: int) -> tuple[mmap.mmap, Any] | None:
-        # Reads run in worker threads and finalizers append at any time: drain the deque
-        # (popleft and append are atomic; iterating it while it changes is not).
-        with self.picking:
-            idle = []
-            with contextlib.suppress(IndexError):
-                while True:
-                    idle.append(self.idle.popleft())
-            fitting = [landing for landing in idle if len(landing[0]) >= nbytes]
-            chosen = min(fitting, key=lambda landing: len(landing[0])) if fitting else None
-            self.idle.extend(landing for landing in idle if landing is not chosen)
-            return chosen
-
-    def _new(self, nbytes: int) -> tuple[mmap.mmap, Any] | None:
-        size = max(MIN_BUFFER, 1 << (nbytes - 1).bit_length())
-        with self.picking:
-            if self.pooled_bytes + size > POOL_BYTES:
-                self._evict(self.pooled_bytes + size - POOL_BYTES)
-            if self.pooled_bytes + size > POOL_BYTES:
-                return None  # over budget: a one-read buffer instead
-            self.pooled_bytes += size
-        memory = mmap.mmap(-1, size)
-        with self.lock:
-            registration = self.agent.register_memory([torch.frombuffer(memory, dtype=torch.uint8)])
-        return memory, registration
-
-    def _evict(self, room: int) -> None:
-        """Deregister idle landings, longest idle first, until ``room`` bytes of the budget
-        are free (caller holds ``self.picking``); their memory goes once nothing views it."""
-        idle = []
-        with contextlib.suppress(IndexError):
-            while True:
-                idle.append(self.idle.popleft())
-        for landing in idle:
-            if room <= 0:
-                self.idle.append(landing)
-                continue
-            with self.lock:
-                self.agent.deregister_memory(landing[1])
-            self.pooled_bytes -= len(landing[0])
-            room -= len(landing[0])
-
-
 class _Endpoint:
     """This process's NIXL agent: owner of its buffers, reader of other agents' buffers."""
 
@@ -198,7 +119,7 @@ class _Endpoint:
         self.dropped = 0  # buffers deregistered so far (one-read buffers, once read)
         self.reloads = 0  # remote agents dropped and added again (see _load)
         self.freed: deque[tuple[str, int, int]] = deque(maxlen=FREED_MEMORY)
-        self.landings = _Landings(self.agent, self.lock)
+        self.landings = Landings(self.agent, self.lock, POOL_BYTES)
         self.thread: threading.Thread | None = None
         self.wake = threading.Event()
 
@@ -227,7 +148,7 @@ class _Endpoint:
             return buffer
 
     def _register(self, nbytes: int, device: torch.device) -> _Buffer:
-        size = max(MIN_BUFFER, 1 << (nbytes - 1).bit_length())
+        size = pooled_size(nbytes)
         if self.pooled_bytes + size > POOL_BYTES:
             self._evict(self.pooled_bytes + size - POOL_BYTES)
         pooled = self.pooled_bytes + size <= POOL_BYTES
