@@ -19,6 +19,16 @@ import omni_serve  # noqa: E402,F401  (torchvision compat before transformers)
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="module")
+def exact_float32():
+    """float32 matmuls and convolutions in float32 (not TF32) on a GPU, so a stage's GPU
+    outputs compare with its CPU ones at 1e-4."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
 @pytest.fixture(scope="session")
 def tiny_omni_path():
     from omni_serve.models import ensure_model

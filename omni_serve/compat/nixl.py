@@ -64,6 +64,9 @@ def drop_remote_agent(agent: Any, remote: str) -> None:
     failed transfer (NIXL_ERR_REMOTE_DISCONNECT, e.g. a stale ref that read memory its owner
     had deregistered) unusable: ``add_remote_agent`` then fails (REMOTE_DISCONNECT, later
     INVALID_PARAM) until the agent is removed, which cut the reader off from a live producer
-    for good. Removing it lets the next ref's metadata add it afresh."""
+    for good. Removing it lets the next ref's metadata add it afresh. The direct backend also
+    removes an agent before loading metadata from it after that agent deregistered memory:
+    NIXL 1.5.1 refuses to re-key a known section (NIXL_ERR_NOT_ALLOWED), and a new buffer may
+    sit at a dropped one's address."""
     with contextlib.suppress(Exception):  # unknown to this agent: nothing to drop
         agent.remove_remote_agent(remote)

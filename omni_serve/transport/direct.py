@@ -220,12 +220,13 @@ class _Endpoint:
         """Load the owner's metadata if this ref's is newer (caller holds ``self.lock``).
 
         Adding metadata again only adds the sections new to this reader, and NIXL 1.5.1
-        refuses a known section (address and length) under a new key (NIXL_ERR_NOT_ALLOWED,
-        "TODO: Support metadata updates"), after which neither removing nor adding the agent
-        works (INVALID_PARAM). A new buffer lands at a dropped one's address easily (seen on an
-        H100: the CUDA caching allocator hands a one-read 1 GiB buffer's block back), so once
-        the owner has dropped a buffer since this reader loaded it, the reader drops the agent
-        first (when no read from it is under way) and adds it afresh."""
+        refuses a known section (address and length) under a new key (NIXL_ERR_NOT_ALLOWED
+        from ``nixlRemoteSection::addDescList``: it cannot update a section's metadata),
+        after which neither removing nor adding the agent works (INVALID_PARAM). A new
+        buffer lands at a dropped one's address easily (seen on an H100: the CUDA caching
+        allocator hands a one-read 1 GiB buffer's block back), so once the owner has dropped
+        a buffer since this reader loaded it, the reader drops the agent first (when no read
+        from it is under way) and adds it afresh."""
         version, dropped = self.loaded.get(where.agent, (-1, 0))
         if version >= where.metadata_version:
             return

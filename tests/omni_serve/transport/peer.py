@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 
 class Peer:
@@ -46,3 +47,24 @@ class Peer:
         if self.process.is_alive():
             self.conn.send(("exit", None))
             self.process.join(10)
+
+
+def serve_ops(conn: Connection, ops: dict[str, Callable[[Any], Any]]) -> None:
+    """A peer's loop: answers each ``(op, arg)`` with ``ops[op](arg)``, or with the exception
+    it raised (so the test sees the message), until "exit"."""
+    while True:
+        op, arg = conn.recv()
+        if op == "exit":
+            return
+        try:
+            conn.send(ops[op](arg))
+        except Exception as exc:
+            conn.send(exc)
+
+
+def buffers_in_use(_: Any = None) -> int:
+    """How many of this process's direct-backend buffers are in use (not yet handed back)."""
+    from omni_serve.transport import direct
+
+    owner = direct.endpoint()
+    return sum(buffer.state == direct.IN_USE for buffer in owner.buffers.values())

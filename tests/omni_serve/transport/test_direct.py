@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 
 import pytest
@@ -12,35 +11,21 @@ import torch
 
 from omni_serve.transport import AutoChannel, ChannelError, DirectChannel, make_channel, take
 from omni_serve.transport import direct as direct_module
-from tests.omni_serve.transport.peer import Peer
+from tests.omni_serve.transport.peer import Peer, buffers_in_use, serve_ops
 
 pytest.importorskip("omni_serve.compat.nixl").load_nixl()
 
 
 def _peer_main(conn, env: dict[str, str]) -> None:
     """A stage in another process: puts, takes, abandons and reports its buffers on request."""
-    os.environ.update(env)
-    channel, refs = DirectChannel(), []
-    while True:
-        op, arg = conn.recv()
-        try:
-            if op == "put":
-                refs.append(channel.put(arg))
-                conn.send(refs[-1])
-            elif op == "take":
-                conn.send(asyncio.run(take(arg)))
-            elif op == "get":
-                conn.send(asyncio.run(channel.get(arg)))
-            elif op == "abandon":
-                channel.abandon(arg)
-                conn.send(None)
-            elif op == "in_use":
-                owner = direct_module.endpoint()
-                conn.send(sum(b.state == direct_module.IN_USE for b in owner.buffers.values()))
-            elif op == "exit":
-                return
-        except Exception as exc:  # sent back so the test sees the message
-            conn.send(exc)
+    channel = DirectChannel()
+    serve_ops(conn, {
+        "put": channel.put,
+        "take": lambda ref: asyncio.run(take(ref)),
+        "get": lambda ref: asyncio.run(channel.get(ref)),
+        "abandon": channel.abandon,
+        "in_use": buffers_in_use,
+    })  # fmt: skip
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ the results of the runs on a lent GPU are in the issue notes and docs/benchmarks
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 from omni_serve.transport import AutoChannel, ChannelError, DirectChannel, make_channel, take
 from omni_serve.transport import direct as direct_module
 from omni_serve.transport.kv_blocks import KVPrefix, put_prefix, scatter
-from tests.omni_serve.transport.peer import Peer
+from tests.omni_serve.transport.peer import Peer, buffers_in_use, serve_ops
 
 pytest.importorskip("omni_serve.compat.nixl").load_nixl()
 pytestmark = [
@@ -31,34 +30,29 @@ def _payload(device: str) -> dict[str, torch.Tensor]:
 
 def _gpu_peer_main(conn, env: dict[str, str]) -> None:
     """A stage in another process: puts GPU payloads, takes refs and says where they landed."""
-    os.environ.update(env)
     channel = DirectChannel()
-    while True:
-        op, arg = conn.recv()
-        try:
-            if op == "put":
-                conn.send(channel.put(_payload("cuda")))
-            elif op == "take":
-                got = asyncio.run(take(arg))
-                if isinstance(got, torch.Tensor):
-                    conn.send((str(got.device), got.cpu()))
-                    continue
-                devices = {k: str(t.device) for k, t in got.items()}
-                conn.send((devices, {k: t.cpu() for k, t in got.items()}))
-            elif op == "import_kv":  # a Thinker replica reusing another's prefix blocks
-                wire, block_ids = arg
-                target = {k: torch.zeros_like(v) for k, v in _kv_caches().items()}
-                blocks = asyncio.run(take(KVPrefix.decode(wire).ref))
-                scatter(blocks, target, _kv_dims(), block_ids)
-                conn.send(({str(t.device) for t in blocks.values()},
-                           {k: t.cpu() for k, t in target.items()}))  # fmt: skip
-            elif op == "in_use":
-                owner = direct_module.endpoint()
-                conn.send(sum(b.state == direct_module.IN_USE for b in owner.buffers.values()))
-            elif op == "exit":
-                return
-        except Exception as exc:  # sent back so the test sees the message
-            conn.send(exc)
+    serve_ops(conn, {
+        "put": lambda _: channel.put(_payload("cuda")),
+        "take": lambda ref: _landed(asyncio.run(take(ref))),
+        "import_kv": _import_kv,
+        "in_use": buffers_in_use,
+    })  # fmt: skip
+
+
+def _landed(got):
+    """Where a payload landed, and a host copy of it (to send back over the pipe)."""
+    if isinstance(got, torch.Tensor):
+        return str(got.device), got.cpu()
+    return {k: str(t.device) for k, t in got.items()}, {k: t.cpu() for k, t in got.items()}
+
+
+def _import_kv(arg):
+    """What a Thinker replica does with another's prefix: its blocks into this cache."""
+    wire, block_ids = arg
+    target = {k: torch.zeros_like(v) for k, v in _kv_caches().items()}
+    blocks = asyncio.run(take(KVPrefix.decode(wire).ref))
+    scatter(blocks, target, _kv_dims(), block_ids)
+    return {str(t.device) for t in blocks.values()}, {k: t.cpu() for k, t in target.items()}
 
 
 def _kv_caches() -> dict[str, torch.Tensor]:

@@ -23,16 +23,8 @@ from tests.reference import processor_inputs
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("exact_float32"),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def exact_float32():
-    """float32 matmuls in float32 (not TF32) on the GPU, so outputs compare at 1e-4."""
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 @torch.no_grad()

@@ -17,17 +17,9 @@ from omni_serve.models.qwen_image.stages import LatentDecoder, PromptEncoder, lo
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("exact_float32"),
 ]
 PROMPT = "a red fox in the snow"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def exact_float32():
-    """float32 matmuls and convs in float32 (not TF32) on the GPU, for a close comparison."""
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def _stages(path, device: str):
