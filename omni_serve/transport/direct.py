@@ -25,6 +25,7 @@ reader's free released it).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import socket
 import struct
@@ -122,6 +123,7 @@ class _Endpoint:
         self.landings = Landings(self.agent, self.lock, POOL_BYTES)
         self.thread: threading.Thread | None = None
         self.wake = threading.Event()
+        self.stopping = False
 
     # -- owner side -------------------------------------------------------------------------
 
@@ -195,11 +197,21 @@ class _Endpoint:
         if self.thread is None:
             self.thread = threading.Thread(target=self._notifications, daemon=True)
             self.thread.start()
+            atexit.register(self._stop)
+
+    def _stop(self) -> None:
+        """At exit, before the interpreter finalizes: a daemon thread still inside a NIXL call
+        (GIL released) when it does is killed on re-acquiring the GIL, which aborts the
+        process from C++ (std::terminate; exit status 134 after every test passed)."""
+        self.stopping = True
+        self.wake.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5.0)
 
     def _notifications(self) -> None:
         """Frees what consumers (and callers whose calls ended) hand back; each poll also
         progresses UCX for readers that need the owner's help (TCP across hosts)."""
-        while True:
+        while not self.stopping:
             with self.lock:
                 notifications = self.agent.get_new_notifs()
                 busy = any(b.state == IN_USE for b in self.buffers.values())

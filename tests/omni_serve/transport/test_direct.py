@@ -320,3 +320,16 @@ async def test_after_the_owner_drops_a_buffer_a_reader_reloads_it_once_its_reads
         assert reader.reloads == reloads + 2 and owner.wait_in_use(0) == 0
     finally:
         owner.close()
+
+
+def test_the_owner_loop_stops_at_exit_before_the_interpreter_finalizes(monkeypatch):
+    """A daemon thread still inside a NIXL call when the interpreter finalizes aborts the
+    process (exit status 134 after every test of a run had passed)."""
+    registered = []
+    monkeypatch.setattr(direct_module.atexit, "register", registered.append)
+    monkeypatch.setattr(direct_module, "_endpoint", None)
+    owner = direct_module.endpoint()
+    DirectChannel().free(DirectChannel().put(torch.zeros(16)))  # starts the owner's loop
+    assert registered == [owner._stop] and owner.thread.is_alive()
+    owner._stop()
+    assert not owner.thread.is_alive()
