@@ -25,20 +25,12 @@ from deployments.common import (
 from omni_serve.engines.encoders.base import TorchEncoderEngine
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
 from omni_serve.transport import TensorRef, take
-from omni_serve.transport.base import put_in_place
+from omni_serve.transport.base import cat_into, put_in_place
 
 
 def _like(rows: torch.Tensor, width: int | None = None) -> torch.Tensor:
     """What the channel carries for ``rows`` ([N, H]): float32 on the host, ``width`` wide."""
     return torch.empty((rows.shape[0], width or rows.shape[-1]), dtype=torch.float32, device="meta")
-
-
-def _concat_into(out: torch.Tensor, parts: list[torch.Tensor]) -> None:
-    """``torch.cat(parts, dim=-1)`` written into ``out`` (each part cast and moved once)."""
-    start = 0
-    for part in parts:
-        out[:, start : start + part.shape[-1]].copy_(part)
-        start += part.shape[-1]
 
 
 @serve.deployment
@@ -70,7 +62,7 @@ class EncoderDeployment:
         parts = [out.embeds, *out.deepstack]
         width = sum(p.shape[-1] for p in parts)
         return put_in_place(
-            self.channel, _like(out.embeds, width), lambda rows: _concat_into(rows, parts)
+            self.channel, _like(out.embeds, width), lambda rows: cat_into(rows, parts, dim=-1)
         )
 
     async def ready(self) -> bool:

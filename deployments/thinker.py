@@ -35,6 +35,7 @@ from omni_serve.models.qwen3_omni.talker_inputs import (
 )
 from omni_serve.models.qwen3_omni.thinker_inputs import splice_rows
 from omni_serve.transport import ChannelError, TensorRef, release, take
+from omni_serve.transport.base import cat_into, put_in_place
 from omni_serve.transport.kv_blocks import EXPORT_KEY, MEDIA_KEY, PREFIX_KEY, PROMPT_KEY
 from omni_serve.transport.session_prefixes import decode_prefix, free_prefix
 
@@ -208,9 +209,9 @@ class ThinkerDeployment:
                     out["prompt_rows"] = TOKEN_EMBEDDINGS  # no media: the Talker looks them up
                     sent_rows = True
                 if layers and not sent_rows:
-                    full = await self._prompt_rows(chunk, rows, turn)
-                    if full is not None:
-                        out["prompt_rows"] = self.channel.put(full)
+                    prompt_rows = await self._prompt_rows(chunk, rows, turn)
+                    if prompt_rows is not None:
+                        out["prompt_rows"] = prompt_rows
                         sent_rows = True
                 if chunk.kv_transfer_params:  # the last chunk
                     out["session_kv"] = self._with_rows(
@@ -243,24 +244,41 @@ class ThinkerDeployment:
 
     async def _prompt_rows(
         self, chunk: Any, rows: dict[int, list[torch.Tensor]], turn: _Turn
-    ) -> dict[int, torch.Tensor] | None:
-        """The prompt's rows for the Talker once the engine has them all (kept rows at cached
-        media positions, token embeddings at cached text ones), and what this turn keeps for
-        the session's next spoken turn."""
+    ) -> TensorRef | None:
+        """A ref to the prompt's rows for the Talker once the engine has them all (kept rows
+        at cached media positions, token embeddings at cached text ones), and what this turn
+        keeps for the session's next spoken turn. Computed rows go straight from the engine's
+        chunks into channel memory (no concatenated copy in between)."""
         cached, ids = chunk.num_cached_tokens, turn.ids
-        if sum(v.shape[0] for v in rows[0]) < len(ids) - cached and not chunk.finished:
+        captured = sum(v.shape[0] for v in rows[0])
+        if captured < len(ids) - cached and not chunk.finished:
             return None
-        captured = {k: torch.cat(v)[: len(ids) - cached] for k, v in rows.items()}
-        full = captured
         if cached:
-            accept = assemble(turn.kept, turn.kept_rows, captured[self.accept_layer], cached)
-            full = {0: self.embed_tokens[torch.tensor(ids)], self.accept_layer: accept}
+            new = torch.cat(rows[self.accept_layer])[: len(ids) - cached]
+            accept = assemble(turn.kept, turn.kept_rows, new, cached)
+            self._keep(turn, accept)
+            return self.channel.put({0: self.embed_tokens[torch.tensor(ids)],
+                                     self.accept_layer: accept})  # fmt: skip
+        count = min(captured, len(ids))
+        like = {
+            k: torch.empty((count, v[0].shape[-1]), dtype=v[0].dtype, device="meta")
+            for k, v in rows.items()
+        }
+
+        def fill(out: dict[int, torch.Tensor]) -> None:
+            for k, parts in rows.items():
+                cat_into(out[k], parts)
+            self._keep(turn, out[self.accept_layer])  # a copy: read before the commit
+
+        return put_in_place(self.channel, like, fill)
+
+    def _keep(self, turn: _Turn, accept: torch.Tensor) -> None:
+        """The accept-layer rows at the turn's media positions, for its session's next turn."""
         if turn.media is not None:
-            keep = rows_to_keep(ids, full[self.accept_layer], self.placeholders)
+            keep = rows_to_keep(turn.ids, accept, self.placeholders)
             turn.new = SessionRows(
-                ids, turn.media, self.session_channel.put(keep), self.placeholders
+                turn.ids, turn.media, self.session_channel.put(keep), self.placeholders
             )
-        return full
 
     @staticmethod
     def _with_rows(encoded: str | None, turn: _Turn) -> str | None:

@@ -95,6 +95,19 @@ def put_in_place(channel: Channel, like: Payload, fill: Callable[[Payload], None
     return reservation.commit()
 
 
+def cat_into(out: torch.Tensor, parts: list[torch.Tensor], dim: int = 0) -> None:
+    """``torch.cat(parts, dim)`` written into ``out`` (reserved channel memory, say), cut at
+    ``out``'s size along ``dim``: each part is cast and moved once, with no concatenated copy
+    in between."""
+    start, size = 0, out.shape[dim]
+    for part in parts:
+        count = min(part.shape[dim], size - start)
+        if count <= 0:
+            break
+        out.narrow(dim, start, count).copy_(part.narrow(dim, 0, count))
+        start += count
+
+
 ALIGN = 64  # bytes; every tensor (and the data after a header) starts on a cache line
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from deployments.encoder import _concat_into, _like
+from deployments.encoder import _like
 from omni_serve.transport import make_channel, take
-from omni_serve.transport.base import put_in_place
+from omni_serve.transport.base import cat_into, put_in_place
 
 
 async def test_image_rows_with_deepstack_levels_arrive_as_their_concatenation_in_float32():
@@ -15,5 +15,7 @@ async def test_image_rows_with_deepstack_levels_arrive_as_their_concatenation_in
     parts = [torch.randn(5, 8, generator=gen).to(torch.bfloat16) for _ in range(4)]
     like = _like(parts[0], width=32)
     assert like.shape == (5, 32) and like.dtype == torch.float32
-    ref = put_in_place(make_channel("shared_memory"), like, lambda rows: _concat_into(rows, parts))
+    ref = put_in_place(
+        make_channel("shared_memory"), like, lambda rows: cat_into(rows, parts, dim=-1)
+    )
     assert torch.equal(await take(ref), torch.cat(parts, dim=-1).float())

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from omni_serve.transport import AutoChannel, ChannelError, make_channel
+from omni_serve.transport.base import cat_into
 
 BACKENDS = [
     "inline",
@@ -129,3 +130,14 @@ async def test_a_payload_written_into_reserved_memory_round_trips(channel, name,
     channel.free(ref)
     with pytest.raises(ChannelError, match="freed"):
         await channel.get(ref)
+
+
+def test_cat_into_writes_the_concatenation_cut_at_the_output_size():
+    gen = torch.Generator().manual_seed(0)
+    parts = [torch.randn(n, 6, generator=gen).to(torch.bfloat16) for n in (3, 1, 4)]
+    rows = torch.full((7, 6), float("nan"))  # one row short of all the parts
+    cat_into(rows, parts)
+    assert torch.equal(rows, torch.cat(parts)[:7].float())
+    wide = torch.empty(1, 18)
+    cat_into(wide, [p[:1] for p in parts], dim=-1)
+    assert torch.equal(wide, torch.cat([p[:1] for p in parts], dim=-1).float())
