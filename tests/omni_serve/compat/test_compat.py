@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 
 def run(code: str) -> subprocess.CompletedProcess:
@@ -46,12 +47,22 @@ def test_nixl_agents_read_gpu_memory_over_cuda_ipc_unless_the_operator_said_othe
     monkeypatch,
 ):
     """UCX turns CUDA IPC reads off without NVLink, and GPU reads then crawl over TCP
-    loopback (0.4 GB/s on an H100): a new agent turns them on, but keeps an operator's value."""
+    loopback (0.4 GB/s on an H100); an agent made before the CUDA context reads GPU memory
+    through a slow emulated path. Where there is a GPU, a new agent turns CUDA IPC reads on
+    (keeping an operator's value) and makes the CUDA context first; without one it sets
+    nothing (UCX would warn about an unused variable on every agent)."""
     nixl = pytest.importorskip("omni_serve.compat.nixl")
     nixl.load_nixl()
     monkeypatch.delenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    nixl.new_agent("compat-test-cpu")
+    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in os.environ
+
+    contexts = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: contexts.append(k.get("device")))
     nixl.new_agent("compat-test-a")
-    assert os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "on"
+    assert os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "on" and contexts == ["cuda"]
     monkeypatch.setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "off")
     nixl.new_agent("compat-test-b")
     assert os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "off"
