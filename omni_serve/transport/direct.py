@@ -59,6 +59,7 @@ LEASE_S = 600.0  # a buffer in use for longer than this has lost its consumer
 POOL_BYTES = int(os.environ.get("OMNI_DIRECT_POOL_BYTES", 2 << 30))  # per pool, per process
 TRANSFER_TIMEOUT_S = float(os.environ.get("OMNI_DIRECT_TIMEOUT_S", 30.0))
 POLL_BUSY_S, POLL_IDLE_S = 0.001, 0.05  # the owner's notification loop
+SENDING_S = 0.1  # after a free is sent, the loop polls at its busy pace for this long
 FREED_MEMORY = 4096  # refs this process freed, remembered so a second read fails here
 
 
@@ -121,6 +122,9 @@ class _Endpoint:
         self.reloads = 0  # remote agents dropped and added again (see _load)
         self.freed: deque[tuple[str, int, int]] = deque(maxlen=FREED_MEMORY)
         self.landings = Landings(self.agent, self.lock, POOL_BYTES)
+        self.notifier: Any = None  # sends the frees (see compat.nixl.new_notifier)
+        self.notifies: set[str] = set()  # owners the notifier has loaded
+        self.sent_at = 0.0  # when the notifier last sent
         self.thread: threading.Thread | None = None
         self.wake = threading.Event()
         self.stopping = False
@@ -210,11 +214,16 @@ class _Endpoint:
 
     def _notifications(self) -> None:
         """Frees what consumers (and callers whose calls ended) hand back; each poll also
-        progresses UCX for readers that need the owner's help (TCP across hosts)."""
+        progresses UCX for readers that need the owner's help (TCP across hosts), and the
+        notifier, whose frees go out only as it progresses (the first to an owner waits for
+        the connection to be set up)."""
         while not self.stopping:
             with self.lock:
                 notifications = self.agent.get_new_notifs()
+                if self.notifier is not None:
+                    self.notifier.get_new_notifs()
                 busy = any(b.state == IN_USE for b in self.buffers.values())
+                busy = busy or time.monotonic() - self.sent_at < SENDING_S
             for messages in notifications.values():
                 for message in messages:
                     try:
@@ -339,10 +348,28 @@ class _Endpoint:
             return
         with self.lock:
             try:
-                self._load(where)
-                self.agent.send_notif(where.agent, f"free:{where.buffer}:{where.generation}")
+                self._notifier_to(where).send_notif(
+                    where.agent, f"free:{where.buffer}:{where.generation}"
+                )
             except Exception:  # the owner is gone: nothing left to free
                 return
+            self.sent_at = time.monotonic()
+            self._serve()
+            self.wake.set()
+
+    def _notifier_to(self, where: _Where) -> Any:
+        """The notifier, with ``where``'s owner loaded (caller holds ``self.lock``). Loaded
+        once: notifications need the owner's address, not its buffers."""
+        if self.notifier is None:
+            from omni_serve.compat.nixl import new_notifier
+
+            self.notifier = new_notifier(f"{self.name}-notes")
+        if where.agent in self.notifies:
+            self.notifier.get_new_notifs()  # progresses it: sends still queued go out
+        else:
+            self.notifier.add_remote_agent(where.metadata)
+            self.notifies.add(where.agent)
+        return self.notifier
 
 
 _endpoint: _Endpoint | None = None
@@ -364,6 +391,17 @@ def _consumer_device(where: _Where) -> torch.device:
     return torch.device("cpu")
 
 
+def _written(ref: TensorRef) -> TensorRef:
+    """``ref`` once its bytes are in the buffer. GPU copies (and a reservation's writes) are
+    only queued on the device when ``put`` returns, behind whatever the producer queued before
+    (a model's forward, say), and a reader on another process reads the memory with no regard
+    for this process's streams: so wait for this device's queued work first."""
+    where: _Where = ref.handle
+    if where.mem_type == "VRAM":
+        torch.cuda.synchronize(where.device_id)
+    return ref
+
+
 class DirectChannel:
     """``gpu_consumer``: the consumer has a GPU, so payloads on a GPU stay there (registered
     GPU buffers, read GPU to GPU); without one they go to host buffers, since a reader whose
@@ -383,14 +421,14 @@ class DirectChannel:
         except BaseException:
             self.free(ref)
             raise
-        return ref
+        return _written(ref)
 
     def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
         """A registered buffer to write into: on ``device`` if it is a GPU (the consumer reads
         it GPU to GPU), else in host memory."""
         _, offsets, buffer, ref = self._claim(like, device if self.gpu_consumer else None)
         views = unpack(buffer.memory, ref, offsets, ref.handle.keys)
-        return Reservation(views, lambda: ref, lambda: self.free(ref))
+        return Reservation(views, lambda: _written(ref), lambda: self.free(ref))
 
     def _claim(self, payload: Payload, device: torch.device | None
                ) -> tuple[dict[str, torch.Tensor], dict, _Buffer, TensorRef]:  # fmt: skip

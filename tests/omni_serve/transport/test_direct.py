@@ -25,7 +25,23 @@ def _peer_main(conn, env: dict[str, str]) -> None:
         "get": lambda ref: asyncio.run(channel.get(ref)),
         "abandon": channel.abandon,
         "in_use": buffers_in_use,
+        "pause": _pause_owner_loop,
+        "resume": _resume_owner_loop,
     })  # fmt: skip
+
+
+def _pause_owner_loop(_=None) -> None:
+    """Stop this process's owner loop: nothing here progresses UCX until it resumes."""
+    owner = direct_module.endpoint()
+    owner.stopping = True
+    owner.wake.set()
+    owner.thread.join(5)
+
+
+def _resume_owner_loop(_=None) -> None:
+    owner = direct_module.endpoint()
+    owner.stopping, owner.thread = False, None
+    owner._serve()
 
 
 @pytest.fixture
@@ -101,6 +117,19 @@ async def test_a_stray_notification_does_not_stop_the_owner_freeing(peer):
         here.agent.send_notif(ref.handle.agent, b"hello")
     await take(ref)
     assert peer.wait_in_use(0) == 0
+
+
+async def test_reads_after_a_free_do_not_wait_for_the_owner_loop(peer, monkeypatch):
+    """A free notification still in flight used to hold this agent's next read until the
+    owner's loop polled (1 ms each read); with that loop stopped, the read never finished."""
+    await take(peer("put", torch.ones(1 << 10)))  # connected (its first read needs the owner)
+    refs = [peer("put", torch.full((1 << 10,), float(i))) for i in range(3)]
+    peer("pause")
+    monkeypatch.setattr(direct_module, "TRANSFER_TIMEOUT_S", 3.0)
+    for i, ref in enumerate(refs):  # each take frees its ref before the next read
+        assert torch.equal(await take(ref), torch.full((1 << 10,), float(i)))
+    peer("resume")
+    assert peer.wait_in_use(0) == 0  # and the frees all reached the owner
 
 
 async def test_abandon_by_the_caller_frees_an_unread_payload(peer):
@@ -249,6 +278,24 @@ async def test_a_gpu_ref_in_a_process_without_a_gpu_fails_with_a_reason(monkeypa
     with pytest.raises(ChannelError, match="no GPU"):
         await DirectChannel().get(gpu_ref)
     DirectChannel().free(ref)
+
+
+def test_a_gpu_ref_leaves_put_and_commit_only_once_the_device_is_done(monkeypatch):
+    """GPU copies and kernels are queued, not done, when ``put`` or ``commit`` returns; a
+    reader in another process reads the memory regardless of this process's streams, so the
+    producer waits for its device first (the GPU run of this is in test_direct_gpu.py)."""
+    waited = []
+    monkeypatch.setattr(direct_module, "_mem_type", lambda device: ("VRAM", 3))  # host memory
+    monkeypatch.setattr(torch.cuda, "synchronize", waited.append)  # as if it were on GPU 3
+    channel = DirectChannel()
+    ref = channel.put(torch.ones(1 << 10))
+    assert waited == [3]
+    reservation = channel.reserve(torch.empty(1 << 10, device="meta"))
+    assert waited == [3]  # nothing written yet
+    second = reservation.commit()
+    assert waited == [3, 3]
+    channel.free(ref)
+    channel.free(second)
 
 
 async def test_a_reservation_written_in_place_is_read_by_another_process(peer, monkeypatch):
