@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).parent / "results"
-SIZES = {"1MB": 1 << 20, "16MB": 16 << 20, "64MB": 64 << 20, "256MB": 256 << 20, "1GB": 1 << 30}
+SIZES = {"64KB": 1 << 16, "256KB": 1 << 18, "1MB": 1 << 20, "4MB": 4 << 20, "16MB": 16 << 20,
+         "64MB": 64 << 20, "256MB": 256 << 20, "1GB": 1 << 30}  # fmt: skip
 
 
 def _consumer(conn) -> None:
