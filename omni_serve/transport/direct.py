@@ -124,6 +124,7 @@ class _Endpoint:
         self.reads_ended = threading.Condition(self.lock)
         self.dropped = 0  # buffers deregistered so far (one-read buffers, once read)
         self.reloads = 0  # remote agents dropped and added again (see _load)
+        self.reloading: set[str] = set()  # remote agents being dropped and added again
         self.freed: deque[tuple[str, int, int]] = deque(maxlen=FREED_MEMORY)
         self.landings = Landings(self.agent, self.lock, POOL_BYTES)
         self.notifier: Any = None  # sends the frees (see compat.nixl.new_notifier)
@@ -253,25 +254,35 @@ class _Endpoint:
         buffer lands at a dropped one's address easily (seen on an H100: the CUDA caching
         allocator hands a one-read 1 GiB buffer's block back), so once the owner has dropped
         a buffer since this reader loaded it, the reader drops the agent first (when no read
-        from it is under way) and adds it afresh."""
+        from it is under way) and adds it afresh. Reads from that agent that start meanwhile
+        wait for the reload, or a steady stream of them would hold it off."""
+        if not self.reads_ended.wait_for(lambda: where.agent not in self.reloading,
+                                         TRANSFER_TIMEOUT_S):  # fmt: skip
+            raise ChannelError(f"direct ref from {where.agent}: its reload never ended")
         version, dropped = self.loaded.get(where.agent, (-1, 0))
         if version >= where.metadata_version:
             return
-        if version >= 0 and where.dropped > dropped:
-            if not self.reads_ended.wait_for(
-                lambda: not self.reading.get(where.agent), TRANSFER_TIMEOUT_S
-            ):
-                raise ChannelError(f"direct ref from {where.agent}: its reads never ended")
-            if self.loaded.get(where.agent, (-1, 0))[0] >= where.metadata_version:
-                return  # another thread reloaded it while this one waited
-            self._forget(where.agent)
-            self.reloads += 1
+        reloading = version >= 0 and where.dropped > dropped
+        if reloading:
+            self.reloading.add(where.agent)
         try:
-            self.agent.add_remote_agent(where.metadata)
-        except Exception as exc:  # nixl raises its own exception types
-            self._forget(where.agent)
-            raise ChannelError(f"direct ref from {where.agent} unreachable: {exc}") from exc
-        self.loaded[where.agent] = (where.metadata_version, where.dropped)
+            if reloading:
+                if not self.reads_ended.wait_for(
+                    lambda: not self.reading.get(where.agent), TRANSFER_TIMEOUT_S
+                ):
+                    raise ChannelError(f"direct ref from {where.agent}: its reads never ended")
+                self._forget(where.agent)
+                self.reloads += 1
+            try:
+                self.agent.add_remote_agent(where.metadata)
+            except Exception as exc:  # nixl raises its own exception types
+                self._forget(where.agent)
+                raise ChannelError(f"direct ref from {where.agent} unreachable: {exc}") from exc
+            self.loaded[where.agent] = (where.metadata_version, where.dropped)
+        finally:
+            if reloading:
+                self.reloading.discard(where.agent)
+                self.reads_ended.notify_all()
 
     def _forget(self, agent: str) -> None:
         """After a failed read, or before reloading it: the next ref adds ``agent`` afresh."""

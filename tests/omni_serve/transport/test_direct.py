@@ -369,6 +369,35 @@ async def test_after_the_owner_drops_a_buffer_a_reader_reloads_it_once_its_reads
         owner.close()
 
 
+async def test_reads_that_start_while_a_reload_waits_let_it_go_first():
+    """A reload waits for the reads from its owner under way; reads of older refs from that
+    owner that start meanwhile wait for the reload, or a steady stream of them would hold it
+    off until it timed out."""
+    owner = Peer(_peer_main, OMNI_DIRECT_POOL_BYTES="0")  # every buffer is a one-read buffer
+    try:
+        older, read = owner("put", torch.zeros(1 << 16)), owner("put", torch.ones(1 << 16))
+        assert torch.equal(await take(read), torch.ones(1 << 16))  # loads both buffers here
+        assert owner.wait_in_use(1) == 1  # ``read`` freed and dropped; ``older`` still out
+        newer = owner("put", torch.full((1 << 16,), 2.0))  # after a drop: a reload
+        reader, agent = direct_module.endpoint(), newer.handle.agent
+        reloads = reader.reloads
+        with reader.lock:
+            reader.reading[agent] = 1  # a read from it is under way
+        reloading = asyncio.ensure_future(take(newer))
+        await asyncio.sleep(0.3)
+        starting = asyncio.ensure_future(take(older))  # needs no reload of its own
+        await asyncio.sleep(0.3)
+        assert not reloading.done() and not starting.done()  # it waits for the reload
+        with reader.lock:
+            reader.reading[agent] = 0
+            reader.reads_ended.notify_all()
+        assert torch.equal(await asyncio.wait_for(reloading, 10), torch.full((1 << 16,), 2.0))
+        assert torch.equal(await asyncio.wait_for(starting, 10), torch.zeros(1 << 16))
+        assert reader.reloads == reloads + 1 and owner.wait_in_use(0) == 0
+    finally:
+        owner.close()
+
+
 def test_the_owner_loop_stops_at_exit_before_the_interpreter_finalizes(monkeypatch):
     """A daemon thread still inside a NIXL call when the interpreter finalizes aborts the
     process (exit status 134 after every test of a run had passed)."""
