@@ -101,6 +101,16 @@ class _Buffer:
         self.memory[: HEADER.size].copy_(header.view(torch.uint8))
 
 
+def _allocate(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A zeroed buffer; on a GPU outside torch's allocator, whose expandable segments other
+    processes cannot read over CUDA IPC (see ``compat.nixl.gpu_buffer``)."""
+    if device.type != "cuda":
+        return torch.zeros(nbytes, dtype=torch.uint8)
+    from omni_serve.compat.nixl import gpu_buffer
+
+    return gpu_buffer(nbytes, device.index).zero_()
+
+
 def _mem_type(device: torch.device) -> tuple[str, int]:
     return ("VRAM", device.index or 0) if device.type == "cuda" else ("DRAM", 0)
 
@@ -165,7 +175,7 @@ class _Endpoint:
         if self.pooled_bytes + size > POOL_BYTES:
             self._evict(self.pooled_bytes + size - POOL_BYTES)
         pooled = self.pooled_bytes + size <= POOL_BYTES
-        memory = torch.zeros(size if pooled else nbytes, dtype=torch.uint8, device=device)
+        memory = _allocate(size if pooled else nbytes, device)
         registration = self.agent.register_memory([memory])
         index = self.registered  # never a dropped (one-read) buffer's: refs name buffers by it
         self.registered += 1
@@ -454,6 +464,8 @@ class DirectChannel:
         tensors, keys = named_tensors(payload)
         if device is None or device.type != "cuda":
             device = torch.device("cpu")
+        elif device.index is None:  # "cuda": buffers are found again by their exact device
+            device = torch.device("cuda", torch.cuda.current_device())
         offsets, needed = layout(tensors)
         owner = endpoint()
         buffer = owner.acquire(needed, device)
