@@ -386,14 +386,13 @@ class _Endpoint:
 
     def _notifier_to(self, where: _Where) -> Any:
         """The notifier, with ``where``'s owner loaded (caller holds ``self.lock``). Loaded
-        once: notifications need the owner's address, not its buffers."""
+        once: notifications need the owner's address, not its buffers. The endpoint's loop
+        progresses it, which sends what it queued."""
         if self.notifier is None:
             from omni_serve.compat.nixl import new_notifier
 
             self.notifier = new_notifier(f"{self.name}-notes")
-        if where.agent in self.notifies:
-            self.notifier.get_new_notifs()  # progresses it: sends still queued go out
-        else:
+        if where.agent not in self.notifies:
             self.notifier.add_remote_agent(where.metadata)
             self.notifies.add(where.agent)
         return self.notifier

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 
 import pytest
@@ -277,6 +278,30 @@ async def test_a_gpu_ref_in_a_process_without_a_gpu_fails_with_a_reason(monkeypa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ChannelError, match="no GPU"):
         await DirectChannel().get(gpu_ref)
+    DirectChannel().free(ref)
+
+
+def test_the_owner_loop_polls_fast_right_after_a_put_then_at_its_busy_pace(monkeypatch):
+    """Readers over TCP move only as fast as the owner progresses UCX, and they come right
+    after a put: the loop keeps a fast pace for a while after each put, then slows down."""
+    monkeypatch.setattr(direct_module, "_endpoint", None)  # a fresh owner and loop
+    paces = []
+
+    class Recorded(threading.Event):
+        def wait(self, timeout=None):
+            paces.append(timeout)
+            return super().wait(timeout)
+
+    owner = direct_module.endpoint()
+    owner.wake = Recorded()
+    ref = DirectChannel().put(torch.ones(1 << 10))
+    time.sleep(0.05)
+    assert direct_module.POLL_FAST_S in paces
+    monkeypatch.setattr(direct_module, "FAST_S", 0.0)  # "a while" is over
+    paces.clear()
+    time.sleep(0.05)
+    assert paces and set(paces) == {direct_module.POLL_BUSY_S}  # the payload is still out
+    owner._stop()
     DirectChannel().free(ref)
 
 
