@@ -151,9 +151,9 @@ def test_a_reservation_on_the_gpu_is_written_in_place_and_read_elsewhere(gpu_pee
 def test_writes_still_queued_on_the_gpu_at_commit_are_in_what_the_reader_gets(gpu_peer):
     """The producer's GPU work is asynchronous: a reservation filled by kernels queued behind
     a long one (a model's forward, here a 0.5 s sleep) is committed before they ran; the
-    reader on another process gets the written bytes. (On one GPU without MPS this held even
-    without the producer's synchronize, checked: the two processes' contexts take turns on
-    the GPU. Between two GPUs they do not; the unit test checks the synchronize itself.)"""
+    reader on another process gets the written bytes. (On one H100 without MPS this held even
+    without the producer's synchronize, checked; likely because the two processes' contexts
+    take turns on the GPU. So it guards two GPUs; the unit test checks the synchronize.)"""
     like = torch.empty(1 << 20, device="meta")
     reservation = DirectChannel().reserve(like, torch.device("cuda"))
     torch.cuda._sleep(1_000_000_000)  # GPU cycles: ~0.5 s on an H100, queued
