@@ -5,9 +5,12 @@ same attention backend, so it scatters them into its cache as they are (the conn
 that the layouts match). A stage that attends to an AR stage's KV instead (a DiT conditioned on
 the Thinker's cache) needs the keys and values themselves: ``dense_kv`` unpacks exported blocks
 into per-layer [tokens, kv_heads, head_size] tensors, the shape vLLM's own attention takes them
-in. Only layouts checked against transformers' own cache have a reader
-(tests/integration/test_kv_prefix_transfer.py); any other is refused by name rather than
-unpacked by guess.
+in. A layout gets a reader only where a test checks it against the engine's own code: CPU_ATTN
+"vec" against transformers' cache through a real engine (tests/integration/
+test_kv_prefix_transfer.py), the GPU backends that pack K and V along the content dim against
+vLLM's own cache views and those backends' own K/V split (tests/omni_serve/engines/ar/
+test_kv_layout.py; no GPU engine ran). Any other layout, and every quantized cache (its values
+need scales the blocks do not carry), is refused by name rather than unpacked by guess.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ LayerKV = tuple[torch.Tensor, torch.Tensor]
 
 
 def cache_layout(vllm_config: VllmConfig) -> str:
-    """``"<attention backend>/<block format>"``, e.g. ``"CPU_ATTN/vec"``; "" if unknown."""
+    """``"<attention backend>/<block format>[/<cache dtype>]"``, e.g. ``"CPU_ATTN/vec"`` or
+    ``"FLASH_ATTN/LBNHC/fp8"`` (a quantized cache names its dtype); "" if unknown."""
     try:
         from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backend
 
@@ -36,9 +40,18 @@ def cache_layout(vllm_config: VllmConfig) -> str:
         logger.warning("KV cache layout unknown (%s): exported blocks carry none", exc)
         return ""
     if backend == "CPU_ATTN":
-        return f"{backend}/{_cpu_isa(vllm_config)}"
-    resolve = getattr(vllm_config.cache_config, "get_resolved_kv_cache_layout", None)
-    return f"{backend}/{resolve().name}" if resolve else backend
+        layout = f"{backend}/{_cpu_isa(vllm_config)}"
+    else:
+        resolve = getattr(vllm_config.cache_config, "get_resolved_kv_cache_layout", None)
+        layout = f"{backend}/{resolve().name}" if resolve else backend
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    return layout if not _quantized(cache_dtype) else f"{layout}/{cache_dtype}"
+
+
+def _quantized(cache_dtype: str) -> bool:
+    from vllm.utils.torch_utils import is_quantized_kv_cache
+
+    return is_quantized_kv_cache(cache_dtype)
 
 
 def _cpu_isa(vllm_config: VllmConfig) -> str:
@@ -66,17 +79,41 @@ def _cpu_vec(blocks: torch.Tensor) -> LayerKV:
     return keys.reshape(tokens, heads, head_size), values.reshape(tokens, heads, head_size)
 
 
+def _content_split(blocks: torch.Tensor) -> LayerKV:
+    """vLLM's logical per-layer block, [blocks, heads, block_size, 2 * head_size], with K and V
+    side by side along the last dim (these backends' forward: ``kv_cache.transpose(1, 2)
+    .split(head_size, dim=-1)``)."""
+    num_blocks, heads, block_size, twice = blocks.shape
+    keys, values = blocks.transpose(1, 2).split(twice // 2, dim=-1)
+    tokens = num_blocks * block_size
+    return keys.reshape(tokens, heads, -1), values.reshape(tokens, heads, -1)
+
+
 READERS: dict[str, Callable[[torch.Tensor], LayerKV]] = {"CPU_ATTN/vec": _cpu_vec}
+# Backends whose blocks ``_content_split`` reads whatever their physical layout (NHD, HND,
+# block-outermost, ...): vLLM 0.32 hands the connector logical [B, H, N, C] views of every
+# layout, and the export gathers blocks through them, so the exported bytes are in logical
+# order. A third part after the layout (a quantized cache's dtype) has no reader.
+CONTENT_SPLIT_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION", "FLASHINFER")
+
+
+def _reader(layout: str) -> Callable[[torch.Tensor], LayerKV] | None:
+    if layout in READERS:
+        return READERS[layout]
+    backend, _, physical = layout.partition("/")
+    if backend in CONTENT_SPLIT_BACKENDS and physical and "/" not in physical:
+        return _content_split
+    return None
 
 
 def dense_kv(blocks: dict[str, torch.Tensor], layout: str) -> dict[str, LayerKV]:
     """Per layer (K, V), each [tokens, kv_heads, head_size], from an exported prefix's blocks
     (``KVPrefix.layout`` names ``layout``). K is as the cache holds it: after the rotary
     embedding, at the prompt's positions."""
-    reader = READERS.get(layout)
+    reader = _reader(layout)
     if reader is None:
         raise ValueError(
             f"no reader for KV layout {layout or '(not recorded)'!r}; readers exist for "
-            f"{sorted(READERS)}"
+            f"{sorted(READERS)} and unquantized {', '.join(CONTENT_SPLIT_BACKENDS)} caches"
         )
     return {name: reader(layer) for name, layer in blocks.items()}

@@ -1,12 +1,14 @@
 """Unpacking exported KV blocks into keys and values (what a stage attending to an AR stage's
-KV reads); the integration tier checks the result against transformers' own cache."""
+KV reads); the integration tier checks CPU_ATTN's result against transformers' own cache, the
+GPU backends are checked here against vLLM's own cache views (no GPU engine runs here)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from omni_serve.engines.ar.kv_layout import dense_kv
+from omni_serve.engines.ar.kv_layout import CONTENT_SPLIT_BACKENDS, dense_kv
+from omni_serve.transport.kv_blocks import block_dim, gather_into
 
 
 def cpu_vec_blocks(keys: torch.Tensor, values: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -33,7 +35,99 @@ def test_cpu_vec_blocks_unpack_to_the_keys_and_values_packed(dtype):
     assert torch.equal(out["layer.1"][0], values) and torch.equal(out["layer.1"][1], keys)
 
 
-@pytest.mark.parametrize("layout", ["", "CPU_ATTN/amx", "FLASH_ATTN/LBNHC"])
+def paged_caches(
+    layout_name: str,
+    layers: int,
+    num_blocks: int,
+    block_size: int,
+    heads: int,
+    head_size: int,
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """Per-layer caches as a vLLM GPU worker allocates them: one buffer, viewed by vLLM's own
+    ``create_kv_cache_views`` as logical [blocks, heads, block_size, 2 * head_size] per layer
+    in the physical ``layout_name`` order."""
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheTensor,
+        compute_layout_strides,
+        create_kv_cache_views,
+    )
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    layout = KVCacheLayout[layout_name]
+    spec = FullAttentionSpec(
+        block_size=block_size, num_kv_heads=heads, head_size=head_size, dtype=dtype
+    )
+    strides = compute_layout_strides(spec, num_blocks, layers, layout)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+    size = layers * num_blocks * spec.page_size_bytes
+    tensor = KVCacheTensor(
+        size=size, layers=names, layer_stride=strides[0], block_stride=strides[1]
+    )
+    raw = torch.zeros(size, dtype=torch.int8)
+    return dict(
+        zip(names, create_kv_cache_views(raw, spec, num_blocks, layout, tensor), strict=True)
+    )
+
+
+@pytest.mark.parametrize("backend", CONTENT_SPLIT_BACKENDS)
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"])
+def test_gpu_backend_blocks_exported_then_read_give_the_keys_and_values_written(backend, layout):
+    pytest.importorskip("vllm")
+    block_size, heads, head_size, block_ids = 4, 2, 8, [5, 1, 3]
+    caches = paged_caches(layout, 2, 7, block_size, heads, head_size, torch.bfloat16)
+    tokens = len(block_ids) * block_size
+    written = {}
+    for i, (name, cache) in enumerate(caches.items()):
+        keys = torch.randn(tokens, heads, head_size).to(torch.bfloat16) + i
+        values = torch.randn(tokens, heads, head_size).to(torch.bfloat16) - i
+        # Where these backends' kernels write: their forward's own view of the cache.
+        key_cache, value_cache = cache.transpose(1, 2).split(head_size, dim=-1)
+        for slot, block in enumerate(block_ids):
+            span = slice(slot * block_size, (slot + 1) * block_size)
+            key_cache[block], value_cache[block] = keys[span], values[span]
+        written[name] = keys, values
+    # The connector's export: blocks gathered through the views, block dim first.
+    dims = {name: block_dim(cache, 7) for name, cache in caches.items()}
+    out = {
+        name: torch.empty(len(block_ids), *cache.shape[1:], dtype=cache.dtype)
+        for name, cache in caches.items()
+    }
+    gather_into(out, caches, dims, block_ids)
+    dense = dense_kv(out, f"{backend}/{layout}")
+    for name, (keys, values) in written.items():
+        assert torch.equal(dense[name][0], keys) and torch.equal(dense[name][1], values)
+
+
+@pytest.mark.parametrize(
+    "layout", ["", "CPU_ATTN/amx", "FLASH_ATTN", "FLASH_ATTN/LBNHC/fp8", "ROCM_ATTN/LBNHC"]
+)
 def test_a_layout_without_a_reader_is_refused_by_name(layout):
     with pytest.raises(ValueError, match="no reader for KV layout"):
         dense_kv({"layer.0": torch.zeros(1, 2, 32, 32)}, layout)
+
+
+@pytest.mark.parametrize(
+    ("cache_dtype", "expected"), [("auto", "FLASH_ATTN/LBNHC"), ("fp8", "FLASH_ATTN/LBNHC/fp8")]
+)
+def test_a_quantized_cache_names_its_dtype_so_none_reads_it(monkeypatch, cache_dtype, expected):
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace as NS
+
+    from vllm.distributed.kv_transfer.kv_connector import utils
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    from omni_serve.engines.ar.kv_layout import cache_layout
+
+    backend = NS(get_name=lambda: "FLASH_ATTN")
+    monkeypatch.setattr(utils, "get_current_attn_backend", lambda config: backend)
+    config = NS(
+        cache_config=NS(
+            cache_dtype=cache_dtype, get_resolved_kv_cache_layout=lambda: KVCacheLayout.LBNHC
+        )
+    )
+    assert cache_layout(config) == expected
+    if cache_dtype != "auto":
+        with pytest.raises(ValueError, match="no reader"):
+            dense_kv({"layer.0": torch.zeros(1, 2, 4, 16)}, expected)
