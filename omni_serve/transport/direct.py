@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ from omni_serve.transport.base import (
     unpack,
 )
 from omni_serve.transport.direct_landings import Landings, pooled_size
+from omni_serve.transport.direct_notes import MAX_OWNERS, Notifier
 
 HEADER = struct.Struct("<QQ")  # generation, state
 FREE, IN_USE = 0, 1
@@ -129,7 +130,8 @@ class _Endpoint:
         self.metadata, self.metadata_version = self.agent.get_agent_metadata(), 0
         self.registered = 0  # buffers registered so far: the next one's index
         self.generations = 0  # payloads put so far, over all buffers: the next one's generation
-        self.loaded: dict[str, tuple[int, int]] = {}  # remote agent -> (version, dropped) loaded
+        # remote agent -> (version, dropped) loaded, least recently read first
+        self.loaded: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self.reading: dict[str, int] = {}  # remote agent -> reads from it under way
         self.reads_ended = threading.Condition(self.lock)
         self.dropped = 0  # buffers deregistered so far (one-read buffers, once read)
@@ -137,9 +139,7 @@ class _Endpoint:
         self.reloading: set[str] = set()  # remote agents being dropped and added again
         self.freed: deque[tuple[str, int, int]] = deque(maxlen=FREED_MEMORY)
         self.landings = Landings(self.agent, self.lock, POOL_BYTES)
-        self.notifier: Any = None  # sends the frees (see compat.nixl.new_notifier)
-        self.notifies: set[str] = set()  # owners the notifier has loaded
-        self.sent_at = 0.0  # when the notifier last sent
+        self.notes = Notifier(f"{self.name}-notes")  # sends the frees
         self.put_at = 0.0  # when this process last put a payload
         self.thread: threading.Thread | None = None
         self.wake = threading.Event()
@@ -237,10 +237,9 @@ class _Endpoint:
         while not self.stopping:
             with self.lock:
                 notifications = self.agent.get_new_notifs()
-                if self.notifier is not None:
-                    self.notifier.get_new_notifs()
+                self.notes.progress()
                 busy = any(b.state == IN_USE for b in self.buffers.values())
-                recent = time.monotonic() - max(self.put_at, self.sent_at) < FAST_S
+                recent = time.monotonic() - max(self.put_at, self.notes.sent_at) < FAST_S
             for messages in notifications.values():
                 for message in messages:
                     try:
@@ -289,10 +288,20 @@ class _Endpoint:
                 self._forget(where.agent)
                 raise ChannelError(f"direct ref from {where.agent} unreachable: {exc}") from exc
             self.loaded[where.agent] = (where.metadata_version, where.dropped)
+            self._trim()
         finally:
             if reloading:
                 self.reloading.discard(where.agent)
                 self.reads_ended.notify_all()
+
+    def _trim(self) -> None:
+        """Past ``MAX_OWNERS`` owners loaded, forget the least recently read that no read
+        uses (caller holds ``self.lock``): owners come and go with replicas, and each one
+        loaded keeps a connection and its metadata (see ``direct_notes``)."""
+        for agent in list(self.loaded)[: len(self.loaded) - MAX_OWNERS]:
+            if not self.reading.get(agent) and agent not in self.reloading:
+                self.reading.pop(agent, None)
+                self._forget(agent)
 
     def _forget(self, agent: str) -> None:
         """After a failed read, or before reloading it: the next ref adds ``agent`` afresh."""
@@ -312,6 +321,7 @@ class _Endpoint:
         header_only = [(where.address, HEADER.size, where.device_id)]
         with self.lock:
             self._load(where)
+            self.loaded.move_to_end(where.agent)
             self.reading[where.agent] = self.reading.get(where.agent, 0) + 1
         try:
             # The payload, then room for the second header read (it must be registered too).
@@ -374,28 +384,11 @@ class _Endpoint:
             self.release(where.buffer, where.generation)
             return
         with self.lock:
-            try:
-                self._notifier_to(where).send_notif(
-                    where.agent, f"free:{where.buffer}:{where.generation}"
-                )
-            except Exception:  # the owner is gone: nothing left to free
-                return
-            self.sent_at = time.monotonic()
-            self._serve()
+            message = f"free:{where.buffer}:{where.generation}"
+            if not self.notes.send(where.agent, where.metadata, message):
+                return  # the owner is gone: nothing left to free
+            self._serve()  # its loop progresses the notifier, which sends the free
             self.wake.set()
-
-    def _notifier_to(self, where: _Where) -> Any:
-        """The notifier, with ``where``'s owner loaded (caller holds ``self.lock``). Loaded
-        once: notifications need the owner's address, not its buffers. The endpoint's loop
-        progresses it, which sends what it queued."""
-        if self.notifier is None:
-            from omni_serve.compat.nixl import new_notifier
-
-            self.notifier = new_notifier(f"{self.name}-notes")
-        if where.agent not in self.notifies:
-            self.notifier.add_remote_agent(where.metadata)
-            self.notifies.add(where.agent)
-        return self.notifier
 
 
 _endpoint: _Endpoint | None = None

@@ -394,6 +394,34 @@ async def test_after_the_owner_drops_a_buffer_a_reader_reloads_it_once_its_reads
         owner.close()
 
 
+async def test_past_max_owners_the_least_recent_is_forgotten_and_loaded_again_when_needed(
+    peer, monkeypatch
+):
+    """Replicas come and go: a consumer keeps at most MAX_OWNERS owners loaded (in its reading
+    agent and its notifier), and an owner it forgot is read and freed as before."""
+    from omni_serve.transport import direct_notes
+
+    monkeypatch.setattr(direct_module, "MAX_OWNERS", 1)
+    monkeypatch.setattr(direct_notes, "MAX_OWNERS", 1)
+    monkeypatch.setattr(direct_notes, "QUIET_S", 0.2)
+    other = Peer(_peer_main)
+    try:
+        reader = direct_module.endpoint()
+        first = peer("put", _payload())
+        _assert_same(await take(first), _payload())
+        assert peer.wait_in_use(0) == 0
+        await asyncio.sleep(0.3)  # the free to ``peer`` is out: it may be dropped now
+        second = other("put", _payload())
+        _assert_same(await take(second), _payload())
+        assert list(reader.loaded) == [second.handle.agent]
+        assert list(reader.notes.owners) == [second.handle.agent]
+        _assert_same(await take(peer("put", _payload())), _payload())  # loaded again
+        assert peer.wait_in_use(0) == 0 and other.wait_in_use(0) == 0
+        assert list(reader.loaded) == [first.handle.agent]
+    finally:
+        other.close()
+
+
 async def test_reads_that_start_while_a_reload_waits_let_it_go_first():
     """A reload waits for the reads from its owner under way; reads of older refs from that
     owner that start meanwhile wait for the reload, or a steady stream of them would hold it
