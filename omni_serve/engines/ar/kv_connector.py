@@ -282,6 +282,19 @@ class ChannelKVConnector(KVConnectorBase_V1):
     # -- worker side ------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """vLLM 0.32 hands connectors [blocks, heads, block_size, content] views whatever the
+        physical layout (``create_kv_cache_views``). A view whose first dimension is not the
+        blocks (kernel blocks smaller than a cache block: blocks * r rows) would need block
+        ids mapped, and searching it for a dimension of the right size could pick another
+        one, exporting garbage: refused, so the engine says so at start."""
+        for name, cache in kv_caches.items():
+            if cache.dim() != 4 or cache.shape[0] != self.num_blocks:
+                raise ValueError(
+                    f"ChannelKVConnector: the KV cache of {name} is {tuple(cache.shape)}, not "
+                    f"[{self.num_blocks} blocks, heads, block_size, content]; a backend that "
+                    "splits blocks into kernel blocks is not supported (use a --block-size "
+                    "its kernels take whole)"
+                )
         self._caches = dict(kv_caches)
         self._dims = {name: block_dim(t, self.num_blocks) for name, t in kv_caches.items()}
 

@@ -221,3 +221,13 @@ def test_a_prefix_whose_request_ends_before_loading_is_freed(connector):
 def test_tensor_parallel_workers_are_refused():
     with pytest.raises(ValueError, match="one worker"):
         ChannelKVConnector(_config(tensor_parallel=2), KVConnectorRole.SCHEDULER, NS(num_blocks=8))
+
+
+@pytest.mark.parametrize("shape", [(64, 2, 4, 32), (64, 32, 4, 8), (32, 2, 4)])
+def test_a_cache_view_not_first_indexed_by_blocks_is_refused_at_start(shape):
+    """(64, 32, 4, 8): kernel blocks half a cache block, and a dimension that happens to
+    have the block count, which a search for it would have taken."""
+    worker = ChannelKVConnector(_config(), KVConnectorRole.WORKER, NS(num_blocks=32))
+    worker.register_kv_caches({"layer.0": torch.zeros(32, 2, 4, 8)})  # blocks first: taken
+    with pytest.raises(ValueError, match="not supported"):
+        worker.register_kv_caches({"layer.0": torch.zeros(shape)})
