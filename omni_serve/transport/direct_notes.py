@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-MAX_OWNERS = int(os.environ.get("OMNI_DIRECT_MAX_OWNERS", 64))
+MAX_OWNERS = max(1, int(os.environ.get("OMNI_DIRECT_MAX_OWNERS", 64)))  # the one in use stays
 # An owner is dropped only this long after the last free sent to it: dropping a connection
 # may lose what it has not sent yet (frees go out as the endpoint's loop progresses, every
 # 0.1-50 ms), and a lost free holds the owner's buffer until its lease runs out.
