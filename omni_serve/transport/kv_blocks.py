@@ -27,14 +27,6 @@ PROMPT_KEY = "omni_kv_prompt"
 MEDIA_KEY = "omni_kv_media"
 
 
-def block_dim(cache: torch.Tensor, num_blocks: int) -> int:
-    """The dimension of a layer's paged cache that indexes blocks."""
-    for dim, size in enumerate(cache.shape):
-        if size == num_blocks:
-            return dim
-    raise ValueError(f"no dimension of size {num_blocks} (blocks) in a cache of {cache.shape}")
-
-
 @dataclass
 class KVPrefix:
     """A prefix whose KV blocks wait on the channel: the consumer checks that its prompt starts

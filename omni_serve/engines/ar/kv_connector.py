@@ -49,7 +49,6 @@ from omni_serve.transport.kv_blocks import (
     PREFIX_KEY,
     PROMPT_KEY,
     KVPrefix,
-    block_dim,
     put_prefix,
     scatter,
 )
@@ -296,7 +295,7 @@ class ChannelKVConnector(KVConnectorBase_V1):
                     "its kernels take whole)"
                 )
         self._caches = dict(kv_caches)
-        self._dims = {name: block_dim(t, self.num_blocks) for name, t in kv_caches.items()}
+        self._dims = dict.fromkeys(kv_caches, 0)  # blocks first, as checked above
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()

@@ -7,7 +7,7 @@ import torch
 
 from omni_serve.transport import make_channel, take
 from omni_serve.transport import shared_memory as shm
-from omni_serve.transport.kv_blocks import KVPrefix, block_dim, put_prefix, scatter
+from omni_serve.transport.kv_blocks import KVPrefix, put_prefix, scatter
 
 NUM_BLOCKS, BLOCK = 8, 4
 
@@ -22,7 +22,7 @@ def _caches(layout: str) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("layout", ["cpu", "kv_first"])
 async def test_blocks_move_from_one_cache_into_other_block_ids_of_another(layout, backend):
     source, target = _caches(layout), {k: torch.zeros_like(v) for k, v in _caches(layout).items()}
-    dims = {k: block_dim(v, NUM_BLOCKS) for k, v in source.items()}
+    dims = dict.fromkeys(source, {"cpu": 0, "kv_first": 1}[layout])
     tokens = list(range(3 * BLOCK + 1))
     prefix = put_prefix(make_channel(backend), source, dims, [5, 1, 6], tokens, BLOCK, [])
     assert prefix.num_blocks == 3 and prefix.token_ids == tokens[: 3 * BLOCK]
@@ -45,11 +45,6 @@ def test_an_export_that_fails_midway_gives_its_segment_back(monkeypatch):
     (segment,) = pool.segments.values()
     assert segment.state()[1] == shm.FREE
     pool.close()
-
-
-def test_a_cache_without_a_block_dimension_is_refused():
-    with pytest.raises(ValueError, match="no dimension of size 9"):
-        block_dim(torch.zeros(8, 2, 4), 9)
 
 
 def test_scatter_refuses_blocks_from_another_model():

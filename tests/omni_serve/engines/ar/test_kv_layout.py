@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from omni_serve.engines.ar.kv_layout import CONTENT_SPLIT_BACKENDS, dense_kv
-from omni_serve.transport.kv_blocks import block_dim, gather_into
+from omni_serve.transport.kv_blocks import gather_into
 
 
 def cpu_vec_blocks(keys: torch.Tensor, values: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -89,7 +89,7 @@ def test_gpu_backend_blocks_exported_then_read_give_the_keys_and_values_written(
             key_cache[block], value_cache[block] = keys[span], values[span]
         written[name] = keys, values
     # The connector's export: blocks gathered through the views, block dim first.
-    dims = {name: block_dim(cache, 7) for name, cache in caches.items()}
+    dims = dict.fromkeys(caches, 0)  # the connector's: blocks first
     out = {
         name: torch.empty(len(block_ids), *cache.shape[1:], dtype=cache.dtype)
         for name, cache in caches.items()
