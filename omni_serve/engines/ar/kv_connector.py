@@ -282,20 +282,29 @@ class ChannelKVConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """vLLM 0.32 hands connectors [blocks, heads, block_size, content] views whatever the
-        physical layout (``create_kv_cache_views``). A view whose first dimension is not the
-        blocks (kernel blocks smaller than a cache block: blocks * r rows) would need block
-        ids mapped, and searching it for a dimension of the right size could pick another
-        one, exporting garbage: refused, so the engine says so at start."""
+        physical layout (``create_kv_cache_views``), or, where the attention kernels take
+        smaller blocks than the manager's (FlashInfer at ``--block-size`` 128, say),
+        [blocks * r, heads, block_size / r, content] kernel-block views, kernel block j of
+        block b at b * r + j (vLLM's ``map_to_kernel_block_table``). Those are kept as
+        [blocks, r, heads, block_size / r, content], so that block ids index dim 0 either
+        way. Any other shape is refused: the engine says so at start instead of exporting
+        garbage."""
+        views = {}
         for name, cache in kv_caches.items():
-            if cache.dim() != 4 or cache.shape[0] != self.num_blocks:
+            split = cache.shape[0] // max(self.num_blocks, 1) if cache.dim() == 4 else 0
+            if (
+                split < 1
+                or cache.shape[0] != split * self.num_blocks
+                or (cache.shape[2] * split != self.block_size)
+            ):
                 raise ValueError(
                     f"ChannelKVConnector: the KV cache of {name} is {tuple(cache.shape)}, not "
-                    f"[{self.num_blocks} blocks, heads, block_size, content]; a backend that "
-                    "splits blocks into kernel blocks is not supported (use a --block-size "
-                    "its kernels take whole)"
+                    f"[{self.num_blocks} blocks (or kernel blocks of a {self.block_size}-token "
+                    "block), heads, tokens, content]: not supported"
                 )
-        self._caches = dict(kv_caches)
-        self._dims = dict.fromkeys(kv_caches, 0)  # blocks first, as checked above
+            views[name] = cache if split == 1 else cache.unflatten(0, (self.num_blocks, split))
+        self._caches = views
+        self._dims = dict.fromkeys(views, 0)  # blocks first, as checked above
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()

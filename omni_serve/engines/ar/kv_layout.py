@@ -82,7 +82,12 @@ def _cpu_vec(blocks: torch.Tensor) -> LayerKV:
 def _content_split(blocks: torch.Tensor) -> LayerKV:
     """vLLM's logical per-layer block, [blocks, heads, block_size, 2 * head_size], with K and V
     side by side along the last dim (these backends' forward: ``kv_cache.transpose(1, 2)
-    .split(head_size, dim=-1)``)."""
+    .split(head_size, dim=-1)``); or, from a cache split into kernel blocks, [blocks, r,
+    heads, block_size / r, 2 * head_size], kernel block j holding the block's j-th run of
+    tokens."""
+    if blocks.dim() == 5:
+        num_blocks, split, heads, kernel_block, content = blocks.shape
+        blocks = blocks.transpose(1, 2).reshape(num_blocks, heads, split * kernel_block, content)
     num_blocks, heads, block_size, twice = blocks.shape
     keys, values = blocks.transpose(1, 2).split(twice // 2, dim=-1)
     tokens = num_blocks * block_size

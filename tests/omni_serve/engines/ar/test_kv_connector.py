@@ -223,11 +223,15 @@ def test_tensor_parallel_workers_are_refused():
         ChannelKVConnector(_config(tensor_parallel=2), KVConnectorRole.SCHEDULER, NS(num_blocks=8))
 
 
-@pytest.mark.parametrize("shape", [(64, 2, 4, 32), (64, 32, 4, 8), (32, 2, 4)])
-def test_a_cache_view_not_first_indexed_by_blocks_is_refused_at_start(shape):
-    """(64, 32, 4, 8): kernel blocks half a cache block, and a dimension that happens to
-    have the block count, which a search for it would have taken."""
+@pytest.mark.parametrize("shape", [(64, 2, 4, 32), (64, 32, 4, 8), (96, 2, 1, 8), (32, 2, 4)])
+def test_a_cache_view_not_of_blocks_or_their_kernel_blocks_is_refused_at_start(shape):
+    """Twice the blocks, each a whole block of tokens (and one with a dimension of the block
+    count, which a search for the block dim would have taken); three kernel blocks of one
+    token, which do not make a 4-token block; not 4-D. Blocks and kernel blocks of 2 tokens
+    (64 rows: block b is rows 2b, 2b + 1) are taken."""
     worker = ChannelKVConnector(_config(), KVConnectorRole.WORKER, NS(num_blocks=32))
-    worker.register_kv_caches({"layer.0": torch.zeros(32, 2, 4, 8)})  # blocks first: taken
+    worker.register_kv_caches({"layer.0": torch.zeros(32, 2, 4, 8)})
+    worker.register_kv_caches({"layer.0": torch.arange(64.0).view(64, 1, 1, 1).expand(64, 2, 2, 8)})
+    assert worker._caches["layer.0"][5, :, 0, 0, 0].tolist() == [10.0, 11.0]
     with pytest.raises(ValueError, match="not supported"):
         worker.register_kv_caches({"layer.0": torch.zeros(shape)})

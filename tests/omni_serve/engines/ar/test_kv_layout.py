@@ -43,10 +43,12 @@ def paged_caches(
     heads: int,
     head_size: int,
     dtype: torch.dtype,
+    kernel_block_size: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-layer caches as a vLLM GPU worker allocates them: one buffer, viewed by vLLM's own
     ``create_kv_cache_views`` as logical [blocks, heads, block_size, 2 * head_size] per layer
-    in the physical ``layout_name`` order."""
+    in the physical ``layout_name`` order (with ``kernel_block_size``: [blocks * r, heads,
+    kernel_block_size, 2 * head_size], what a worker whose kernels take smaller blocks gets)."""
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
         KVCacheTensor,
@@ -66,9 +68,10 @@ def paged_caches(
         size=size, layers=names, layer_stride=strides[0], block_stride=strides[1]
     )
     raw = torch.zeros(size, dtype=torch.int8)
-    return dict(
-        zip(names, create_kv_cache_views(raw, spec, num_blocks, layout, tensor), strict=True)
+    views = create_kv_cache_views(
+        raw, spec, num_blocks, layout, tensor, kernel_block_size=kernel_block_size
     )
+    return dict(zip(names, views, strict=True))
 
 
 @pytest.mark.parametrize("backend", CONTENT_SPLIT_BACKENDS)
@@ -131,3 +134,72 @@ def test_a_quantized_cache_names_its_dtype_so_none_reads_it(monkeypatch, cache_d
     if cache_dtype != "auto":
         with pytest.raises(ValueError, match="no reader"):
             dense_kv({"layer.0": torch.zeros(1, 2, 4, 16)}, expected)
+
+
+def write_through_kernel_blocks(
+    cache: torch.Tensor, block_ids: list[int], split: int, keys: torch.Tensor, values: torch.Tensor
+) -> None:
+    """Where a backend's kernels write a prefix in a cache of kernel blocks: token t of block
+    b in kernel block b * split + t // kernel_block (vLLM's ``map_to_kernel_block_table``)."""
+    kernel_block, head_size = cache.shape[2], keys.shape[-1]
+    key_cache, value_cache = cache.transpose(1, 2).split(head_size, dim=-1)
+    for slot, block in enumerate(block_ids):
+        for j in range(split):
+            span = slice((slot * split + j) * kernel_block, (slot * split + j + 1) * kernel_block)
+            key_cache[block * split + j], value_cache[block * split + j] = keys[span], values[span]
+
+
+@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASH_ATTN"])
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])  # the layouts vLLM splits
+def test_kernel_block_caches_export_the_blocks_a_reader_and_another_engine_take(backend, layout):
+    """A worker whose kernels take 4-token blocks under 8-token manager blocks (FlashInfer at a
+    large --block-size): the connector takes its views, the export reads back as the keys and
+    values written, and another such engine scatters them where its kernels look."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace as NS
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from omni_serve.engines.ar.kv_connector import ChannelKVConnector
+    from omni_serve.transport.kv_blocks import scatter
+
+    block_size, kernel_block, heads, head_size, num_blocks = 8, 4, 2, 8, 7
+    split, block_ids, target_ids = block_size // kernel_block, [5, 1, 3], [0, 6, 2]
+
+    def worker(caches: dict[str, torch.Tensor]) -> ChannelKVConnector:
+        config = NS(
+            kv_transfer_config=NS(get_from_extra_config=lambda key, default: default),
+            cache_config=NS(block_size=block_size),
+            parallel_config=NS(tensor_parallel_size=1, pipeline_parallel_size=1),
+        )
+        connector = ChannelKVConnector(config, KVConnectorRole.WORKER, NS(num_blocks=num_blocks))
+        connector.register_kv_caches(caches)
+        return connector
+
+    def caches() -> dict[str, torch.Tensor]:
+        made = paged_caches(layout, 2, num_blocks, block_size, heads, head_size, torch.bfloat16,
+                            kernel_block_size=kernel_block)  # fmt: skip
+        assert next(iter(made.values())).shape[:3] == (num_blocks * split, heads, kernel_block)
+        return made
+
+    source, target = caches(), caches()
+    tokens, written = len(block_ids) * block_size, {}
+    for i, (name, cache) in enumerate(source.items()):
+        keys = torch.randn(tokens, heads, head_size).to(torch.bfloat16) + i
+        values = torch.randn(tokens, heads, head_size).to(torch.bfloat16) - i
+        write_through_kernel_blocks(cache, block_ids, split, keys, values)
+        written[name] = keys, values
+    exporter = worker(source)
+    out = {
+        name: torch.empty(len(block_ids), *cache.shape[1:], dtype=cache.dtype)
+        for name, cache in exporter._caches.items()
+    }
+    gather_into(out, exporter._caches, exporter._dims, block_ids)
+    dense = dense_kv(out, f"{backend}/{layout}")
+    importer = worker(target)
+    scatter(out, importer._caches, importer._dims, target_ids)
+    for name, (keys, values) in written.items():
+        assert torch.equal(dense[name][0], keys) and torch.equal(dense[name][1], values)
+        expected = torch.zeros_like(target[name])
+        write_through_kernel_blocks(expected, target_ids, split, keys, values)
+        assert torch.equal(target[name], expected)
