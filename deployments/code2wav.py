@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from deployments.common import pin_to_cores, stage_device, stage_dtype, stage_setup
+from deployments.common import torch_stage
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 
@@ -16,11 +16,11 @@ from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 @serve.deployment
 class Code2WavDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "code2wav") -> None:
-        _, stage, model_path = stage_setup(pipeline, stage_name)
-        pin_to_cores(stage.deployment.cpu_cores)
+        setup = torch_stage(pipeline, stage_name)
+        stage = setup.stage
         self.codec, self.left_context = load_code2wav_decoder(
-            model_path, stage_dtype(stage), max_batch=stage.engine.max_batch_size,
-            device=stage_device(stage.deployment.ray_actor_options.num_gpus),
+            setup.model_path, setup.dtype, max_batch=stage.engine.max_batch_size,
+            device=setup.device,
         )  # fmt: skip
         self.decode_batched.set_max_batch_size(stage.engine.max_batch_size)
         # Streaming chunk plan (engine args): small first chunk, growing to the steady size.

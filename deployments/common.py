@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_serve.config import EdgeConfig, PipelineConfig, StageConfig
 from omni_serve.models import resolve_model
 from omni_serve.transport import Channel, make_channel
+
+if TYPE_CHECKING:
+    import torch
 
 
 def stage_setup(
@@ -15,6 +19,27 @@ def stage_setup(
 ) -> tuple[PipelineConfig, StageConfig, Path]:
     config = PipelineConfig.model_validate(pipeline)
     return config, config.stage(stage_name), resolve_model(config.model)
+
+
+@dataclass
+class TorchStage:
+    """A torch stage's slice of the pipeline config, resolved into what it loads its model
+    with."""
+
+    config: PipelineConfig
+    stage: StageConfig
+    model_path: Path
+    dtype: torch.dtype
+    device: str
+
+
+def torch_stage(pipeline: dict[str, Any], stage_name: str) -> TorchStage:
+    """Every torch stage starts the same way: its config, its threads on its cores, and the
+    dtype and device its model loads with."""
+    config, stage, model_path = stage_setup(pipeline, stage_name)
+    pin_to_cores(stage.deployment.cpu_cores)
+    device = stage_device(stage.deployment.ray_actor_options.num_gpus)
+    return TorchStage(config, stage, model_path, stage_dtype(stage), device)
 
 
 def ingress_app(title: str):

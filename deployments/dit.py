@@ -13,14 +13,7 @@ from typing import Any
 
 from ray import serve
 
-from deployments.common import (
-    StageWorker,
-    edge_channel,
-    pin_to_cores,
-    stage_device,
-    stage_dtype,
-    stage_setup,
-)
+from deployments.common import StageWorker, edge_channel, torch_stage
 from deployments.dit_workers import DenoiseWorkerGroup
 from omni_serve.engines.diffusion.step_batching import StepBatcher
 from omni_serve.models.qwen_image.denoise import DenoiseCancelled, DenoiseState, ImageJob
@@ -34,21 +27,20 @@ log = logging.getLogger("ray.serve")
 @serve.deployment
 class DiTDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "dit") -> None:
-        config, stage, model_path = stage_setup(pipeline, stage_name)
-        pin_to_cores(stage.deployment.cpu_cores)
+        setup = torch_stage(pipeline, stage_name)
+        stage, model_path = setup.stage, setup.model_path
         parallel = stage.engine.parallel
         self.group: DenoiseWorkerGroup | None = None
         if parallel is not None and parallel.world_size > 1:
             # The workers hold the transformer; this replica batches and hands batches over.
-            load = functools.partial(load_parallel_denoiser, model_path, stage_dtype(stage))
+            load = functools.partial(load_parallel_denoiser, model_path, setup.dtype)
             self.group = DenoiseWorkerGroup(parallel, str(model_path), load)
             self.denoiser = None
         else:
-            device = stage_device(stage.deployment.ray_actor_options.num_gpus)
             self.denoiser = load_denoiser(
-                model_path, stage_dtype(stage), stage.engine.step_cache, device
+                model_path, setup.dtype, stage.engine.step_cache, setup.device
             )
-        self.channel = edge_channel(config, stage_name)
+        self.channel = edge_channel(setup.config, stage_name)
         self.steps: StepBatcher | None = None
         if self.group is None and stage.engine.step_batching:
             self.steps = StepBatcher(

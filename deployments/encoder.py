@@ -15,13 +15,7 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import (
-    edge_channel,
-    pin_to_cores,
-    stage_device,
-    stage_dtype,
-    stage_setup,
-)
+from deployments.common import edge_channel, torch_stage
 from omni_serve.engines.encoders.base import TorchEncoderEngine
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
 from omni_serve.transport import TensorRef, take
@@ -36,13 +30,11 @@ def _like(rows: torch.Tensor, width: int | None = None) -> torch.Tensor:
 @serve.deployment
 class EncoderDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "encoder") -> None:
-        config, stage, model_path = stage_setup(pipeline, stage_name)
-        pin_to_cores(stage.deployment.cpu_cores)
-        device = stage_device(stage.deployment.ray_actor_options.num_gpus)
-        encoders = Qwen3OmniEncoders(model_path, stage_dtype(stage), device)
+        setup = torch_stage(pipeline, stage_name)
+        encoders = Qwen3OmniEncoders(setup.model_path, setup.dtype, setup.device)
         self.audio = TorchEncoderEngine(encoders.encode_audio)
         self.vision = TorchEncoderEngine(encoders.encode_image)
-        self.channel = edge_channel(config, stage_name)
+        self.channel = edge_channel(setup.config, stage_name)
         self.clips = 0
 
     async def encode_audio(self, features: list[torch.Tensor]) -> TensorRef:

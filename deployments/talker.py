@@ -13,7 +13,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.common import pin_to_cores, stage_device, stage_dtype, stage_setup
+from deployments.common import torch_stage
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
@@ -32,10 +32,9 @@ class TalkerDeployment:
     async def __init__(
         self, pipeline: dict[str, Any], stage_name: str, thinker: DeploymentHandle
     ) -> None:
-        _, stage, model_path = stage_setup(pipeline, stage_name)
-        pin_to_cores(stage.deployment.cpu_cores)
-        device = stage_device(stage.deployment.ray_actor_options.num_gpus)
-        talker, config = load_talker(model_path, dtype=stage_dtype(stage), device=device)
+        setup = torch_stage(pipeline, stage_name)
+        stage, model_path, device = setup.stage, setup.model_path, setup.device
+        talker, config = load_talker(model_path, dtype=setup.dtype, device=device)
         self.builder = TalkerInputBuilder(talker, config, load_thinker_embeddings(model_path))
         args = stage.engine.args
         self.max_tokens = int(args.get("max_new_tokens", TALKER_MAX_TOKENS))

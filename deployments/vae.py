@@ -7,14 +7,7 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import (
-    StageWorker,
-    edge_channel,
-    pin_to_cores,
-    stage_device,
-    stage_dtype,
-    stage_setup,
-)
+from deployments.common import StageWorker, edge_channel, torch_stage
 from omni_serve.models.qwen_image.stages import LatentDecoder
 from omni_serve.transport import TensorRef, take
 
@@ -22,14 +15,9 @@ from omni_serve.transport import TensorRef, take
 @serve.deployment
 class VAEDeployment:
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "vae") -> None:
-        config, stage, model_path = stage_setup(pipeline, stage_name)
-        pin_to_cores(stage.deployment.cpu_cores)
-        self.decoder = LatentDecoder(
-            model_path,
-            stage_dtype(stage),
-            stage_device(stage.deployment.ray_actor_options.num_gpus),
-        )
-        self.channel = edge_channel(config, stage_name)
+        setup = torch_stage(pipeline, stage_name)
+        self.decoder = LatentDecoder(setup.model_path, setup.dtype, setup.device)
+        self.channel = edge_channel(setup.config, stage_name)
         self.worker = StageWorker("vae")
         self.images = 0
 
