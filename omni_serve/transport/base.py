@@ -64,8 +64,25 @@ class Channel(Protocol):
 
 
 def payload_spec(payload: Payload) -> tuple[int, dict[str, tuple[str, tuple[int, ...]]]]:
+    """Its size in bytes and (dtype, shape) per tensor under string keys. Raises TypeError for
+    what no backend carries as bytes: anything but a tensor or a flat dict of tensors, sparse
+    and quantized tensors (moving those as raw bytes fails, or crashes the process), and keys
+    that collide as strings (one tensor would silently stand in for the other)."""
+    if not isinstance(payload, torch.Tensor | dict):
+        raise TypeError(f"a channel payload is a tensor or a dict of tensors, not a "
+                        f"{type(payload).__name__}")  # fmt: skip
     tensors = payload if isinstance(payload, dict) else {"": payload}
+    for key, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"payload[{key!r}] is a {type(t).__name__}, not a tensor (payloads "
+                            "are flat: a dict of tensors)")  # fmt: skip
+        if t.layout != torch.strided or t.is_quantized:
+            kind = "quantized" if t.is_quantized else str(t.layout).removeprefix("torch.")
+            raise TypeError(f"payload[{key!r}] is a {kind} tensor: send it dense (its values "
+                            "and indices, or scales, as tensors of their own)")  # fmt: skip
     spec = {str(k): (str(t.dtype), tuple(t.shape)) for k, t in tensors.items()}
+    if len(spec) != len(tensors):
+        raise TypeError(f"payload keys {list(tensors)} collide as strings")
     return sum(t.numel() * t.element_size() for t in tensors.values()), spec
 
 
@@ -112,9 +129,11 @@ ALIGN = 64  # bytes; every tensor (and the data after a header) starts on a cach
 
 
 def gpu_of(payload: Payload) -> torch.device | None:
-    """The GPU the payload's first GPU tensor is on (None: all on the host)."""
+    """The GPU the payload's first GPU tensor is on (None: all on the host; what is not a
+    tensor is left to ``payload_spec`` to refuse)."""
     tensors = payload.values() if isinstance(payload, dict) else (payload,)
-    return next((t.device for t in tensors if t.device.type == "cuda"), None)
+    on_gpu = (t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda)
+    return next(on_gpu, None)
 
 
 def on_host(payload: Payload) -> Payload:
@@ -144,6 +163,20 @@ def layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, tuple[int, int]]
     return offsets, end
 
 
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes, flat uint8 (a view where it is contiguous): how every backend moves a
+    tensor, whatever its dtype."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def from_bytes(raw: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """The tensor ``as_bytes`` gave ``raw`` for, viewing it."""
+    dt = getattr(torch, dtype.removeprefix("torch."))
+    if raw.numel() == 0:  # an empty buffer may have stride 0, which no view takes
+        return torch.empty(shape, dtype=dt, device=raw.device)
+    return raw.view(dt).reshape(shape)
+
+
 def pack(tensors: dict[str, torch.Tensor], offsets: dict[str, tuple[int, int]],
          buffer: torch.Tensor) -> None:  # fmt: skip
     """Copy the tensors' bytes into ``buffer`` (uint8) at their offsets (``copy_`` moves them
@@ -151,18 +184,19 @@ def pack(tensors: dict[str, torch.Tensor], offsets: dict[str, tuple[int, int]],
     for key, t in tensors.items():
         start, length = offsets[key]
         if length:
-            raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
-            copy_bytes(buffer[start : start + length], raw)
+            copy_bytes(buffer[start : start + length], as_bytes(t))
 
 
 def unpack(raw: torch.Tensor, ref: TensorRef, offsets: dict[str, tuple[int, int]],
            keys: list[Any] | None) -> Payload:  # fmt: skip
     """The payload as tensors that VIEW ``raw`` (uint8), laid out by ``layout``."""
-    tensors = {}
-    for name, (dtype, shape) in ref.spec.items():
-        start, length = offsets[name]
-        dt = getattr(torch, dtype.removeprefix("torch."))
-        tensors[name] = raw[start : start + length].view(dt).reshape(shape)
+    parts = {name: raw[start : start + length] for name, (start, length) in offsets.items()}
+    return from_parts(parts, ref, keys)
+
+
+def from_parts(parts: dict[str, torch.Tensor], ref: TensorRef, keys: list[Any] | None) -> Payload:
+    """The payload from each tensor's bytes (under ``named_tensors``' string keys)."""
+    tensors = {name: from_bytes(parts[name], *ref.spec[name]) for name in ref.spec}
     if keys is None:
         return tensors[""]
     return {k: tensors[str(k)] for k in keys}

@@ -1,22 +1,34 @@
-"""Inline backend: small payloads ride the handle call itself (a copy is cheaper than a hop)."""
+"""Inline backend: small payloads ride the handle call itself (a copy is cheaper than a hop).
+
+A payload rides as its tensors' bytes, each in a buffer of its own: a tensor that views a larger
+one pickles all of that one's storage (8 bytes of a 4 MB tensor cost 4 MB), and torch 2.13
+pickles fp8 tensors it cannot load back (``UntypedStorage has no attribute dtype``).
+"""
 
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+
+import torch
 
 from omni_serve.transport.base import (
     ChannelError,
     Payload,
     Reservation,
     TensorRef,
+    as_bytes,
+    from_parts,
+    named_tensors,
     on_host,
     payload_spec,
     reservation_to_put,
 )
 
-if TYPE_CHECKING:
-    import torch
+
+def _own_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes in a storage of just their size."""
+    raw = as_bytes(t)
+    return raw if raw.untyped_storage().nbytes() == raw.numel() else raw.clone()
 
 
 class InlineChannel:
@@ -24,7 +36,9 @@ class InlineChannel:
 
     def put(self, payload: Payload) -> TensorRef:
         nbytes, spec = payload_spec(payload)
-        return TensorRef(self.name, uuid.uuid4().hex, nbytes, spec, handle=on_host(payload))
+        tensors, keys = named_tensors(on_host(payload))
+        handle = ({name: _own_bytes(t) for name, t in tensors.items()}, keys)
+        return TensorRef(self.name, uuid.uuid4().hex, nbytes, spec, handle=handle)
 
     def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
         return reservation_to_put(self, like, device)
@@ -32,7 +46,8 @@ class InlineChannel:
     async def get(self, ref: TensorRef) -> Payload:
         if ref.handle is None:
             raise ChannelError(f"ref {ref.key} was freed")
-        return ref.handle
+        parts, keys = ref.handle
+        return from_parts(parts, ref, keys)
 
     def free(self, ref: TensorRef) -> None:
         ref.handle = None  # idempotent: a second free is a no-op

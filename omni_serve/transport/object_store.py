@@ -1,14 +1,14 @@
 """Object-store backend: ``ray.put`` once, any node can read; the portable fallback.
 
-Torch tensors are stored as numpy arrays (with RAY_ENABLE_ZERO_COPY_TORCH_TENSORS unset Ray
-pickles torch tensors, ~0.3 GB/s; numpy buffers go through zero-copy); bf16 goes as its raw
-bits. Ray's distributed refcount frees the object once no ref holds it; ``free`` drops ours.
+Tensors are stored as their raw bytes in numpy arrays (with RAY_ENABLE_ZERO_COPY_TORCH_TENSORS
+unset Ray pickles torch tensors, ~0.3 GB/s; numpy buffers go through zero-copy), which also
+carries the dtypes numpy lacks (bf16, fp8, complex32). Ray's distributed refcount frees the
+object once no ref holds it; ``free`` drops ours.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import torch
 
@@ -17,21 +17,12 @@ from omni_serve.transport.base import (
     Payload,
     Reservation,
     TensorRef,
+    as_bytes,
+    from_parts,
+    named_tensors,
     payload_spec,
     reservation_to_put,
 )
-
-
-def _to_numpy(t: torch.Tensor) -> tuple[Any, str]:
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy(), "bfloat16"
-    return t.numpy(), str(t.dtype).removeprefix("torch.")
-
-
-def _from_numpy(array: Any, dtype: str) -> torch.Tensor:
-    tensor = torch.from_numpy(array.copy())  # store buffers are read-only
-    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
 
 
 class ObjectStoreChannel:
@@ -41,10 +32,8 @@ class ObjectStoreChannel:
         import ray
 
         nbytes, spec = payload_spec(payload)
-        is_dict = isinstance(payload, dict)
-        tensors = payload if is_dict else {"": payload}
-        encoded = {k: _to_numpy(t) for k, t in tensors.items()}
-        handle = (ray.put(encoded), is_dict)
+        tensors, keys = named_tensors(payload)
+        handle = (ray.put({name: as_bytes(t.cpu()).numpy() for name, t in tensors.items()}), keys)
         return TensorRef(self.name, uuid.uuid4().hex, nbytes, spec, handle=handle)
 
     def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
@@ -53,10 +42,10 @@ class ObjectStoreChannel:
     async def get(self, ref: TensorRef) -> Payload:
         if ref.handle is None:
             raise ChannelError(f"ref {ref.key} was freed")
-        object_ref, is_dict = ref.handle
-        encoded = await object_ref
-        tensors = {k: _from_numpy(a, dtype) for k, (a, dtype) in encoded.items()}
-        return tensors if is_dict else tensors[""]
+        object_ref, keys = ref.handle
+        arrays = await object_ref
+        # store buffers are read-only: copied out
+        return from_parts({n: torch.from_numpy(a.copy()) for n, a in arrays.items()}, ref, keys)
 
     def free(self, ref: TensorRef) -> None:
         ref.handle = None

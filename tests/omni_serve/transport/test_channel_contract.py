@@ -44,6 +44,9 @@ def payloads():
     yield "float16", base.half()
     yield "int64", torch.randint(0, 2048, (16, 5), generator=gen)
     yield "bool", base > 0
+    yield "uint8", torch.randint(0, 256, (7,), generator=gen, dtype=torch.uint8)
+    yield "complex64", torch.randn(3, 4, generator=gen, dtype=torch.complex64)
+    yield "float8_e4m3fn", base.to(torch.float8_e4m3fn)  # no numpy dtype: bytes carry it
     yield "empty", torch.empty(0, 64)
     yield "non_contiguous", base.t()
     yield "scalar", torch.tensor(3.5)
@@ -58,14 +61,45 @@ async def test_round_trip(channel, name, payload):
     if isinstance(payload, dict):
         assert set(got) == set(payload)
         for k in payload:
-            assert got[k].dtype == payload[k].dtype and torch.equal(got[k], payload[k])
+            assert same(got[k], payload[k])
     else:
-        assert got.dtype == payload.dtype and got.shape == payload.shape
-        assert torch.equal(got, payload)
+        assert same(got, payload)
     assert ref.nbytes == sum(
         t.numel() * t.element_size()
         for t in (payload.values() if isinstance(payload, dict) else [payload])
     )
+
+
+def same(got: torch.Tensor, sent: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes (fp8 has no ``torch.equal``)."""
+    raw = [t.contiguous().reshape(-1).view(torch.uint8) for t in (got, sent)]
+    return got.dtype == sent.dtype and got.shape == sent.shape and torch.equal(*raw)
+
+
+async def test_a_small_slice_of_a_large_tensor_travels_as_its_own_bytes(channel):
+    """Pickling a tensor that views a larger one sends all of that one's storage: 8 bytes of
+    a 4 MB tensor would make a 4 MB handle argument."""
+    big = torch.arange(1_000_000, dtype=torch.float32)
+    ref = channel.put(big[10:12])
+    assert len(pickle.dumps(ref)) < 4096
+    assert torch.equal(await channel.get(ref), big[10:12])
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ([torch.ones(2)], "tensor or a dict of tensors, not a list"),
+        ({"a": {"b": torch.ones(2)}}, "'a'.*is a dict, not a tensor"),
+        ({"a": 1.0}, "is a float, not a tensor"),
+        (torch.eye(3).to_sparse(), "sparse_coo tensor"),
+        ({1: torch.ones(2), "1": torch.zeros(2)}, "collide as strings"),
+    ],
+)
+def test_what_no_backend_carries_is_refused_at_put_with_the_reason(channel, payload, reason):
+    """Not an AttributeError from deep inside a backend, nor a sparse tensor that crosses
+    inline and fails past the inline size, nor two keys silently read back as one tensor."""
+    with pytest.raises(TypeError, match=reason):
+        channel.put(payload)
 
 
 async def test_get_after_free_fails_and_double_free_is_harmless(channel):
