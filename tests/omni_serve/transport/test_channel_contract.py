@@ -175,3 +175,11 @@ def test_cat_into_writes_the_concatenation_cut_at_the_output_size():
     wide = torch.empty(1, 18)
     cat_into(wide, [p[:1] for p in parts], dim=-1)
     assert torch.equal(wide, torch.cat([p[:1] for p in parts], dim=-1).float())
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # deprecated, still made
+def test_a_quantized_tensor_is_refused_not_viewed_as_bytes(channel):
+    """Viewing a quantized tensor's bytes crashes the process (torch 2.13)."""
+    quantized = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.quint8)
+    with pytest.raises(TypeError, match="quantized tensor"):
+        channel.put(quantized)
