@@ -3,6 +3,7 @@ chosen per edge, by default by size and locality."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 
@@ -12,6 +13,7 @@ from omni_serve.compat.nixl import nixl_available
 from omni_serve.transport.base import (
     Channel,
     ChannelError,
+    ChannelFull,
     Payload,
     Reservation,
     TensorRef,
@@ -23,6 +25,7 @@ from omni_serve.transport.inline import InlineChannel
 from omni_serve.transport.object_store import ObjectStoreChannel
 from omni_serve.transport.shared_memory import SharedMemoryChannel
 
+logger = logging.getLogger(__name__)
 _BACKENDS = {
     "inline": InlineChannel,
     "object_store": ObjectStoreChannel,
@@ -69,13 +72,19 @@ class AutoChannel:
         nbytes, _ = payload_spec(payload)
         if nbytes <= self.inline_max_bytes:
             return self.small.put(payload)
-        return self._large(gpu_of(payload), nbytes).put(payload)
+        try:
+            return self._large(gpu_of(payload), nbytes).put(payload)
+        except ChannelFull as exc:
+            return _overflow(exc).put(payload)
 
     def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
         nbytes, _ = payload_spec(like)
         if nbytes <= self.inline_max_bytes:
             return self.small.reserve(like, device)
-        return self._large(device, nbytes).reserve(like, device)
+        try:
+            return self._large(device, nbytes).reserve(like, device)
+        except ChannelFull as exc:
+            return _overflow(exc).reserve(like, device)
 
     def _large(self, device: torch.device | None = None, nbytes: int = 0) -> Channel:
         if self.large is not None:
@@ -99,6 +108,19 @@ class AutoChannel:
 
     def abandon(self, ref: TensorRef) -> None:
         backend_for(ref).abandon(ref)
+
+
+_overflowed = False
+
+
+def _overflow(full: ChannelFull) -> Channel:
+    """Where a payload goes when the backend auto picked is full: the object store, which any
+    replica reads (slower, but the request is answered). Said once per process."""
+    global _overflowed
+    if not _overflowed:
+        _overflowed = True
+        logger.warning("%s; until then payloads that do not fit go through the object store", full)
+    return _BACKENDS["object_store"]()
 
 
 def backend_for(ref: TensorRef) -> Channel:
@@ -150,6 +172,7 @@ __all__ = [
     "AutoChannel",
     "Channel",
     "ChannelError",
+    "ChannelFull",
     "DirectChannel",
     "InlineChannel",
     "ObjectStoreChannel",

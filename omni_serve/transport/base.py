@@ -21,6 +21,10 @@ class ChannelError(RuntimeError):
     """A ref that cannot be read (freed, lost, or from an unknown backend)."""
 
 
+class ChannelFull(ChannelError):
+    """No room for a payload on this backend now (shared memory full): another one may have."""
+
+
 @dataclass
 class TensorRef:
     backend: str

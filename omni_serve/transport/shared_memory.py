@@ -19,12 +19,17 @@ consumer died); segments of a dead producer are unlinked by ``sweep_orphans``, w
 producer runs now and then. A new segment that would take the pool past its budget makes room
 by unlinking free segments, least recently used first; payloads that still do not fit get a
 one-shot segment that ``free`` unlinks.
+
+A segment's pages are reserved when it is made: a write to a page tmpfs has no room for is a
+SIGBUS, which kills the process (a container's /dev/shm is 64 MB unless sized). A segment
+that does not fit raises ``ChannelFull`` once the pool's free segments are gone too.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -42,6 +47,7 @@ import torch
 
 from omni_serve.transport.base import (
     ChannelError,
+    ChannelFull,
     Payload,
     Reservation,
     TensorRef,
@@ -130,7 +136,12 @@ class _SegmentPool:
         pooled = self.pooled_bytes + size <= POOL_BYTES or self._evict(size)
         if not pooled:
             size = nbytes
-        segment = _create(size, pooled)
+        try:
+            segment = _create(size, pooled)
+        except ChannelFull:
+            if not self._unlink_free():
+                raise
+            segment = _create(size, pooled)
         if pooled:
             self.segments[segment.name] = segment
             self.pooled_bytes += size
@@ -152,13 +163,23 @@ class _SegmentPool:
         for segment in free:
             if self.pooled_bytes + size <= POOL_BYTES:
                 break
-            del self.segments[segment.name]
-            self.pooled_bytes -= segment.size
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(SHM_DIR / segment.name)
-            with contextlib.suppress(BufferError):  # a view still exported: GC unmaps it
-                segment.view.close()
+            self._unlink(segment)
         return True
+
+    def _unlink_free(self) -> int:
+        """Unlink every free segment (/dev/shm is full); how many went."""
+        free = [s for s in self.segments.values() if s.state()[1] == FREE]
+        for segment in free:
+            self._unlink(segment)
+        return len(free)
+
+    def _unlink(self, segment: _Segment) -> None:
+        del self.segments[segment.name]
+        self.pooled_bytes -= segment.size
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(SHM_DIR / segment.name)
+        with contextlib.suppress(BufferError):  # a view still exported: GC unmaps it
+            segment.view.close()
 
     def close(self) -> None:
         """At exit: unlink our segments (consumers' mappings stay valid)."""
@@ -170,9 +191,22 @@ class _SegmentPool:
 
 def _create(size: int, pooled: bool) -> _Segment:
     name = f"{PREFIX}{os.getpid()}-{'p' if pooled else 'o'}-{uuid.uuid4().hex[:16]}"
-    fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    path = SHM_DIR / name
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
-        os.ftruncate(fd, size)
+        try:
+            os.posix_fallocate(fd, 0, size)  # the pages now, or ENOSPC: never a SIGBUS later
+        except OSError as exc:
+            path.unlink()
+            if exc.errno != errno.ENOSPC:
+                raise
+            free = os.statvfs(SHM_DIR)
+            raise ChannelFull(
+                f"no room for a {size / 2**20:.0f} MiB segment in {SHM_DIR} "
+                f"({free.f_bavail * free.f_frsize / 2**20:.0f} MiB free): give it more (docker "
+                "--shm-size, a Memory emptyDir on /dev/shm in Kubernetes) or pin the edge's "
+                "channel to object_store"
+            ) from None
         view = mmap.mmap(fd, size)
     finally:
         os.close(fd)

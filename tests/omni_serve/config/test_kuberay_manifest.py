@@ -45,6 +45,18 @@ def test_the_cluster_runs_the_installed_ray_and_hands_every_pod_the_api_key():
         assert "OMNI_SERVE_API_KEY" in {e["name"] for e in container["env"]}
 
 
+def test_every_pod_mounts_memory_on_dev_shm():
+    """A pod's own /dev/shm is 64 MB: the channel's shared memory would not fit (and Ray's
+    object store would fall back to disk)."""
+    cluster = manifest()["spec"]["rayClusterConfig"]
+    for pod in [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]:
+        spec = pod["template"]["spec"]
+        [container] = spec["containers"]
+        [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        assert volume["emptyDir"]["medium"] == "Memory"
+
+
 def test_the_minimum_gpu_workers_hold_every_stages_first_replica():
     service = manifest()
     app = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"][0]

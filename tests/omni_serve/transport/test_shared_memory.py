@@ -230,3 +230,43 @@ async def test_a_cancelled_reservation_gives_its_segment_back_and_a_written_one_
     ref = reservation.commit()
     assert ref.key == segment.name and len(fresh_pool.segments) == 1  # the same segment, reused
     assert torch.equal((await take(ref))["k"].view(-1), torch.arange(256 * 1024.0))
+
+
+@pytest.fixture
+def small_shm(tmp_path):
+    """A 16 MiB tmpfs, as a container's undersized /dev/shm (mounting needs root)."""
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+FILL_SMALL_SHM = """
+import sys, torch
+from pathlib import Path
+from omni_serve.transport import ChannelFull, shared_memory as shm
+shm.SHM_DIR = Path(sys.argv[1])
+channel = shm.SharedMemoryChannel()
+channel.free(channel.put(torch.ones(3 << 18)))  # 3 MB in a 4 MB segment, back in the pool
+held = channel.put(torch.ones(10 << 18))  # a 16 MB segment: fits once the free one is gone
+print("fits", len(list(shm.SHM_DIR.iterdir())), flush=True)
+try:
+    channel.put(torch.ones(10 << 18))  # another 16 MB, the first still in use
+except ChannelFull as exc:
+    print("full:", exc)
+"""
+
+
+def test_a_full_shm_is_a_channel_full_error_not_a_crash(small_shm):
+    """Writing past a full tmpfs is a SIGBUS that kills the replica: the pool drops its free
+    segments to make room, then says what is wrong."""
+    done = subprocess.run([sys.executable, "-c", FILL_SMALL_SHM, str(small_shm)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    lines = done.stdout.splitlines()
+    assert lines[0] == "fits 1", lines
+    assert "no room for a 16 MiB segment" in lines[1] and "--shm-size" in lines[1], lines
