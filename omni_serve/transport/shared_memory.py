@@ -22,7 +22,8 @@ one-shot segment that ``free`` unlinks.
 
 A segment's pages are reserved when it is made: a write to a page tmpfs has no room for is a
 SIGBUS, which kills the process (a container's /dev/shm is 64 MB unless sized). A segment
-that does not fit raises ``ChannelFull`` once the pool's free segments are gone too.
+that does not fit raises ``ChannelFull`` once dead producers' segments and the pool's free ones
+are gone too.
 """
 
 from __future__ import annotations
@@ -78,11 +79,11 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep_orphans(lease_s: float = LEASE_S, directory: Path = SHM_DIR) -> int:
+def sweep_orphans(lease_s: float = LEASE_S) -> int:
     """Unlink segments whose producer is dead, and one-shot segments nobody freed within the
     lease (pooled segments of live producers are theirs to reclaim); how many went."""
     removed, now = 0, time.time()
-    for path in directory.glob(f"{PREFIX}*"):
+    for path in SHM_DIR.glob(f"{PREFIX}*"):
         try:
             pid, kind, _ = path.name.removeprefix(PREFIX).split("-")
             if _pid_alive(int(pid)) and (kind == "p" or now - path.stat().st_mtime < lease_s):
@@ -138,8 +139,8 @@ class _SegmentPool:
             size = nbytes
         try:
             segment = _create(size, pooled)
-        except ChannelFull:
-            if not self._unlink_free():
+        except ChannelFull:  # room held by dead producers' segments, or by our free ones
+            if not sweep_orphans() + self._unlink_free():
                 raise
             segment = _create(size, pooled)
         if pooled:
