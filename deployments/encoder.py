@@ -37,13 +37,13 @@ class EncoderDeployment:
         self.channel = edge_channel(setup.config, stage_name)
         self.clips = 0
 
-    async def encode_audio(self, features: list[torch.Tensor]) -> TensorRef:
-        """Rows for every clip, in prompt order, as one channel ref ([sum N_i, H])."""
-        lengths = torch.tensor([f.shape[1] for f in features])
+    async def encode_audio(self, features: TensorRef, frames: list[int]) -> TensorRef:
+        """Rows for every clip, in prompt order, as one channel ref ([sum N_i, H]), from the
+        clips' features side by side ([mel, sum of ``frames``])."""
         out = await self.audio.encode(
-            input_features=torch.cat(features, dim=1), feature_lens=lengths
+            input_features=await take(features), feature_lens=torch.tensor(frames)
         )
-        self.clips += len(features)
+        self.clips += len(frames)
         return put_in_place(self.channel, _like(out.embeds), lambda rows: rows.copy_(out.embeds))
 
     async def encode_images(self, pixels: TensorRef, grid_thw: torch.Tensor) -> TensorRef:
