@@ -35,6 +35,14 @@ class DecodeJob:
         """The stream's final job: nothing of it follows."""
         return self.keep_samples is None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Jobs travel to the codec stage as handle arguments, one call per chunk: a torch
+        tensor pickles and loads in ~100 us, its numpy array in ~15."""
+        return {**self.__dict__, "codes": self.codes.cpu().numpy()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, codes=torch.from_numpy(state["codes"].copy()))  # writable
+
 
 class ChunkPlanner:
     """Per-stream bookkeeping: which frames are decoded, and with what context."""
