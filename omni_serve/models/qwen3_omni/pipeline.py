@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import numpy as np
+import torch
 
 from omni_serve.engines.codec.chunked import ChunkPlanner, DecodeJob
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
@@ -27,8 +28,8 @@ class StageClients(Protocol):
         """The Thinker's chunks (text replies)."""
 
     def speak(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``) of one
-        spoken reply, the Talker following the Thinker token by token."""
+        """Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``: a list of
+        ints per frame) of one spoken reply, the Talker following the Thinker token by token."""
 
     async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]: ...
 
@@ -143,7 +144,7 @@ async def stream_chat(
         if event.get("kind", "text") == "codes":
             timings.setdefault("first_frame_s", time.perf_counter() - start)
             timings["last_frame_s"] = time.perf_counter() - start  # the Talker's end
-            jobs = planner.push(event["codes"][:, None])
+            jobs = planner.push(torch.tensor(event["codes"])[:, None])
             pieces = await clients.code2wav(jobs) if jobs else []
         else:
             tokens += event["token_ids"]

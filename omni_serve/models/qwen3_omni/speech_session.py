@@ -33,7 +33,9 @@ async def speak(
     *,
     drop_rows: Callable[[Any], None],
 ) -> AsyncIterator[dict[str, Any]]:
-    """Yields Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``).
+    """Yields Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``, the frame's
+    codes as a list of ints: one event per frame crosses to the ingress, and a torch tensor
+    costs ~100 us to pickle and load against a few us for the list).
 
     ``sampling(prompt_len)`` gives the Talker's sampling; ``resolve_rows`` turns the Thinker's
     prompt-rows reference (``TOKEN_EMBEDDINGS`` for a prompt without media: nothing to resolve)
@@ -48,7 +50,7 @@ async def speak(
         try:
             async for chunk in stream:
                 if "codes" in chunk.outputs:
-                    await out.put({"kind": "codes", "codes": chunk.outputs["codes"]})
+                    await out.put({"kind": "codes", "codes": chunk.outputs["codes"].tolist()})
         except Exception as exc:
             await out.put(exc)
         finally:

@@ -89,7 +89,7 @@ async def test_codes_match_transformers(talker_parts, reference_runs, kind, size
         )
     ]  # fmt: skip
     await engine.shutdown()
-    codes = torch.stack([e["codes"] for e in events if e["kind"] == "codes"], dim=1)
+    codes = torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
     assert torch.equal(codes, run.codes)
     text_tokens = [t for e in events if e["kind"] == "text" for t in e["token_ids"]]
     assert text_tokens == run.generated
@@ -115,7 +115,7 @@ async def test_a_prompt_without_media_speaks_from_the_token_embeddings(
         )
     ]  # fmt: skip
     await engine.shutdown()
-    codes = torch.stack([e["codes"] for e in events if e["kind"] == "codes"], dim=1)
+    codes = torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
     assert torch.equal(codes, run.codes)
 
 
@@ -169,7 +169,7 @@ async def test_given_reply_speaks_exactly_those_tokens(talker_parts, reference_r
         )
     ]  # fmt: skip
     await engine.shutdown()
-    codes = torch.stack([e["codes"] for e in events if e["kind"] == "codes"], dim=1)
+    codes = torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
     assert torch.equal(codes, run.codes)
 
 
