@@ -46,11 +46,11 @@ class EncoderDeployment:
         self.clips += len(frames)
         return put_in_place(self.channel, _like(out.embeds), lambda rows: rows.copy_(out.embeds))
 
-    async def encode_images(self, pixels: TensorRef, grid_thw: torch.Tensor) -> TensorRef:
+    async def encode_images(self, pixels: TensorRef, grid_thw: list[list[int]]) -> TensorRef:
         """Rows of every image, in prompt order: [sum N_i, H * (1 + deepstack levels)]."""
         patches = await take(pixels)
-        out = await self.vision.encode(pixel_values=patches, grid_thw=grid_thw)
-        self.clips += int(grid_thw.shape[0])
+        out = await self.vision.encode(pixel_values=patches, grid_thw=torch.tensor(grid_thw))
+        self.clips += len(grid_thw)
         parts = [out.embeds, *out.deepstack]
         width = sum(p.shape[-1] for p in parts)
         return put_in_place(

@@ -79,6 +79,12 @@ class ChatOptions:
     session_kv: str | None = None  # the session's last exported KV prefix, for the Thinker
 
 
+def _listed(small: torch.Tensor | None) -> list | None:
+    """A request's small tensors (grids, lengths) as lists: they ride stage calls, and a torch
+    tensor takes ~100 us to pickle and load, a short list a few."""
+    return None if small is None else small.tolist()
+
+
 async def stream_chat(
     clients: StageClients, prompt: PreparedPrompt, options: ChatOptions, request_id: str
 ) -> AsyncIterator[ChatEvent]:
@@ -98,13 +104,14 @@ async def stream_chat(
         # Image-only prompts: images by the encoder stage. Prompts with audio AND images stay
         # with the Thinker: vLLM 0.32 cannot mix raw audio with image embeddings in one
         # request, and an embeddings prompt cannot carry image inputs.
-        image_rows = await clients.encode_images(prompt.image_pixels, prompt.image_grid_thw)
+        grid = _listed(prompt.image_grid_thw)
+        image_rows = await clients.encode_images(prompt.image_pixels, grid)
         if image_rows is not None:
             media = {k: v for k, v in prompt.multi_modal_data.items() if k != "image"}
             thinker_request.update(
                 multi_modal_data=media or None,
                 image_rows=image_rows,
-                image_grid_thw=prompt.image_grid_thw,
+                image_grid_thw=grid,
             )
             timings["encoder_s"] = time.perf_counter() - start
     elif prompt.audio_features:
@@ -126,8 +133,8 @@ async def stream_chat(
                 "prompt_ids": expanded_ids,
                 "voice": options.voice,
                 "sampling": options.talker_sampling,
-                "image_grid_thw": prompt.image_grid_thw,
-                "audio_seqlens": prompt.audio_seqlens,
+                "image_grid_thw": _listed(prompt.image_grid_thw),
+                "audio_seqlens": _listed(prompt.audio_seqlens),
                 "reply_ids": options.reply_ids,
             }
         )

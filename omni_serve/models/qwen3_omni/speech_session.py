@@ -23,6 +23,11 @@ from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS, TalkerI
 _END = object()
 
 
+def _tensor(small: Any) -> torch.Tensor | None:
+    """A request's grid or lengths (lists on the wire) as the tensor the builder takes."""
+    return None if small is None else torch.as_tensor(small)
+
+
 async def speak(
     thinker_chunks: AsyncIterator[dict[str, Any]],
     engine: TorchAREngine,
@@ -100,8 +105,8 @@ async def speak(
             embed_rows, accept_rows = rows[layers[0]], rows[layers[-1]]
         prompt = builder.build_prompt(
             prompt_ids, embed_rows, accept_rows, tokens[0], request["voice"],
-            image_grid_thw=request.get("image_grid_thw"),
-            audio_seqlens=request.get("audio_seqlens"),
+            image_grid_thw=_tensor(request.get("image_grid_thw")),
+            audio_seqlens=_tensor(request.get("audio_seqlens")),
         )  # fmt: skip
         ar = ARRequest(
             request_id, prompt_embeds=prompt.embeds, sampling=sampling(len(prompt.embeds)),
