@@ -115,7 +115,13 @@ _overflowed = False
 
 def _overflow(full: ChannelFull) -> Channel:
     """Where a payload goes when the backend auto picked is full: the object store, which any
-    replica reads (slower, but the request is answered). Said once per process."""
+    replica reads (slower, but the request is answered). Said once per process. Not from a
+    process outside Ray (vLLM's engine core, exporting KV blocks), where ``ray.put`` would start
+    a Ray instance of its own: there ``full`` is raised."""
+    import ray
+
+    if not ray.is_initialized():
+        raise full
     global _overflowed
     if not _overflowed:
         _overflowed = True

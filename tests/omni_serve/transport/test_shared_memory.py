@@ -275,3 +275,21 @@ def test_a_full_shm_is_a_channel_full_error_not_a_crash(small_shm):
     lines = done.stdout.splitlines()
     assert lines[:2] == ["fits 1", "fits 1"], lines
     assert "no room for a 16 MiB segment" in lines[2] and "--shm-size" in lines[2], lines
+
+
+def test_outside_ray_a_full_shm_is_raised_not_sent_to_a_ray_of_its_own(monkeypatch, fresh_pool):
+    """vLLM's engine core (the KV connector's exports) is no Ray worker: ``ray.put`` there
+    would start a Ray instance; the connector logs the export as failed instead."""
+    import ray
+
+    def full(size, pooled):
+        raise shm.ChannelFull("no room for a segment in /dev/shm")
+
+    def no_put(*args, **kwargs):
+        raise AssertionError("ray.put from a process outside Ray")
+
+    monkeypatch.setattr(shm, "_create", full)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "put", no_put)
+    with pytest.raises(shm.ChannelFull, match="no room"):
+        AutoChannel(inline_max_bytes=1024).put(torch.zeros(4096))
