@@ -36,7 +36,14 @@ from omni_serve.models.qwen3_omni.talker_inputs import (
 from omni_serve.models.qwen3_omni.thinker_inputs import splice_rows
 from omni_serve.transport import ChannelError, TensorRef, release, take
 from omni_serve.transport.base import cat_into, put_in_place
-from omni_serve.transport.kv_blocks import EXPORT_KEY, MEDIA_KEY, PREFIX_KEY, PROMPT_KEY
+from omni_serve.transport.kv_blocks import (
+    CHANNEL_KEY,
+    EXPORT_KEY,
+    MEDIA_KEY,
+    PREFIX_KEY,
+    PROMPT_KEY,
+    export_backend,
+)
 from omni_serve.transport.session_prefixes import decode_prefix, free_prefix
 
 log = logging.getLogger("ray.serve")
@@ -159,6 +166,9 @@ class ThinkerDeployment:
             free_prefix(offered)
             return None
         params: dict[str, Any] = {EXPORT_KEY: True}
+        backend = export_backend(self.session_channel)
+        if backend is not None:
+            params[CHANNEL_KEY] = backend
         if spliced is not None:
             params[PROMPT_KEY], params[MEDIA_KEY] = list(request["prompt_ids"]), spliced
         if offered and not capturing:

@@ -86,15 +86,19 @@ class AutoChannel:
         except ChannelFull as exc:
             return _overflow(exc).reserve(like, device)
 
+    def spans_hosts(self) -> bool:
+        """Whether the cluster runs on more than one host (checked once a minute)."""
+        if time.monotonic() - self._checked > LOCALITY_TTL_S:
+            self._local, self._checked = cluster_is_one_host(), time.monotonic()
+        return not self._local
+
     def _large(self, device: torch.device | None = None, nbytes: int = 0) -> Channel:
         if self.large is not None:
             return self.large
         on_gpu = device is not None and device.type == "cuda" and self.gpu_consumer
         if on_gpu and nbytes >= GPU_DIRECT_MIN_BYTES and nixl_available():
             return DirectChannel()
-        if time.monotonic() - self._checked > LOCALITY_TTL_S:
-            self._local, self._checked = cluster_is_one_host(), time.monotonic()
-        if self._local:
+        if not self.spans_hosts():
             return _BACKENDS["shared_memory"]()
         if nixl_available():
             return DirectChannel(gpu_consumer=self.gpu_consumer)

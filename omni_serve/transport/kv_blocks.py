@@ -13,10 +13,14 @@ from __future__ import annotations
 import base64
 import pickle
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from omni_serve.transport.base import Channel, TensorRef, put_in_place
+
+if TYPE_CHECKING:
+    from omni_serve.transport import AutoChannel
 
 # Keys of vLLM's per-request kv_transfer_params (omni_serve.engines.ar.kv_connector).
 EXPORT_KEY = "omni_kv_export"  # in: put this prompt's whole blocks on the channel
@@ -25,6 +29,9 @@ PREFIX_KEY = "omni_kv"  # in: load this encoded KVPrefix; out: the exported one
 # [(offset, identity)] of the media items spliced into it, to match prefixes on
 PROMPT_KEY = "omni_kv_prompt"
 MEDIA_KEY = "omni_kv_media"
+# in, with EXPORT_KEY: the backend to put this export on, named by a process that sees the
+# cluster (the engine's own process is no Ray worker: see ``export_backend``)
+CHANNEL_KEY = "omni_kv_channel"
 
 
 @dataclass
@@ -141,3 +148,17 @@ def put_prefix(
     )  # fmt: skip
     tokens = list(token_ids[: len(block_ids) * block_size])
     return KVPrefix(tokens, block_size, ref, mm_ids, layout)
+
+
+def export_backend(edge_channel: Channel | AutoChannel) -> str | None:
+    """The backend for a KV export that an engine makes outside Ray (vLLM's engine process),
+    named by the stage that owns the engine: ``auto`` there cannot see the cluster's hosts and
+    picks shared memory, which a replica on another host cannot read. So "direct" while the
+    cluster spans hosts (and NIXL is installed; the object store needs Ray), else None: the
+    engine's own choice (an edge that pins a backend has the engine use it already)."""
+    from omni_serve.compat.nixl import nixl_available
+    from omni_serve.transport import AutoChannel
+
+    if isinstance(edge_channel, AutoChannel) and edge_channel.spans_hosts() and nixl_available():
+        return "direct"
+    return None

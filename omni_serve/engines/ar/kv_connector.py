@@ -8,7 +8,9 @@ builds it all).
 
 - Export: a request whose ``kv_transfer_params`` has ``{"omni_kv_export": true}`` puts the
   whole blocks of its prompt on the channel once its prefill is done, and its final output's
-  ``kv_transfer_params`` carries ``{"omni_kv": <encoded KVPrefix>}``.
+  ``kv_transfer_params`` carries ``{"omni_kv": <encoded KVPrefix>}``. ``"omni_kv_channel"``
+  names another backend for that export (``kv_blocks.export_backend``: this process is no Ray
+  worker and cannot tell whether the cluster spans hosts).
 - Import: a request whose ``kv_transfer_params`` has that ``omni_kv`` entry (on any engine of
   the same model) loads the blocks its prompt shares with the prefix instead of computing them.
   A ref is taken once (one import per export); a prefix that no longer matches, or a ref that
@@ -44,6 +46,7 @@ from vllm.v1.request import RequestStatus
 from omni_serve.engines.ar.kv_layout import cache_layout
 from omni_serve.transport import ChannelError, make_channel, release, take
 from omni_serve.transport.kv_blocks import (
+    CHANNEL_KEY,
     EXPORT_KEY,
     MEDIA_KEY,
     PREFIX_KEY,
@@ -79,6 +82,7 @@ class _Export:
     block_ids: list[int]
     token_ids: list[int]
     mm_ids: list[str]
+    channel: str | None = None  # the request's CHANNEL_KEY: a backend other than the engine's
 
 
 @dataclass
@@ -148,6 +152,8 @@ class ChannelKVConnector(KVConnectorBase_V1):
         # worker side
         worker = role == KVConnectorRole.WORKER
         self._channel = make_channel(backend, int(inline)) if worker else None
+        self._inline = int(inline)
+        self._named_channels: dict[str, Any] = {}  # exports that name their backend
         self._caches: dict[str, torch.Tensor] = {}
         self._dims: dict[str, int] = {}
         self._exported: dict[str, str] = {}
@@ -235,7 +241,8 @@ class ChannelKVConnector(KVConnectorBase_V1):
         blocks = self._block_ids.pop(req_id)[: len(prompt) // self.block_size]
         if blocks:
             tokens = len(blocks) * self.block_size
-            meta.exports.append(_Export(req_id, blocks, prompt, _mm_ids(request, tokens)))
+            channel = (request.kv_transfer_params or {}).get(CHANNEL_KEY)
+            meta.exports.append(_Export(req_id, blocks, prompt, _mm_ids(request, tokens), channel))
 
     def update_connector_output(self, connector_output: Any) -> None:
         worker_meta = connector_output.kv_connector_worker_meta
@@ -330,14 +337,22 @@ class ChannelKVConnector(KVConnectorBase_V1):
         assert isinstance(meta, ChannelKVMetadata)
         for export in meta.exports:
             try:
-                prefix = put_prefix(self._channel, self._caches, self._dims, export.block_ids,
-                                    export.token_ids, self.block_size, export.mm_ids,
-                                    self.layout)  # fmt: skip
-            except (ChannelError, OSError, RuntimeError) as exc:  # the request still answers
+                prefix = put_prefix(self._export_channel(export.channel), self._caches,
+                                    self._dims, export.block_ids, export.token_ids,
+                                    self.block_size, export.mm_ids, self.layout)  # fmt: skip
+            except (ChannelError, OSError, RuntimeError, ValueError) as exc:  # still answers
                 logger.warning("KV prefix of %s not exported: %s", export.req_id, exc)
                 self._exported[export.req_id] = ""
                 continue
             self._exported[export.req_id] = prefix.encode()
+
+    def _export_channel(self, name: str | None) -> Any:
+        """The engine's channel, or the one an export names (ValueError: no such backend)."""
+        if name is None:
+            return self._channel
+        if name not in self._named_channels:
+            self._named_channels[name] = make_channel(name, self._inline)
+        return self._named_channels[name]
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         if not self._exported:

@@ -66,3 +66,26 @@ def test_scatter_refuses_blocks_from_another_model():
 def test_matching_tokens(prompt, mm, expected):
     prefix = KVPrefix(list(range(12)), BLOCK, ref=None, mm_ids=["img-a"])  # type: ignore[arg-type]
     assert prefix.matching_tokens(prompt, mm) == expected
+
+
+@pytest.mark.parametrize(
+    ("spans_hosts", "nixl", "expected"),
+    [(False, True, None), (True, True, "direct"), (True, False, None)],
+)
+def test_an_export_made_outside_ray_is_sent_direct_while_the_cluster_spans_hosts(
+    monkeypatch, spans_hosts, nixl, expected
+):
+    """Named by the Thinker for its engine, which cannot see the hosts; one host: the engine's
+    own choice (shared memory); no NIXL: nothing crosses hosts from there (the object store
+    needs Ray), the next turn recomputes."""
+    import time
+
+    from omni_serve.compat import nixl as nixl_compat
+    from omni_serve.transport import AutoChannel, SharedMemoryChannel
+    from omni_serve.transport.kv_blocks import export_backend
+
+    monkeypatch.setattr(nixl_compat, "nixl_available", lambda: nixl)
+    auto = AutoChannel()
+    auto._local, auto._checked = not spans_hosts, time.monotonic()  # as checked a moment ago
+    assert export_backend(auto) == expected
+    assert export_backend(SharedMemoryChannel()) is None  # a pinned edge: the engine pins it too

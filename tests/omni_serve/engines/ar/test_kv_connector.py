@@ -20,7 +20,7 @@ from omni_serve.engines.ar.kv_connector import (  # noqa: E402
     ChannelKVConnector,
     ChannelKVWorkerMetadata,
 )
-from omni_serve.transport import ChannelError, make_channel  # noqa: E402
+from omni_serve.transport import ChannelError, make_channel, take  # noqa: E402
 from omni_serve.transport.kv_blocks import KVPrefix  # noqa: E402
 
 BLOCK = 4
@@ -235,3 +235,37 @@ def test_a_cache_view_not_of_blocks_or_their_kernel_blocks_is_refused_at_start(s
     assert worker._caches["layer.0"][5, :, 0, 0, 0].tolist() == [10.0, 11.0]
     with pytest.raises(ValueError, match="not supported"):
         worker.register_kv_caches({"layer.0": torch.zeros(shape)})
+
+
+@pytest.mark.parametrize(("named", "backend"), [(None, "inline"), ("direct", "direct")])
+def test_an_export_goes_on_the_backend_its_request_names(named, backend):
+    """The Thinker names "direct" when the cluster spans hosts: this process (vLLM's engine)
+    is no Ray worker, and its own auto choice would be shared memory."""
+    from omni_serve.transport.kv_blocks import CHANNEL_KEY
+
+    params = {"omni_kv_export": True, **({CHANNEL_KEY: named} if named else {})}
+    scheduler = ChannelKVConnector(_config(), KVConnectorRole.SCHEDULER, NS(num_blocks=32))
+    scheduler.on_new_request(request("a", list(range(8)), params))
+    meta = scheduler.build_connector_meta(step(new=[("a", [1, 2], 0)], scheduled={"a": 8}))
+    worker = ChannelKVConnector(_config(), KVConnectorRole.WORKER, NS(num_blocks=32))
+    worker.register_kv_caches({"layer.0": torch.arange(32 * 64.0).view(32, 2, 4, 8)})
+    worker.bind_connector_metadata(meta)
+    worker.wait_for_save()
+    prefix = KVPrefix.decode(worker.build_connector_worker_meta().prefixes["a"])
+    assert prefix.ref.backend == backend
+    blocks = asyncio.run(take(prefix.ref))
+    assert torch.equal(blocks["layer.0"], torch.arange(32 * 64.0).view(32, 2, 4, 8)[[1, 2]])
+
+
+def test_an_export_naming_no_such_backend_is_not_made_and_the_request_goes_on():
+    from omni_serve.transport.kv_blocks import CHANNEL_KEY
+
+    scheduler = ChannelKVConnector(_config(), KVConnectorRole.SCHEDULER, NS(num_blocks=32))
+    params = {"omni_kv_export": True, CHANNEL_KEY: "carrier_pigeon"}
+    scheduler.on_new_request(request("a", list(range(8)), params))
+    meta = scheduler.build_connector_meta(step(new=[("a", [1, 2], 0)], scheduled={"a": 8}))
+    worker = ChannelKVConnector(_config(), KVConnectorRole.WORKER, NS(num_blocks=32))
+    worker.register_kv_caches({"layer.0": torch.zeros(32, 2, 4, 8)})
+    worker.bind_connector_metadata(meta)
+    worker.wait_for_save()
+    assert worker.build_connector_worker_meta().prefixes == {"a": ""}  # "": not exported
