@@ -1,0 +1,54 @@
+"""The ingress's stage clients send media to the encoder on the tensor channel, never as
+pickled handle arguments."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from deployments.ingress import _HandleClients
+from omni_serve.transport import TensorRef, take
+
+
+class RecordingMethod:
+    """A handle method: records its arguments and, as the stage would, takes the ref it got
+    before answering (the caller frees what its callee did not read)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.taken: list[torch.Tensor] = []
+
+    def remote(self, ref, *args):
+        self.calls.append((ref, *args))
+
+        async def respond():
+            self.taken.append(await take(ref))
+            return "rows-ref"
+
+        return respond()
+
+
+def clients() -> tuple[_HandleClients, types.SimpleNamespace]:
+    stream = types.SimpleNamespace(options=lambda **_: None)
+    encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_images=RecordingMethod())
+    handles = {"thinker": stream, "talker": stream, "code2wav": None, "encoder": encoder}
+    return _HandleClients(handles), encoder
+
+
+async def test_audio_features_reach_the_encoder_as_one_channel_ref_and_their_lengths():
+    ingress, encoder = clients()
+    features = [torch.randn(128, 300), torch.randn(128, 7)]  # 3 s and a short clip
+    assert await ingress.encode_audio(features) == "rows-ref"
+    [(ref, frames)] = encoder.encode_audio.calls
+    assert isinstance(ref, TensorRef) and frames == [300, 7]
+    assert torch.equal(encoder.encode_audio.taken[0], torch.cat(features, dim=1))
+
+
+async def test_image_patches_go_on_the_channel_and_the_grid_as_a_list():
+    ingress, encoder = clients()
+    pixels = torch.randn(64, 32)
+    await ingress.encode_images(pixels, [[1, 8, 8]])
+    [(ref, grid)] = encoder.encode_images.calls
+    assert isinstance(ref, TensorRef) and grid == [[1, 8, 8]]
+    assert torch.equal(encoder.encode_images.taken[0], pixels)
