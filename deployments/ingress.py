@@ -111,7 +111,7 @@ class _HandleClients:
         self._talker = handles["talker"].options(stream=True)
         self._code2wav = handles["code2wav"]
         self._encoder = handles.get("encoder")
-        self._channel = make_channel()  # image patches and audio features to the encoder
+        self._channel = make_channel()  # media to the encoder (or to the Thinker, if it encodes)
         self._codec_info: dict[str, Any] | None = None
 
     def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -139,6 +139,9 @@ class _HandleClients:
             return None
         ref = self._channel.put(pixels)
         return await handle_calls.call(self._encoder.encode_images, ref, grid_thw)
+
+    def put(self, payload: dict[str, torch.Tensor]) -> Any:
+        return self._channel.put(payload)
 
     async def codec_info(self) -> dict[str, Any]:
         if self._codec_info is None:

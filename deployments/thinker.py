@@ -21,6 +21,7 @@ from omni_serve.api.errors import StageRejectedInput
 from omni_serve.engines.ar.base import ARRequest, PromptRejected, SamplingConfig
 from omni_serve.engines.ar.vllm_engine import VLLMEngine, channel_kv_transfer_config
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
+from omni_serve.models.qwen3_omni.media_payload import media_from_payload
 from omni_serve.models.qwen3_omni.session_rows import (
     SessionRows,
     assemble,
@@ -111,7 +112,11 @@ class ThinkerDeployment:
         try:
             request = self._take_session_rows(request, turn)
             prompt: dict[str, Any] = {"prompt_token_ids": request["prompt_ids"]}
-            media = dict(request.get("multi_modal_data") or {})
+            raw = request.get("multi_modal_data") or {}
+            if request.get("media") is not None:  # raw media on the channel (the pipeline's)
+                shipped = request["media"]
+                raw = media_from_payload(await take(shipped["ref"]), shipped["layout"])
+            media = dict(raw)
             spliced: list[tuple[int, str]] | None = None
             if request.get("audio_rows") is not None:
                 rows = await take(request["audio_rows"])
@@ -128,7 +133,7 @@ class ThinkerDeployment:
                 }
             if layers and self.session_kv and request.get("session_id"):
                 turn.media = media_digests(
-                    request.get("multi_modal_data"), spliced, image_rows,
+                    raw, spliced, image_rows,
                     request.get("image_grid_thw"), self.merge_size,
                 )  # fmt: skip
             # A spoken turn reads caches only where the previous one's rows can stand in.

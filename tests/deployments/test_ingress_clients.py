@@ -52,3 +52,12 @@ async def test_image_patches_go_on_the_channel_and_the_grid_as_a_list():
     [(ref, grid)] = encoder.encode_images.calls
     assert isinstance(ref, TensorRef) and grid == [[1, 8, 8]]
     assert torch.equal(encoder.encode_images.taken[0], pixels)
+
+
+async def test_put_puts_a_payload_on_the_ingress_channel():
+    ingress, _ = clients()
+    payload = {"audio.0": torch.randn(160_000), "image.0": torch.zeros(8, 8, 3, dtype=torch.uint8)}
+    ref = ingress.put(payload)
+    assert isinstance(ref, TensorRef)
+    taken = await take(ref)
+    assert all(torch.equal(taken[k], payload[k]) for k in payload)

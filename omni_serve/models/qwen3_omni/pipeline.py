@@ -20,6 +20,7 @@ import torch
 
 from omni_serve.engines.codec.chunked import ChunkPlanner, DecodeJob
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
+from omni_serve.models.qwen3_omni.media_payload import media_payload
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
 
 
@@ -44,6 +45,10 @@ class StageClients(Protocol):
     async def encode_images(self, pixels: Any, grid_thw: Any) -> Any | None:
         """A channel ref to the vision tower's rows (deepstack features concatenated on the
         last dim), or None without an encoder stage."""
+
+    def put(self, payload: dict[str, torch.Tensor]) -> Any:
+        """A channel ref to ``payload`` for a stage to take (the caller of the call that
+        carries it frees it if the stage never reads it)."""
 
 
 @dataclass
@@ -89,6 +94,9 @@ async def stream_chat(
     clients: StageClients, prompt: PreparedPrompt, options: ChatOptions, request_id: str
 ) -> AsyncIterator[ChatEvent]:
     start = time.perf_counter()
+    # First, before any channel ref exists: refs are freed when the call carrying them ends,
+    # and a failure between making one and starting that call would strand it.
+    info = await clients.codec_info() if options.want_audio else {}
     thinker_request = {
         "request_id": request_id,
         "prompt_ids": prompt.prompt_ids,
@@ -122,6 +130,11 @@ async def stream_chat(
             )
             expanded_ids = prompt.expanded_ids
             timings["encoder_s"] = time.perf_counter() - start
+    if thinker_request["multi_modal_data"]:  # media the Thinker encodes itself
+        tensors, layout = media_payload(thinker_request["multi_modal_data"])
+        thinker_request.update(
+            multi_modal_data=None, media={"ref": clients.put(tensors), "layout": layout}
+        )
     text, tokens, reason, n_cached, session_kv = [], [], "stop", 0, None
     n_prompt = len(expanded_ids)
     first_audio = True
@@ -138,7 +151,6 @@ async def stream_chat(
                 "reply_ids": options.reply_ids,
             }
         )
-        info = await clients.codec_info()
         planner = ChunkPlanner(
             info["samples_per_frame"], first_chunk=info["first_chunk_frames"],
             chunk=info["chunk_frames"], growth=info["chunk_growth"],

@@ -1,32 +1,40 @@
 """What the chat pipeline sends to its stages: only small plain values and channel refs, since
-every stage call pickles its arguments (a torch tensor ~100 us to pickle and load)."""
+every stage call pickles its arguments (a torch tensor ~100 us to pickle and load; an image
+or an audio clip is megabytes)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
+from PIL import Image
 
+from omni_serve.models.qwen3_omni.media_payload import media_from_payload
 from omni_serve.models.qwen3_omni.pipeline import ChatOptions, collect, stream_chat
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
+from omni_serve.models.qwen3_omni.session_rows import digest
 
 
-def tensors_in(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
+def heavy_values_in(value: Any) -> list[Any]:
+    """Tensors, arrays and images at any depth of a call's arguments."""
+    if isinstance(value, torch.Tensor | np.ndarray | Image.Image):
         return [value]
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, list | tuple):
-        return [t for item in value for t in tensors_in(item)]
+        return [t for item in value for t in heavy_values_in(item)]
     return []
 
 
 class RecordingClients:
     """The stages, recording what reaches them; the Talker says one frame and one token."""
 
-    def __init__(self) -> None:
+    def __init__(self, encoder: bool = True) -> None:
         self.sent: dict[str, Any] = {}
+        self.encoder = encoder
+        self.put_payloads: list[dict[str, torch.Tensor]] = []
 
     def thinker(self, request: dict[str, Any]):
         raise AssertionError("a spoken reply goes through the Talker")
@@ -54,7 +62,11 @@ class RecordingClients:
 
     async def encode_images(self, pixels, grid_thw):
         self.sent["encode_images"] = grid_thw
-        return "image-rows-ref"
+        return "image-rows-ref" if self.encoder else None
+
+    def put(self, payload):
+        self.put_payloads.append(payload)
+        return f"ref-{len(self.put_payloads)}"
 
 
 async def test_a_spoken_image_turn_sends_the_stages_no_torch_tensors():
@@ -66,9 +78,60 @@ async def test_a_spoken_image_turn_sends_the_stages_no_torch_tensors():
     result = await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
     assert result.text == "hi" and len(result.audio) == 4
     speak = clients.sent["speak"]
-    assert tensors_in(speak) == [], speak
+    assert heavy_values_in(speak) == [], speak
     assert speak["image_grid_thw"] == [[1, 4, 4]] and speak["audio_seqlens"] == [7]
     assert speak["thinker"]["image_rows"] == "image-rows-ref"
     assert clients.sent["encode_images"] == [[1, 4, 4]]
     [[job]] = clients.sent["code2wav"]
     assert torch.equal(job.codes, torch.arange(16)[:, None])  # the frame, as a tensor again
+
+
+def clip() -> np.ndarray:
+    return np.linspace(-1, 1, 1600, dtype=np.float32)
+
+
+def image() -> Image.Image:
+    return Image.fromarray(np.full((8, 8, 3), 7, np.uint8))
+
+
+@pytest.mark.parametrize(
+    ("media", "encoder"),
+    [
+        ({"audio": (clip(), 16000), "image": image()}, True),  # vLLM encodes a mix itself
+        ({"image": [image(), image()]}, False),  # a graph without an encoder stage
+    ],
+    ids=["audio-with-image", "no-encoder-stage"],
+)
+async def test_media_the_thinker_encodes_goes_on_the_channel(media, encoder):
+    prompt = PreparedPrompt(
+        [1, 2, 3], media, image_grid_thw=torch.tensor([[1, 4, 4]]),
+        audio_seqlens=torch.tensor([7]), counts={"image": 1, "audio": int("audio" in media)},
+        image_pixels=torch.zeros(16, 8),
+    )  # fmt: skip
+    clients = RecordingClients(encoder=encoder)
+    await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    thinker = clients.sent["speak"]["thinker"]
+    assert heavy_values_in(clients.sent["speak"]) == [], clients.sent["speak"]
+    assert thinker["multi_modal_data"] is None and thinker["media"]["ref"] == "ref-1"
+    [payload] = clients.put_payloads
+    rebuilt = media_from_payload(payload, thinker["media"]["layout"])
+    assert rebuilt.keys() == media.keys()
+    assert all(digest(rebuilt[kind]) == digest(media[kind]) for kind in media)
+
+
+async def test_no_ref_is_made_before_the_codec_is_known():
+    """A failure before the stage call starts must strand no channel ref: refs are freed when
+    the call carrying them ends, and a call never made never ends."""
+
+    class NoCodec(RecordingClients):
+        async def codec_info(self):
+            raise RuntimeError("code2wav unavailable")
+
+    clients = NoCodec()
+    media = {"audio": (clip(), 16000), "image": image()}
+    prompt = PreparedPrompt(
+        [1], media, counts={"audio": 1, "image": 1}, image_pixels=torch.zeros(4, 2)
+    )
+    with pytest.raises(RuntimeError, match="code2wav"):
+        await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    assert clients.put_payloads == [] and "encode_images" not in clients.sent
