@@ -40,7 +40,8 @@ def media_payload(media: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
         layout["image"] = {"count": len(images), "many": many}
         for i, image in enumerate(images):
             # RGB, as the API decodes every image (omni_serve.api.media.load_image).
-            tensors[f"image.{i}"] = torch.from_numpy(np.array(image.convert("RGB")))
+            rgb = image if image.mode == "RGB" else image.convert("RGB")
+            tensors[f"image.{i}"] = torch.from_numpy(np.array(rgb))
     return tensors, layout
 
 

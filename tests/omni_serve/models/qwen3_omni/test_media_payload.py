@@ -56,6 +56,13 @@ async def test_media_round_trips_the_channel_in_vllms_form(name, backend):
         assert isinstance(image, Image.Image) and image.mode == "RGB"
 
 
+def test_an_image_in_another_mode_arrives_as_rgb():
+    gray = Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8))
+    tensors, layout = media_payload({"image": gray})
+    image = media_from_payload(tensors, layout)["image"]
+    assert image.mode == "RGB" and np.array_equal(np.array(image), np.array(gray.convert("RGB")))
+
+
 def test_the_layout_is_small_and_plain():
     """Only the layout rides the calls: no arrays or images in it."""
     _, layout = media_payload(MEDIA["clips and images"])
