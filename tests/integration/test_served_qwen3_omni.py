@@ -164,6 +164,26 @@ def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_p
     assert abs(samples - expected).max() <= 1e-4 + 1 / 32767  # 16-bit WAV quantisation
 
 
+def test_media_the_thinker_encodes_leave_no_shared_memory_in_use(served):
+    """User story: prompts mixing audio and an image (the Thinker encodes those itself) send
+    their media over shared memory (1.5 s of audio and an image: 114 KB, past the inline
+    size), and every segment is handed back once the replies are out."""
+    from omni_serve.testing.abuse import wait_for
+    from omni_serve.testing.leaks import shm_usage
+
+    body = {"model": "qwen3-omni", "messages": [{"role": "user", "content": _data_urls("mixed")}],
+            "max_tokens": 2, "temperature": 0}  # fmt: skip
+    assert httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120).status_code == 200
+    time.sleep(1)  # its consumers hand back what they read
+    before = shm_usage()  # other edges' last payloads may still be held by their consumers
+    for _ in range(4):
+        r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+    after = wait_for(lambda: (u := shm_usage()).in_use <= before.in_use and u, 10,
+                     "the media segments handed back")  # fmt: skip
+    assert after.segments == before.segments  # one after another: the same segment reused
+
+
 def _chat_body(**extra) -> dict:
     body = {
         "model": "qwen3-omni",
