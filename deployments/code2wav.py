@@ -1,16 +1,20 @@
-"""Code2wav stage: batched codec decode of chunk jobs to 24 kHz PCM."""
+"""Code2wav stage: batched codec decode of chunk jobs to 24 kHz PCM. Each chunk goes back on
+the tensor channel: a steady 2 s chunk is 188 KB, past what Ray returns inline, so as a
+pickled return value it went through the object store (a call returning one, two-actor probe,
+medians of 55: 2.5-3.6 ms pickled, 2.1-2.2 ms as a channel ref taken and copied out)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-import numpy as np
+import torch
 from ray import serve
 
-from deployments.common import torch_stage
+from deployments.common import edge_channel, torch_stage
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
+from omni_serve.transport import TensorRef
 
 
 @serve.deployment
@@ -23,6 +27,7 @@ class Code2WavDeployment:
             device=setup.device,
         )  # fmt: skip
         self.decode_batched.set_max_batch_size(stage.engine.max_batch_size)
+        self.channel = edge_channel(setup.config, stage_name)
         # Streaming chunk plan (engine args): small first chunk, growing to the steady size.
         args = stage.engine.args
         self.chunking = {
@@ -41,17 +46,18 @@ class Code2WavDeployment:
             **self.chunking,
         }
 
-    async def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
-        return list(await self.decode_batched(jobs))
+    async def decode(self, jobs: list[DecodeJob]) -> list[TensorRef]:
+        """One channel ref per job: its float32 PCM."""
+        return [self.channel.put(audio) for audio in await self.decode_batched(jobs)]
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def decode_batched(self, requests: list[list[DecodeJob]]) -> list[list[np.ndarray]]:
+    async def decode_batched(self, requests: list[list[DecodeJob]]) -> list[list[torch.Tensor]]:
         """Jobs of concurrent callers decode as one padded batch (causal codec: exact)."""
         flat = [job for jobs in requests for job in jobs]
         self.batches += 1
         self.max_batch = max(self.max_batch, len(requests))
         began = time.perf_counter()
-        audio = [a.numpy() for a in self.codec.run(flat)]
+        audio = list(self.codec.run(flat))
         self.decode_s += time.perf_counter() - began
         out, i = [], 0
         for jobs in requests:

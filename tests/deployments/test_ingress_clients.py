@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import types
 
+import numpy as np
+import pytest
 import torch
 
 from deployments.ingress import _HandleClients
-from omni_serve.transport import TensorRef, take
+from omni_serve.transport import ChannelError, SharedMemoryChannel, TensorRef, take
 
 
 class RecordingMethod:
@@ -29,10 +31,24 @@ class RecordingMethod:
         return respond()
 
 
-def clients() -> tuple[_HandleClients, types.SimpleNamespace]:
+class Answering:
+    """A handle method that answers with ``answer``."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+
+    def remote(self, *args):
+        async def respond():
+            return self.answer
+
+        return respond()
+
+
+def clients(code2wav_refs: list[TensorRef] | None = None):
     stream = types.SimpleNamespace(options=lambda **_: None)
     encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_images=RecordingMethod())
-    handles = {"thinker": stream, "talker": stream, "code2wav": None, "encoder": encoder}
+    code2wav = types.SimpleNamespace(decode=Answering(code2wav_refs))
+    handles = {"thinker": stream, "talker": stream, "code2wav": code2wav, "encoder": encoder}
     return _HandleClients(handles), encoder
 
 
@@ -61,3 +77,29 @@ async def test_put_puts_a_payload_on_the_ingress_channel():
     assert isinstance(ref, TensorRef)
     taken = await take(ref)
     assert all(torch.equal(taken[k], payload[k]) for k in payload)
+
+
+async def test_code2wav_chunks_arrive_as_arrays_and_their_segments_go_back_at_once():
+    """Chunks come back on the channel; the ingress copies them out, so Code2wav's segments
+    are free while the reply is still being assembled (a view would hold one per chunk)."""
+    channel = SharedMemoryChannel()
+    chunks = [torch.randn(48_000), torch.randn(96_000)]  # 2 s and 4 s at 24 kHz
+    refs = [channel.put(chunk) for chunk in chunks]
+    ingress, _ = clients(code2wav_refs=refs)
+    audio = await ingress.code2wav(["job"] * 2)
+    assert all(isinstance(a, np.ndarray) for a in audio)
+    assert all(np.array_equal(a, c.numpy()) for a, c in zip(audio, chunks, strict=True))
+    for ref in refs:  # freed, with the arrays still alive
+        with pytest.raises(ChannelError, match="freed"):
+            await take(ref)
+
+
+async def test_code2wav_chunks_not_taken_are_freed_when_taking_fails():
+    channel = SharedMemoryChannel()
+    gone, waiting = channel.put(torch.randn(48_000)), channel.put(torch.randn(48_000))
+    channel.free(gone)
+    ingress, _ = clients(code2wav_refs=[gone, waiting])
+    with pytest.raises(ChannelError):
+        await ingress.code2wav(["job"] * 2)
+    with pytest.raises(ChannelError, match="freed"):
+        await take(waiting)
