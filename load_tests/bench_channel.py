@@ -42,14 +42,19 @@ import torch
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 RESULTS = Path(__file__).parent / "results"
 SIZES = {"4KB": 4 << 10, "1MB": 1 << 20, "16MB": 16 << 20, "64MB": 64 << 20, "256MB": 256 << 20}
-BACKENDS = ["auto", "shared_memory", "direct", "direct_tcp", "object_store", "pickled", "copy"]
+BACKENDS = ["auto", "shared_memory", "direct", "direct_tcp", "object_store", "pickled", "copy",
+            "auto_read", "copy_read"]  # fmt: skip
 # direct_tcp: the direct backend with UCX limited to TCP, the wire it uses between two hosts
 # (its actors run with UCX_TLS=tcp); the cross-host throughput this machine can measure.
 TCP_ONLY = {"env_vars": {"UCX_TLS": "tcp"}}
 # Rounds that are not a channel of their own. "copy": the producer copies the tensor into a
 # private buffer and the calls carry only its size: the floor for any channel that copies once,
 # since a copy inside a round runs with caches the two calls (and the other actor) just used.
-EXTRA = {"pickled": None, "direct_tcp": "direct", "copy": None}
+EXTRA = {"pickled": None, "direct_tcp": "direct", "copy": None, "auto_read": "auto",
+         "copy_read": None}  # fmt: skip
+# "_read": the consumer also reads the whole payload (a sum), as a stage does; the copy round's
+# consumer reads a private tensor of the size. What a read costs beyond reading memory the
+# consumer has mapped (a fresh mapping's pages fault in) shows as auto_read minus copy_read.
 # Streamed too (one node): the backends a one-host edge would use, and the references.
 STREAM_BACKENDS = ["auto", "object_store", "pickled", "copy"]
 STREAM_BURST_BYTES = 256 << 20
@@ -88,26 +93,33 @@ def memcpy_gbps(nbytes: int, repeats: int, cold: bool = False) -> float:
 
 def in_process_ms(nbytes: int, repeats: int) -> dict[str, float]:
     """The shared-memory put and take alone, in one process: what a round costs beyond the
-    two actor calls."""
+    two actor calls; and what reading the taken payload costs the first time (its pages fault
+    into the consumer's fresh mapping) and the second (mapped), which rounds do not count
+    (their consumer answers the size without reading)."""
     import asyncio
 
     from omni_serve.transport import SharedMemoryChannel, take
 
     channel, tensor = SharedMemoryChannel(), torch.ones(nbytes // 4)
 
-    async def rounds() -> tuple[list[float], list[float]]:
-        puts, takes = [], []
+    async def rounds() -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {"put": [], "take": [], "read": [], "reread": []}
         for _ in range(repeats + 1):
-            start = time.perf_counter()
+            marks = [time.perf_counter()]
             ref = channel.put(tensor)
-            middle = time.perf_counter()
-            await take(ref)  # the tensor dies here: the segment goes back
-            puts.append(middle - start)
-            takes.append(time.perf_counter() - middle)
-        return puts[1:], takes[1:]  # the first put faults the new segment's pages in
+            marks.append(time.perf_counter())
+            taken = await take(ref)
+            marks.append(time.perf_counter())
+            for _ in ("read", "reread"):
+                taken.sum()
+                marks.append(time.perf_counter())
+            del taken  # the segment goes back
+            for name, start, end in zip(times, marks[:-1], marks[1:], strict=True):
+                times[name].append(end - start)
+        return times  # the first put faults the new segment's pages in: dropped below
 
-    puts, takes = asyncio.run(rounds())
-    return {"put_ms": statistics.median(puts) * 1e3, "take_ms": statistics.median(takes) * 1e3}
+    times = asyncio.run(rounds())
+    return {f"{name}_ms": statistics.median(t[1:]) * 1e3 for name, t in times.items()}
 
 
 def start_ray(cross_node: bool):
@@ -161,7 +173,7 @@ def main() -> int:
             tensor = self.tensors[nbytes]
             if backend == "pickled":
                 return tensor
-            if backend == "copy":  # the channel's own copy routine, into private memory
+            if backend in ("copy", "copy_read"):  # the channel's copy, into private memory
                 from omni_serve.transport.copying import copy_bytes
 
                 copy_bytes(self.copies[nbytes].view(torch.uint8), tensor.view(torch.uint8))
@@ -183,13 +195,18 @@ def main() -> int:
     class Consumer:
         def __init__(self) -> None:
             torch.set_num_threads(1)
+            self.private = {n: torch.ones(n // 4) for n in SIZES.values()}
 
-        async def get(self, ref) -> int:
+        async def get(self, ref, read: bool = False) -> int:
             from omni_serve.transport import take
 
             if isinstance(ref, int):  # the "copy" round: nothing travels
+                if read:
+                    self.private[ref].sum()
                 return ref
             tensor = ref if isinstance(ref, torch.Tensor) else await take(ref)
+            if read:
+                tensor.sum()
             return tensor.numel() * tensor.element_size()
 
         async def noop(self, _=None) -> None:  # async like get: the same kind of call
@@ -206,7 +223,8 @@ def main() -> int:
     def timed_round(nbytes: int, backend: str) -> float:
         producer, consumer = pairs["tcp" if backend == "direct_tcp" else "default"]
         start = time.perf_counter()
-        got = ray.get(consumer.get.remote(producer.put.remote(nbytes, backend)))
+        read = backend.endswith("_read")
+        got = ray.get(consumer.get.remote(producer.put.remote(nbytes, backend), read))
         assert got == nbytes
         return time.perf_counter() - start
 
@@ -303,6 +321,16 @@ def one_node_targets(rows: list[dict]) -> dict:
             r["size"]: r["copy"]["transfer_gbps"] / r["memcpy_gbps"] for r in big
         },
         "added_ms_at_4KB": rows[0]["auto"]["added_ms"],
+        "read_ms_beyond_private_read_by_size": {  # what reading a taken payload costs extra
+            r["size"]: r["auto_read"]["added_ms"]
+            - r["auto"]["added_ms"]
+            - (r["copy_read"]["added_ms"] - r["copy"]["added_ms"])
+            for r in rows
+        },
+        "auto_read_over_copy_read_round_by_size": {
+            r["size"]: r["auto_read"]["transfer_gbps"] / r["copy_read"]["transfer_gbps"]
+            for r in big
+        },
         "auto_stream_over_memcpy_by_size": {
             r["size"]: r["auto"]["stream_gbps"] / r["memcpy_gbps"] for r in big
         },

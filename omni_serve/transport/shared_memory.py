@@ -58,6 +58,7 @@ from omni_serve.transport.base import (
     payload_spec,
     unpack,
 )
+from omni_serve.transport.shm_readers import ReaderMappings
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "omni-shm-"
@@ -217,6 +218,8 @@ def _create(size: int, pooled: bool) -> _Segment:
 
 _pool = _SegmentPool()
 atexit.register(_pool.close)
+_readers = ReaderMappings()
+os.register_at_fork(after_in_child=_readers.forget)
 _live_views: dict[tuple[str, int], int] = {}  # consumer side: mappings not yet released
 
 
@@ -344,12 +347,13 @@ class SharedMemoryChannel:
                 raise ChannelError(f"ref {ref.key} was freed")
             _set_state(fd, READ)
             # Copy-on-write: consumers get writable tensors without touching the segment.
-            view = mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+            array, unread = _readers.array(path, fd, size, keep=pooled)
         key = (ref.key, generation)
         _live_views[key] = _live_views.get(key, 0) + 1
-        weakref.finalize(view, _views_gone, key, path, pooled)
-        # Every tensor views the one mapping, which lives until the last of them dies.
-        return unpack(torch.frombuffer(view, dtype=torch.uint8), ref, offsets, keys)
+        weakref.finalize(array, unread)
+        weakref.finalize(array, _views_gone, key, path, pooled)
+        # Every tensor views the one array, which lives until the last of them dies.
+        return unpack(torch.from_numpy(array), ref, offsets, keys)
 
     def free(self, ref: TensorRef) -> None:
         """Done with ``ref``: its segment is released now, or when this process's tensors
