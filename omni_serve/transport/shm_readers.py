@@ -14,8 +14,9 @@ cannot be read, every read gets a fresh mapping, as before.
 
 A kept mapping serves a read only when no tensor still views it (else that read gets a fresh
 one), the kept ones stay within ``OMNI_SHM_READER_MAP_BYTES`` (least recently used go first),
-and one whose segment is gone (evicted by its producer, or the producer exited) is dropped at
-the next sweep: it would keep the segment's memory alive.
+and one whose segment is gone (evicted by its producer, or the producer exited) is dropped
+within ``SWEEP_EVERY_S`` by a helper thread, reads or not: it keeps the segment's memory alive
+(a /dev/shm that producers freed room in would stay full).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 
 PAGE = mmap.PAGESIZE
 KEEP_BYTES = int(os.environ.get("OMNI_SHM_READER_MAP_BYTES", 2 << 30))
-SWEEP_EVERY_S = 30.0
+SWEEP_EVERY_S = 5.0
 _PRESENT, _SWAPPED, _FILE = np.uint64(1 << 63), np.uint64(1 << 62), np.uint64(1 << 61)
 
 
@@ -101,7 +102,8 @@ class ReaderMappings:
         self.kept: OrderedDict[str, _Kept] = OrderedDict()
         self.lock = threading.RLock()  # RLock: a finalizer may run inside a locked section
         self.enabled: bool | None = None  # decided on first use
-        self.last_sweep = time.monotonic()
+        self.sweeper: threading.Thread | None = None
+        self.directory: Path | None = None
         self.reused = 0  # reads served by a kept mapping (tests, benchmarks)
 
     def array(self, path: Path, fd: int, size: int, keep: bool) -> tuple[np.ndarray, Callable]:
@@ -113,7 +115,11 @@ class ReaderMappings:
             return np.frombuffer(_private_mapping(fd, size), dtype=np.uint8), _nothing
         name = path.name
         with self.lock:
-            self._sweep_if_due(path.parent)
+            if self.sweeper is None:
+                self.directory = path.parent
+                self.sweeper = threading.Thread(target=self._sweep_every, daemon=True,
+                                                name="omni-shm-readers")  # fmt: skip
+                self.sweeper.start()
             kept = self.kept.get(name)
             if kept is not None and kept.readers == 0 and len(kept.view) == size:
                 for first, end in written_pages(kept.view):
@@ -142,13 +148,17 @@ class ReaderMappings:
         with self.lock:  # from a finalizer, any thread; reentrant if it runs inside a section
             kept.readers -= 1
 
-    def _sweep_if_due(self, directory: Path) -> None:
-        if time.monotonic() - self.last_sweep < SWEEP_EVERY_S:
-            return
-        self.last_sweep = time.monotonic()
-        for name in [n for n, k in self.kept.items() if k.readers == 0]:
-            if not (directory / name).exists():
-                self._drop(name)
+    def _sweep_every(self) -> None:
+        while True:
+            time.sleep(SWEEP_EVERY_S)
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Drop idle mappings whose segment is gone."""
+        with self.lock:
+            for name in [n for n, k in self.kept.items() if k.readers == 0]:
+                if not (self.directory / name).exists():
+                    self._drop(name)
 
     def _drop(self, name: str) -> None:
         kept = self.kept.pop(name)
@@ -159,6 +169,7 @@ class ReaderMappings:
         """In a forked child: the parent's mappings are not this process's to reuse."""
         self.kept = OrderedDict()
         self.lock = threading.RLock()
+        self.sweeper = None  # the parent's thread does not exist here
 
 
 def _nothing() -> None:
