@@ -73,7 +73,7 @@ def _pagemap_works(directory: Path) -> bool:
     except OSError:
         return False
     try:
-        os.ftruncate(fd, 2 * PAGE)
+        os.posix_fallocate(fd, 0, 2 * PAGE)  # no room: ENOSPC here, not a SIGBUS on reading
         view = _private_mapping(fd, 2 * PAGE)
         try:
             _ = view[0]  # first page: mapped from the file
@@ -122,8 +122,13 @@ class ReaderMappings:
                 self.sweeper.start()
             kept = self.kept.get(name)
             if kept is not None and kept.readers == 0 and len(kept.view) == size:
-                for first, end in written_pages(kept.view):
-                    kept.view.madvise(mmap.MADV_DONTNEED, first * PAGE, (end - first) * PAGE)
+                try:
+                    for first, end in written_pages(kept.view):
+                        kept.view.madvise(mmap.MADV_DONTNEED, first * PAGE, (end - first) * PAGE)
+                except OSError:  # cannot tell the written pages any more: map afresh from now
+                    self.enabled = False
+                    self._drop(name)
+                    return np.frombuffer(_private_mapping(fd, size), dtype=np.uint8), _nothing
                 self.kept.move_to_end(name)
                 self.reused += 1
             elif kept is None and self._room_for(size):

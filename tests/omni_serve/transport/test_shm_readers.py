@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from omni_serve.transport import SharedMemoryChannel, take
+from omni_serve.transport import SharedMemoryChannel, shm_readers, take
 from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.shm_readers import PAGE, ReaderMappings, written_pages
 
@@ -101,3 +101,18 @@ async def test_a_forked_child_keeps_none_of_its_parents_mappings():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     del held
+
+
+async def test_when_pagemap_stops_answering_reads_map_afresh(readers, monkeypatch):
+    channel = SharedMemoryChannel()
+    taken = await take(channel.put(torch.zeros(1 << 18)))
+    taken.fill_(-1.0)
+    del taken
+    gc.collect()
+
+    def unreadable(view):
+        raise PermissionError("pagemap")
+
+    monkeypatch.setattr(shm_readers, "written_pages", unreadable)
+    again = await take(channel.put(torch.ones(1 << 18)))
+    assert bool((again == 1.0).all()) and readers.enabled is False and not readers.kept
