@@ -112,8 +112,8 @@ class ThinkerDeployment:
         try:
             request = self._take_session_rows(request, turn)
             prompt: dict[str, Any] = {"prompt_token_ids": request["prompt_ids"]}
-            raw = request.get("multi_modal_data") or {}
-            if request.get("media") is not None:  # raw media on the channel (the pipeline's)
+            raw: dict[str, Any] = {}  # media vLLM encodes here, sent on the channel
+            if request.get("media") is not None:
                 shipped = request["media"]
                 raw = media_from_payload(await take(shipped["ref"]), shipped["layout"])
             media = dict(raw)

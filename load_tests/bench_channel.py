@@ -1,7 +1,7 @@
 """Tensor channel benchmark: one payload from a producer actor to a consumer actor, per backend
 and size, against plain pickled arguments and a single-thread memcpy in the same run.
 
-    .venv/bin/python load_tests/bench_channel.py     # ~40 s
+    .venv/bin/python load_tests/bench_channel.py     # ~85 s
     .venv/bin/python load_tests/bench_channel.py --cross-node     # ~2 min
 
 A round is: the producer ``put``s a preallocated float32 tensor (the copy into the channel is
@@ -12,7 +12,8 @@ the tensor itself as the actor-call argument (what a DeploymentHandle call does 
 same with UCX held to TCP, as between two hosts.
 Added latency = round minus the same two calls with no payload, measured in pairs (an empty
 round right before each payload round); "gbps" counts the whole round,
-"transfer_gbps" only the added part. "stream_gbps" (one node; auto, object_store, pickled,
+"transfer_gbps" only the added part. In "auto_read" and "copy_read" rounds the consumer also
+reads (sums) what it got, as a stage does. "stream_gbps" (one node; auto, object_store, pickled,
 copy): bursts of payloads sent back to back, all in flight, as a stage streaming chunks sends
 them. Writes
 load_tests/results/bench_channel.json and prints a table. Targets (issue 5): the chosen

@@ -350,7 +350,8 @@ class SharedMemoryChannel:
             array, unread = _readers.array(path, fd, size, keep=pooled)
         key = (ref.key, generation)
         _live_views[key] = _live_views.get(key, 0) + 1
-        weakref.finalize(array, unread)
+        if unread is not None:  # a kept mapping: free for the next read once this dies
+            weakref.finalize(array, unread)
         weakref.finalize(array, _views_gone, key, path, pooled)
         # Every tensor views the one array, which lives until the last of them dies.
         return unpack(torch.from_numpy(array), ref, offsets, keys)

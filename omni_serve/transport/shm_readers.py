@@ -106,13 +106,16 @@ class ReaderMappings:
         self.directory: Path | None = None
         self.reused = 0  # reads served by a kept mapping (tests, benchmarks)
 
-    def array(self, path: Path, fd: int, size: int, keep: bool) -> tuple[np.ndarray, Callable]:
+    def array(
+        self, path: Path, fd: int, size: int, keep: bool
+    ) -> tuple[np.ndarray, Callable[[], None] | None]:
         """A new uint8 array over the segment at ``path`` (``fd`` open; the caller holds its
-        lock), and what to call when it dies. ``keep``: a pooled segment, worth keeping."""
+        lock), and what to call when it dies (None: a mapping of its own, which dies with
+        it). ``keep``: a pooled segment, worth keeping."""
         if self.enabled is None:
             self.enabled = _pagemap_works(path.parent)
         if not (keep and self.enabled):
-            return np.frombuffer(_private_mapping(fd, size), dtype=np.uint8), _nothing
+            return np.frombuffer(_private_mapping(fd, size), dtype=np.uint8), None
         name = path.name
         with self.lock:
             if self.sweeper is None:
@@ -128,13 +131,13 @@ class ReaderMappings:
                 except OSError:  # cannot tell the written pages any more: map afresh from now
                     self.enabled = False
                     self._drop(name)
-                    return np.frombuffer(_private_mapping(fd, size), dtype=np.uint8), _nothing
+                    return np.frombuffer(_private_mapping(fd, size), dtype=np.uint8), None
                 self.kept.move_to_end(name)
                 self.reused += 1
             elif kept is None and self._room_for(size):
                 kept = self.kept[name] = _Kept(_private_mapping(fd, size))
             else:  # still viewed by earlier reads, or no room: a mapping of its own
-                return np.frombuffer(_private_mapping(fd, size), dtype=np.uint8), _nothing
+                return np.frombuffer(_private_mapping(fd, size), dtype=np.uint8), None
             kept.readers += 1
         return np.frombuffer(kept.view, dtype=np.uint8), lambda: self._unread(kept)
 
@@ -175,7 +178,3 @@ class ReaderMappings:
         self.kept = OrderedDict()
         self.lock = threading.RLock()
         self.sweeper = None  # the parent's thread does not exist here
-
-
-def _nothing() -> None:
-    return None

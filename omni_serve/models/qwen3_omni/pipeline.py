@@ -100,7 +100,6 @@ async def stream_chat(
     thinker_request = {
         "request_id": request_id,
         "prompt_ids": prompt.prompt_ids,
-        "multi_modal_data": prompt.multi_modal_data,
         "sampling": options.sampling,
         "capture": options.want_audio,
         "session_id": options.session_id,
@@ -108,6 +107,7 @@ async def stream_chat(
     }
     expanded_ids = prompt.prompt_ids  # media placeholders expanded by the Thinker's processor
     timings: dict[str, float] = {}
+    raw_media = prompt.multi_modal_data  # what the Thinker encodes itself
     if prompt.image_pixels is not None and not prompt.counts.get("audio"):
         # Image-only prompts: images by the encoder stage. Prompts with audio AND images stay
         # with the Thinker: vLLM 0.32 cannot mix raw audio with image embeddings in one
@@ -115,26 +115,19 @@ async def stream_chat(
         grid = _listed(prompt.image_grid_thw)
         image_rows = await clients.encode_images(prompt.image_pixels, grid)
         if image_rows is not None:
-            media = {k: v for k, v in prompt.multi_modal_data.items() if k != "image"}
-            thinker_request.update(
-                multi_modal_data=media or None,
-                image_rows=image_rows,
-                image_grid_thw=grid,
-            )
+            raw_media = {k: v for k, v in raw_media.items() if k != "image"}
+            thinker_request.update(image_rows=image_rows, image_grid_thw=grid)
             timings["encoder_s"] = time.perf_counter() - start
     elif prompt.audio_features:
         audio_rows = await clients.encode_audio(prompt.audio_features)
         if audio_rows is not None:
-            thinker_request.update(
-                prompt_ids=prompt.expanded_ids, multi_modal_data=None, audio_rows=audio_rows
-            )
+            raw_media = {}
+            thinker_request.update(prompt_ids=prompt.expanded_ids, audio_rows=audio_rows)
             expanded_ids = prompt.expanded_ids
             timings["encoder_s"] = time.perf_counter() - start
-    if thinker_request["multi_modal_data"]:  # media the Thinker encodes itself
-        tensors, layout = media_payload(thinker_request["multi_modal_data"])
-        thinker_request.update(
-            multi_modal_data=None, media={"ref": clients.put(tensors), "layout": layout}
-        )
+    if raw_media:  # on the channel, never as call arguments (media_payload.py)
+        tensors, layout = media_payload(raw_media)
+        thinker_request["media"] = {"ref": clients.put(tensors), "layout": layout}
     text, tokens, reason, n_cached, session_kv = [], [], "stop", 0, None
     n_prompt = len(expanded_ids)
     first_audio = True
