@@ -9,7 +9,7 @@ through the mapping it used before, the pages it touched are mapped already.
 Copy-on-write still holds. The mapping is private, so a page a reader wrote is its own copy;
 before the mapping serves the next payload those copies are dropped (``MADV_DONTNEED``: they
 fault in again from the segment). ``/proc/self/pagemap`` says which pages they are (present
-and not backed by the file, or swapped out); reading it costs ~17 us per MB here. Where it
+and not backed by the file, or swapped out); reading it costs 11-19 us per MB here. Where it
 cannot be read, every read gets a fresh mapping, as before.
 
 A kept mapping serves a read only when no tensor still views it (else that read gets a fresh
