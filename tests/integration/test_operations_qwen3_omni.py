@@ -210,7 +210,10 @@ def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(serve
     replacement replica and succeeds instead of failing with EngineDeadError."""
     seen = engine_view()
     what = f"one Thinker replica with its vLLM engine (at the start: {seen})"
-    pid, engine = wait_for(thinker_with_engine, 120, what)
+    try:
+        pid, engine = wait_for(thinker_with_engine, 240, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; at the end: {engine_view()}; {thinker_log(served)}") from None
     os.kill(engine, signal.SIGKILL)
     unhealthy = wait_for(lambda: (r := httpx.get(f"{URL}/health", timeout=10)).status_code == 503
                          and r, 30, "/health reports the Thinker")  # fmt: skip
@@ -222,15 +225,36 @@ def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(serve
 
 def thinker_with_engine() -> tuple[int, int] | None:
     """(replica pid, engine pid) once the Thinker has one replica and it has its engine: an
-    earlier test's replacement may still be starting (its engine is spawned late in init)."""
+    earlier test's replacement may still be starting (its engine is spawned late in init).
+    Engines whose parent is no replica are not the app's: the integration session's own
+    (tests/integration/conftest.py) runs under pytest."""
     pids = replica_pids("thinker")
     engines = [p for p in engine_core_pids() if parent_pid(p) in pids]
     return (pids.pop(), engines[0]) if len(pids) == 1 and len(engines) == 1 else None
 
 
+def thinker_log(served: ServeProcess) -> str:
+    """What Serve's controller said about the Thinker, and each Thinker replica's last lines
+    (where a replica that never got its engine stopped)."""
+    lines = served.tail(1_000_000).splitlines()
+    said = [line[-200:] for line in lines if "controller" in line and "'thinker'" in line]
+    tails = {pid: [line[-200:] for line in lines if f"thinker pid={pid})" in line][-8:]
+             for pid in replica_pids("thinker")}  # fmt: skip
+    return f"Serve said: {said[-12:]}; the replicas' last lines: {tails}"
+
+
 def engine_view() -> str:
-    engines = [(p, parent_pid(p)) for p in engine_core_pids()]
+    """What a failure needs to name its cause: the replicas, and each engine's parent process."""
+    engines = [(p, parent, process_args(parent)) for p in engine_core_pids()
+               for parent in [parent_pid(p)]]  # fmt: skip
     return f"Thinker replicas {replica_pids('thinker')}, engines and their parents {engines}"
+
+
+def process_args(pid: int) -> str:
+    """The command line (title) of a process and its state letter, '' once it has exited."""
+    out = subprocess.run(["ps", "-o", "stat=,args=", "-p", str(pid)], capture_output=True,
+                         text=True)  # fmt: skip
+    return out.stdout.strip()[:120]
 
 
 def engine_core_pids() -> list[int]:
