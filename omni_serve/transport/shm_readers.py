@@ -9,13 +9,15 @@ through the mapping it used before, the pages it touched are mapped already.
 Copy-on-write still holds. The mapping is private, so a page a reader wrote is its own copy;
 before the mapping serves the next payload those copies are dropped (``MADV_DONTNEED``: they
 fault in again from the segment). ``/proc/self/pagemap`` says which pages they are (present
-and not backed by the file, or swapped out); reading it costs 11-19 us per MB here. Where it
-cannot be read, every read gets a fresh mapping, as before.
+and not backed by the file, or swapped out); reading it costs 11-19 us per MB here, so the helper
+thread does it as soon as the last reader's arrays die, off the next read's path (a read that
+comes first cleans the mapping itself). Where pagemap cannot be read, every read gets a fresh
+mapping, as before.
 
 A kept mapping serves a read only when no tensor still views it (else that read gets a fresh
 one), the kept ones stay within ``OMNI_SHM_READER_MAP_BYTES`` (least recently used go first),
 and one whose segment is gone (evicted by its producer, or the producer exited) is dropped
-within ``SWEEP_EVERY_S`` by a helper thread, reads or not: it keeps the segment's memory alive
+within ``SWEEP_EVERY_S`` by that helper thread, reads or not: it keeps the segment's memory alive
 (a /dev/shm that producers freed room in would stay full).
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -92,6 +95,7 @@ def _pagemap_works(directory: Path) -> bool:
 class _Kept:
     view: mmap.mmap
     readers: int = 0  # arrays handed out over it and still alive
+    clean: bool = True  # no page of it is this process's own copy (nothing written since)
 
 
 class ReaderMappings:
@@ -103,6 +107,7 @@ class ReaderMappings:
         self.lock = threading.RLock()  # RLock: a finalizer may run inside a locked section
         self.enabled: bool | None = None  # decided on first use
         self.sweeper: threading.Thread | None = None
+        self.unread: queue.SimpleQueue[str] = queue.SimpleQueue()  # mappings to clean
         self.directory: Path | None = None
         self.reused = 0  # reads served by a kept mapping (tests, benchmarks)
 
@@ -125,12 +130,7 @@ class ReaderMappings:
                 self.sweeper.start()
             kept = self.kept.get(name)
             if kept is not None and kept.readers == 0 and len(kept.view) == size:
-                try:
-                    for first, end in written_pages(kept.view):
-                        kept.view.madvise(mmap.MADV_DONTNEED, first * PAGE, (end - first) * PAGE)
-                except OSError:  # cannot tell the written pages any more: map afresh from now
-                    self.enabled = False
-                    self._drop(name)
+                if not self._clean(name, kept):  # pagemap stopped answering: map afresh
                     return np.frombuffer(_private_mapping(fd, size), dtype=np.uint8), None
                 self.kept.move_to_end(name)
                 self.reused += 1
@@ -139,7 +139,23 @@ class ReaderMappings:
             else:  # still viewed by earlier reads, or no room: a mapping of its own
                 return np.frombuffer(_private_mapping(fd, size), dtype=np.uint8), None
             kept.readers += 1
-        return np.frombuffer(kept.view, dtype=np.uint8), lambda: self._unread(kept)
+            kept.clean = False  # the reader may write to it
+        return np.frombuffer(kept.view, dtype=np.uint8), lambda: self._unread(name, kept)
+
+    def _clean(self, name: str, kept: _Kept) -> bool:
+        """Drop the pages readers wrote (the caller holds the lock); False if pagemap cannot
+        tell them any more (the mapping goes, and from now on every read maps afresh)."""
+        if kept.clean:
+            return True
+        try:
+            for first, end in written_pages(kept.view):
+                kept.view.madvise(mmap.MADV_DONTNEED, first * PAGE, (end - first) * PAGE)
+        except OSError:
+            self.enabled = False
+            self._drop(name)
+            return False
+        kept.clean = True
+        return True
 
     def _room_for(self, size: int) -> bool:
         """Drop idle mappings, least recently used first, until ``size`` more fits."""
@@ -152,14 +168,26 @@ class ReaderMappings:
                 self._drop(name)
         return used + size <= self.budget
 
-    def _unread(self, kept: _Kept) -> None:
+    def _unread(self, name: str, kept: _Kept) -> None:
         with self.lock:  # from a finalizer, any thread; reentrant if it runs inside a section
             kept.readers -= 1
+            if kept.readers == 0:
+                self.unread.put(name)  # SimpleQueue.put is safe in finalizers
 
     def _sweep_every(self) -> None:
+        """Clean mappings as their readers finish; sweep gone segments every SWEEP_EVERY_S."""
+        due = time.monotonic() + SWEEP_EVERY_S
         while True:
-            time.sleep(SWEEP_EVERY_S)
-            self.sweep()
+            try:
+                name = self.unread.get(timeout=max(0.0, due - time.monotonic()))
+            except queue.Empty:
+                self.sweep()
+                due = time.monotonic() + SWEEP_EVERY_S
+                continue
+            with self.lock:
+                kept = self.kept.get(name)
+                if kept is not None and kept.readers == 0:
+                    self._clean(name, kept)
 
     def sweep(self) -> None:
         """Drop idle mappings whose segment is gone."""
@@ -178,3 +206,4 @@ class ReaderMappings:
         self.kept = OrderedDict()
         self.lock = threading.RLock()
         self.sweeper = None  # the parent's thread does not exist here
+        self.unread = queue.SimpleQueue()
