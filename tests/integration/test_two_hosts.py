@@ -1,0 +1,163 @@
+"""User story: an operator runs stages on two hosts. Tensors between them take a backend that
+crosses hosts without being told (the default channel sees the cluster spans hosts), a
+conversation's next turn on a Thinker replica of the other host loads the KV its first turn
+exported there, and an edge pinned to shared memory fails with an error naming both hosts.
+
+The second host is a Ray node in namespaces of its own on this machine (network behind a veth
+pair, hostname, /dev/shm, IPC, PIDs: ``omni_serve.testing.two_hosts``), so nothing crosses but
+over the network, as between two machines."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni_serve.config.loading import load_pipeline_config
+from omni_serve.testing.two_hosts import HostsUnavailable, TwoHosts
+from omni_serve.transport.kv_blocks import KVPrefix
+
+pytestmark = pytest.mark.integration
+CONFIG = Path(__file__).parents[2] / "configs/pipelines/qwen3_omni_tiny.yaml"
+BLOCK = 128  # vLLM's CPU block size
+TURN_ONE = [(i * 7919) % 250 + 10 for i in range(300)]
+TURN_TWO = [*TURN_ONE, 42, 43, 44, 45, 46]
+
+
+@pytest.fixture(scope="module")
+def ray_on_two_hosts():
+    import ray
+
+    hosts = TwoHosts()
+    try:
+        hosts.start()
+    except HostsUnavailable as exc:  # needs root: ip netns, unshare, mount
+        pytest.skip(f"cannot make a second host here: {exc}")
+    ray.init(address=hosts.address, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    hosts.stop()
+
+
+def pinned(host: str) -> dict:
+    return {"num_cpus": 0, "resources": {host: 0.01}}
+
+
+def payload(nbytes: int) -> dict[str, torch.Tensor]:
+    return {"rows": torch.arange(nbytes // 4, dtype=torch.float32),
+            "mask": torch.ones(16, dtype=torch.bool)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def producer_and_consumer(ray_on_two_hosts):
+    ray = ray_on_two_hosts
+
+    @ray.remote
+    class Producer:
+        def put(self, backend: str, nbytes: int):
+            import socket
+
+            from omni_serve.transport import make_channel
+
+            return socket.gethostname(), make_channel(backend).put(payload(nbytes))
+
+    @ray.remote
+    class Consumer:
+        async def take(self, ref):
+            import socket
+
+            from omni_serve.transport import ChannelError, take
+
+            try:
+                got = await take(ref)
+            except ChannelError as exc:
+                return socket.gethostname(), str(exc)
+            return socket.gethostname(), got
+
+    producer = Producer.options(**pinned("host_a")).remote()
+    consumer = Consumer.options(**pinned("host_b")).remote()
+    return producer, consumer
+
+
+@pytest.mark.parametrize(
+    ("backend", "nbytes", "used"),
+    [("auto", 4 << 20, "direct"), ("auto", 4 << 10, "inline"),
+     ("object_store", 4 << 20, "object_store"), ("direct", 4 << 20, "direct")],
+)  # fmt: skip
+def test_a_payload_crosses_hosts(ray_on_two_hosts, producer_and_consumer, backend, nbytes, used):
+    ray = ray_on_two_hosts
+    producer, consumer = producer_and_consumer
+    made_on, ref = ray.get(producer.put.remote(backend, nbytes))
+    read_on, got = ray.get(consumer.take.remote(ref))
+    assert (made_on, read_on) == (socket.gethostname(), TwoHosts.hostname)
+    assert ref.backend == used
+    expected = payload(nbytes)
+    assert torch.equal(got["rows"], expected["rows"]) and torch.equal(got["mask"], expected["mask"])
+
+
+def test_a_shared_memory_ref_read_on_another_host_fails_naming_both(
+    ray_on_two_hosts, producer_and_consumer
+):
+    ray = ray_on_two_hosts
+    producer, consumer = producer_and_consumer
+    made_on, ref = ray.get(producer.put.remote("shared_memory", 4 << 20))
+    read_on, error = ray.get(consumer.take.remote(ref))
+    assert isinstance(error, str), "another host cannot map this host's shared memory"
+    assert f"lives on {made_on}, read on {read_on}" in error and "object_store" in error
+
+
+@pytest.fixture(scope="module")
+def thinkers(ray_on_two_hosts, tiny_omni_path):
+    """A Thinker replica on each host, built as Serve builds one, with the tiny pipeline's
+    session edge as it ships (the default channel), each engine on a core of its own."""
+    ray = ray_on_two_hosts
+
+    @ray.remote
+    class Thinker:
+        async def start(self, pipeline: dict) -> None:
+            from deployments.thinker import ThinkerDeployment
+
+            cls = ThinkerDeployment.func_or_class
+            self.replica = object.__new__(cls)
+            await cls.__init__(self.replica, pipeline)
+
+        async def turn(self, request_id: str, prompt: list[int], session_kv: str | None = None):
+            request = {
+                "request_id": request_id, "prompt_ids": prompt, "session_id": "s-hosts",
+                "session_kv": session_kv, "sampling": {"max_tokens": 4, "temperature": 0.0},
+            }  # fmt: skip
+            chunks = [chunk async for chunk in self.replica.generate(request)]
+            tokens = [t for c in chunks for t in c["token_ids"]]
+            return tokens, chunks[0]["num_cached_tokens"], chunks[-1].get("session_kv")
+
+        async def stop(self) -> None:
+            self.replica._watchdog.cancel()  # else it exits the actor when the engine stops
+            await self.replica.engine.shutdown()
+
+    replicas, started = [], []
+    for host, core in (("host_a", 0), ("host_b", 1)):
+        pipeline = load_pipeline_config(CONFIG).model_dump()
+        pipeline["model"] = str(tiny_omni_path)
+        [stage] = [s for s in pipeline["stages"] if s["name"] == "thinker"]
+        stage["deployment"]["cpu_cores"] = [core]
+        replicas.append(Thinker.options(**pinned(host)).remote())
+        started.append(replicas[-1].start.remote(pipeline))
+    ray.get(started)
+    yield replicas
+    ray.get([replica.stop.remote() for replica in replicas])
+
+
+def test_the_next_turn_on_the_other_hosts_thinker_loads_the_prefix(ray_on_two_hosts, thinkers):
+    """The export is made in vLLM's engine process, which cannot see the cluster: the Thinker
+    names the backend for it (direct while the cluster spans hosts)."""
+    ray = ray_on_two_hosts
+    here, there = thinkers
+    _, cached, exported = ray.get(here.turn.remote("t1", TURN_ONE))
+    assert cached == 0 and exported
+    assert KVPrefix.decode(exported).ref.backend == "direct"
+    tokens, cached, _ = ray.get(there.turn.remote("t2-elsewhere", TURN_TWO, exported))
+    assert cached == len(TURN_ONE) // BLOCK * BLOCK  # loaded over the network, not computed
+    reference, _, _ = ray.get(here.turn.remote("t2-reference", TURN_TWO))
+    assert tokens == reference
