@@ -202,3 +202,38 @@ async def test_a_spoken_turn_whose_kept_rows_are_gone_answers_without_caches(rep
     media = torch.tensor(turn_two) == audio
     torch.testing.assert_close(rows[first.accept_layer][media], ref_rows[first.accept_layer][media])
     free_prefix(exported_two)
+
+
+async def test_a_turn_whose_prefix_is_gone_answers_without_caches_and_says_so(replicas):
+    """The replica that exported turn one's KV is gone (scaled down: its segments went with
+    it), which only the read finds out: turn two computes its prompt, reports no cached
+    tokens, and answers the same. vLLM 0.32 would report the promised tokens as cached."""
+    first, second = replicas
+    prompt = [(i * 17) % 250 + 10 for i in range(300)]
+    _, _, exported = await _turn(first, "gone-1", prompt)
+    release(KVPrefix.decode(exported).ref)
+    tokens, cached, _ = await _turn(second, "gone-2", [*prompt, 5, 6], exported)
+    reference, _, _ = await _turn(first, "gone-2-reference", [*prompt, 5, 6])
+    assert cached == 0 and tokens == reference
+
+
+async def test_a_spoken_turn_whose_prefix_is_gone_gives_the_talker_the_right_rows(replicas):
+    """As above for a spoken turn whose kept rows are still there: the rows the Talker gets
+    are those of a from-scratch run, not rows of the failed load's forward in their place."""
+    first, second = replicas
+    audio, hidden = first.audio_token_id, first.embed_tokens.shape[1]
+    clips = torch.randn(190, hidden, generator=torch.Generator().manual_seed(3))
+    turn_one = [*TURN_ONE[20:120], *[audio] * 150, *TURN_ONE[120:220]]
+    turn_two = [*turn_one, *TURN_ONE[:30], *[audio] * 40, *TURN_ONE[30:50]]
+    _, _, exported, _ = await _spoken_turn(first, "x1", turn_one, clips[:150])
+    release(KVPrefix.decode(exported).ref)  # the KV is gone, the kept rows are not
+    tokens, cached, exported_two, rows = await _spoken_turn(
+        second, "x2-elsewhere", turn_two, clips, exported
+    )
+    reference, _, _, ref_rows = await _spoken_turn(first, "x2-ref", turn_two, clips, session=False)
+    assert cached == 0 and tokens == reference
+    media = torch.tensor(turn_two) == audio
+    torch.testing.assert_close(rows[first.accept_layer][media], ref_rows[first.accept_layer][media])
+    torch.testing.assert_close(rows[0][~media], ref_rows[0][~media])
+    assert _freed(exported, companion=True)  # unread, handed back at the turn's end
+    free_prefix(exported_two)

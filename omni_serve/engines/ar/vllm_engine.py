@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
 from omni_serve.engines.ar.vllm_capture import CAPTURE_KEY, decode_rows
+from omni_serve.transport.kv_blocks import PREFIX_KEY
+
+log = logging.getLogger(__name__)
 
 # CPU-friendly defaults; any key can be overridden by the stage's engine args.
 DEFAULT_ENGINE_ARGS: dict[str, Any] = {
@@ -43,6 +49,18 @@ def channel_kv_transfer_config(backend: str = "auto", inline_max_bytes: int = 64
     }
 
 
+def _offers_prefix(request: ARRequest) -> bool:
+    return bool((request.kv_transfer_params or {}).get(PREFIX_KEY))
+
+
+def _without_prefix(request: ARRequest) -> ARRequest:
+    """The request under a new id (vLLM's ids must not repeat) that loads nothing but still
+    exports, if it was to."""
+    params = {k: v for k, v in (request.kv_transfer_params or {}).items() if k != PREFIX_KEY}
+    return dataclasses.replace(request, request_id=f"{request.request_id}-unloaded",
+                               kv_transfer_params=params or None)  # fmt: skip
+
+
 def _check_single_worker(engine_args: dict[str, Any]) -> None:
     """The channel KV connector moves one worker's whole cache blocks; with tensor or pipeline
     parallel each worker holds a shard, and a prefix would load one shard into all of them."""
@@ -69,7 +87,13 @@ class VLLMEngine:
         self.engine_args = {**DEFAULT_ENGINE_ARGS, **(engine_args or {})}
         if kv_transfer_config is not None:
             _check_single_worker(self.engine_args)
-            self.engine_args["kv_transfer_config"] = kv_transfer_config
+            # vLLM 0.32 on "recompute": a request whose prefix blocks fail to load in the
+            # worker still counts them in num_cached_tokens, and the failed forward's hidden
+            # rows are captured next to the recompute's (a spoken turn's Talker got rows of
+            # the wrong positions). "fail" ends it with no output; generate() runs it again.
+            self.engine_args["kv_transfer_config"] = {
+                **kv_transfer_config, "kv_load_failure_policy": "fail"
+            }  # fmt: skip
         if capture_hidden:
             self.engine_args["worker_extension_cls"] = (
                 "omni_serve.engines.ar.vllm_capture.HiddenStateCaptureExtension"
@@ -138,6 +162,24 @@ class VLLMEngine:
         return prompt
 
     async def generate(self, request: ARRequest) -> AsyncIterator[ARChunk]:
+        """The request's chunks; one whose offered prefix could not be loaded (its producer
+        gone, say: vLLM fails it before any output) runs again at once without it."""
+        unloaded, yielded = None, False
+        async with contextlib.aclosing(self._generate_once(request)) as chunks:
+            async for chunk in chunks:
+                if chunk.finish_reason == "error" and not yielded and _offers_prefix(request):
+                    unloaded = _without_prefix(request)
+                    break
+                yielded = True
+                yield chunk
+        if unloaded is not None:
+            log.warning("request %s: its KV prefix could not be loaded; running it without",
+                        request.request_id)  # fmt: skip
+            async with contextlib.aclosing(self._generate_once(unloaded)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+
+    async def _generate_once(self, request: ARRequest) -> AsyncIterator[ARChunk]:
         if self._llm is None:
             raise RuntimeError("engine not started")
         if request.capture_layers and not self.capture_hidden:
