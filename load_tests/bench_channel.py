@@ -3,6 +3,7 @@ and size, against plain pickled arguments and a single-thread memcpy in the same
 
     .venv/bin/python load_tests/bench_channel.py     # ~85 s
     .venv/bin/python load_tests/bench_channel.py --cross-node     # ~2 min
+    .venv/bin/python load_tests/bench_channel.py --two-hosts     # ~3 min, as root
 
 A round is: the producer ``put``s a preallocated float32 tensor (the copy into the channel is
 counted) and returns the ref; the consumer ``get``s it and answers its size. "pickled" sends
@@ -26,6 +27,11 @@ store ref or a pickled argument is pulled by the consumer's node over the object
 the direct backend reads over UCX TCP), loopback standing in for the wire. Only the backends
 that cross nodes: ``auto`` picks shared memory on nodes that share a host (the same as the
 one-node run). Writes ``load_tests/results/bench_channel_cross_node.json``.
+
+``--two-hosts`` (root): the consumer's node on a second host made of namespaces on this machine
+(its own network behind a veth pair, hostname, /dev/shm and PIDs:
+``omni_serve.testing.two_hosts``), so ``auto`` sees two hosts and picks the direct backend, and
+UCX has nothing but TCP over the veth. Writes ``load_tests/results/bench_channel_two_hosts.json``.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ EXTRA = {"pickled": None, "direct_tcp": "direct", "copy": None, "auto_read": "au
 STREAM_BACKENDS = ["auto", "object_store", "pickled", "copy"]
 STREAM_BURST_BYTES = 256 << 20
 CROSS_NODE_BACKENDS = ["object_store", "direct_tcp", "pickled", "copy"]
+TWO_HOSTS_BACKENDS = ["auto", "object_store", "direct", "pickled", "copy"]
 NODE_STORE_BYTES = 2 << 30  # each node's object store: 256 MB payloads with room to spare
 COLD_SPAN = 512 << 20  # 16x the L3: a cold memcpy's buffers
 
@@ -123,13 +130,21 @@ def in_process_ms(nbytes: int, repeats: int) -> dict[str, float]:
     return {f"{name}_ms": statistics.median(t[1:]) * 1e3 for name, t in times.items()}
 
 
-def start_ray(cross_node: bool):
-    """Ray on one node, or two nodes of this machine (the cluster, to shut down after)."""
+def start_ray(mode: str):
+    """Ray on one node, on two nodes of this machine, or on two hosts made of namespaces;
+    what stops the nodes after, if anything."""
     import ray
 
-    if not cross_node:
+    if mode == "one_node":
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         return None
+    if mode == "two_hosts":
+        from omni_serve.testing.two_hosts import TwoHosts
+
+        hosts = TwoHosts(object_store_bytes=NODE_STORE_BYTES, shm_size="3g")
+        hosts.start()
+        ray.init(address=hosts.address, log_to_driver=False)
+        return hosts.stop
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={
@@ -138,7 +153,7 @@ def start_ray(cross_node: bool):
     })  # fmt: skip
     cluster.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=NODE_STORE_BYTES)
     ray.init(address=cluster.address, log_to_driver=False)
-    return cluster
+    return cluster.shutdown
 
 
 def main() -> int:
@@ -146,17 +161,22 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cross-node", action="store_true", help="producer, consumer on 2 nodes")
+    parser.add_argument("--two-hosts", action="store_true",
+                        help="producer, consumer on 2 hosts made of namespaces (root)")  # fmt: skip
     parser.add_argument("--copy-threads", type=int, default=None,
                         help="threads for the channel's copy (default: the library's)")  # fmt: skip
     args = parser.parse_args()
-    cross_node = args.cross_node
+    mode = "two_hosts" if args.two_hosts else "cross_node" if args.cross_node else "one_node"
     if args.copy_threads is not None:  # before Ray and the library start: workers inherit it
         os.environ["OMNI_CHANNEL_COPY_THREADS"] = str(args.copy_threads)
-    backends = CROSS_NODE_BACKENDS if cross_node else BACKENDS
-    cluster = start_ray(cross_node)
-    # Producer on one node, consumer on the other (cross-node), or both anywhere.
-    places = ({"resources": {"node_a": 0.1}}, {"resources": {"node_b": 0.1}}) if cross_node \
-        else ({}, {})  # fmt: skip
+    backends = {"one_node": BACKENDS, "cross_node": CROSS_NODE_BACKENDS,
+                "two_hosts": TWO_HOSTS_BACKENDS}[mode]  # fmt: skip
+    stop_nodes = start_ray(mode)
+    # Producer on one node (host), consumer on the other, or both anywhere.
+    places = {"one_node": ({}, {}),
+              "cross_node": ({"resources": {"node_a": 0.1}}, {"resources": {"node_b": 0.1}}),
+              "two_hosts": ({"resources": {"host_a": 0.1}}, {"resources": {"host_b": 0.1}}),
+              }[mode]  # fmt: skip
 
     @ray.remote(num_cpus=0)
     class Producer:
@@ -261,7 +281,7 @@ def main() -> int:
                 "gbps": nbytes / latency / 1e9,
                 "transfer_gbps": nbytes / max(latency - paired, 1e-6) / 1e9,
             }
-        if not cross_node:
+        if mode == "one_node":
             for backend in STREAM_BACKENDS:
                 row[backend]["stream_gbps"] = stream_gbps(producer, consumer, nbytes, backend)
         rows.append(row)
@@ -270,17 +290,19 @@ def main() -> int:
             f"{b} {row[b]['gbps']:6.2f} GB/s {row[b]['added_ms']:7.2f} ms" for b in backends
         ), flush=True)  # fmt: skip
     ray.shutdown()
-    if cluster is not None:
-        cluster.shutdown()
+    if stop_nodes is not None:
+        stop_nodes()
 
-    name = "bench_channel_cross_node.json" if cross_node else "bench_channel.json"
+    name = "bench_channel.json" if mode == "one_node" else f"bench_channel_{mode}.json"
+    one_node = mode == "one_node"
+    targets = one_node_targets(rows) if one_node else cross_node_figures(rows, backends)
     from omni_serve.transport.copying import COPY_THREADS
 
     summary = {
         "copy_threads": COPY_THREADS,
         "empty_round_ms_at_start": overhead * 1e3,
         "rows": rows,
-        "targets": cross_node_figures(rows) if cross_node else one_node_targets(rows),
+        "targets": targets,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / name).write_text(json.dumps(summary, indent=1))
@@ -288,12 +310,13 @@ def main() -> int:
     return 0
 
 
-def cross_node_figures(rows: list[dict]) -> dict:
+def cross_node_figures(rows: list[dict], backends: list[str]) -> dict:
     """GB/s per backend by size, and each channel backend over pickled arguments."""
     figures: dict = {}
-    for backend in ("object_store", "direct_tcp", "pickled"):
+    channels = [b for b in backends if b not in ("pickled", "copy")]
+    for backend in [*channels, "pickled"]:
         figures[f"{backend}_gbps_by_size"] = {r["size"]: r[backend]["gbps"] for r in rows}
-    for backend in ("object_store", "direct_tcp"):
+    for backend in channels:
         figures[f"{backend}_over_pickled_by_size"] = {
             r["size"]: r[backend]["gbps"] / r["pickled"]["gbps"] for r in rows
         }

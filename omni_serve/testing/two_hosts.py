@@ -48,6 +48,7 @@ class TwoHosts:
     head_ip: str = "10.211.0.1"
     other_ip: str = "10.211.0.2"
     shm_size: str = "2g"  # host b's own /dev/shm
+    object_store_bytes: int = 512 << 20  # each node's (host b's in its own /dev/shm)
     port: int = 0  # the head's GCS port; 0: a free one
     processes: list[subprocess.Popen] = field(default_factory=list)
 
@@ -79,12 +80,14 @@ class TwoHosts:
     def _start_head(self) -> None:
         self._spawn([RAY, "start", "--head", "--block", f"--node-ip-address={self.head_ip}",
                      f"--port={self.port}", "--num-cpus=1", '--resources={"host_a": 1}',
+                     f"--object-store-memory={self.object_store_bytes}",
                      "--include-dashboard=false", "--disable-usage-stats"])  # fmt: skip
 
     def _start_other(self, in_ns: tuple[str, ...]) -> None:
         resources = json.dumps({"host_b": 1})
         ray = (f"exec {RAY} start --block --address={self.address} --num-cpus=1 "
-               f"--node-ip-address={self.other_ip} '--resources={resources}'")  # fmt: skip
+               f"--node-ip-address={self.other_ip} '--resources={resources}' "
+               f"--object-store-memory={self.object_store_bytes}")  # fmt: skip
         inside = (f"mount -t tmpfs -o size={self.shm_size} tmpfs /dev/shm && "
                   f"hostname {self.hostname} && {ray}")  # fmt: skip
         # --kill-child: when unshare goes (SIGTERM from stop()), the namespace's first process
