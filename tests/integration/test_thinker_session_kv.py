@@ -74,6 +74,20 @@ async def _spoken_turn(
     return tokens, chunks[0]["num_cached_tokens"], chunks[-1].get("session_kv"), rows
 
 
+def _voice_chat(replica, seed: int, start: int) -> tuple[torch.Tensor, list[int], list[int]]:
+    """Two spoken turns' prompts (a clip of 150 rows in turn one, 40 more in turn two) and the
+    rows the encoder stage gave for their clips."""
+    audio, hidden = replica.audio_token_id, replica.embed_tokens.shape[1]
+    clips = torch.randn(190, hidden, generator=torch.Generator().manual_seed(seed))
+    turn_one = [
+        *TURN_ONE[start : start + 100],
+        *[audio] * 150,
+        *TURN_ONE[start + 100 : start + 200],
+    ]
+    turn_two = [*turn_one, *TURN_ONE[:30], *[audio] * 40, *TURN_ONE[30:50]]
+    return clips, turn_one, turn_two
+
+
 def _freed(encoded: str, companion: bool = False) -> bool:
     prefix = KVPrefix.decode(encoded)
     ref = prefix.companion if companion else prefix.ref
@@ -189,10 +203,8 @@ async def test_a_spoken_turn_whose_kept_rows_are_gone_answers_without_caches(rep
     """The kept rows' buffer is gone (the replica that kept them died, say): the turn still
     answers the same, computing its whole prompt."""
     first, _ = replicas
-    audio, hidden = first.audio_token_id, first.embed_tokens.shape[1]
-    clips = torch.randn(190, hidden, generator=torch.Generator().manual_seed(2))
-    turn_one = [*TURN_ONE[50:150], *[audio] * 150, *TURN_ONE[150:250]]
-    turn_two = [*turn_one, *TURN_ONE[:30], *[audio] * 40, *TURN_ONE[30:50]]
+    audio = first.audio_token_id
+    clips, turn_one, turn_two = _voice_chat(first, seed=2, start=50)
     _, _, exported, _ = await _spoken_turn(first, "w1", turn_one, clips[:150])
     release(KVPrefix.decode(exported).companion)
     tokens, cached, exported_two, rows = await _spoken_turn(first, "w2", turn_two, clips, exported)
@@ -221,10 +233,8 @@ async def test_a_spoken_turn_whose_prefix_is_gone_gives_the_talker_the_right_row
     """As above for a spoken turn whose kept rows are still there: the rows the Talker gets
     are those of a from-scratch run, not rows of the failed load's forward in their place."""
     first, second = replicas
-    audio, hidden = first.audio_token_id, first.embed_tokens.shape[1]
-    clips = torch.randn(190, hidden, generator=torch.Generator().manual_seed(3))
-    turn_one = [*TURN_ONE[20:120], *[audio] * 150, *TURN_ONE[120:220]]
-    turn_two = [*turn_one, *TURN_ONE[:30], *[audio] * 40, *TURN_ONE[30:50]]
+    audio = first.audio_token_id
+    clips, turn_one, turn_two = _voice_chat(first, seed=3, start=20)
     _, _, exported, _ = await _spoken_turn(first, "x1", turn_one, clips[:150])
     release(KVPrefix.decode(exported).ref)  # the KV is gone, the kept rows are not
     tokens, cached, exported_two, rows = await _spoken_turn(
