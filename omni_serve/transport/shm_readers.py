@@ -178,11 +178,12 @@ class ReaderMappings:
         """Clean mappings as their readers finish; sweep gone segments every SWEEP_EVERY_S."""
         due = time.monotonic() + SWEEP_EVERY_S
         while True:
+            if time.monotonic() >= due:  # first: a steady stream of reads must not hold it off
+                self.sweep()
+                due = time.monotonic() + SWEEP_EVERY_S
             try:
                 name = self.unread.get(timeout=max(0.0, due - time.monotonic()))
             except queue.Empty:
-                self.sweep()
-                due = time.monotonic() + SWEEP_EVERY_S
                 continue
             with self.lock:
                 kept = self.kept.get(name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import mmap
 import os
+import threading
 import time
 
 import pytest
@@ -139,3 +140,18 @@ async def test_when_pagemap_stops_answering_reads_map_afresh(readers, monkeypatc
     gc.collect()
     again = await take(channel.put(torch.ones(1 << 18)))
     assert bool((again == 1.0).all()) and readers.enabled is False and not readers.kept
+
+
+def test_the_sweep_runs_on_time_while_readers_keep_finishing(monkeypatch):
+    """Mappings to clean waiting all the time (a busy consumer) do not hold off the sweep that
+    lets go of evicted segments."""
+    monkeypatch.setattr(shm_readers, "SWEEP_EVERY_S", 0.02)
+    readers, sweeps = ReaderMappings(), []
+    monkeypatch.setattr(readers, "sweep", lambda: sweeps.append(readers.unread.qsize()))
+    for _ in range(300_000):  # as finalizers queue them when reads are done
+        readers.unread.put("no-such-mapping")
+    threading.Thread(target=readers._sweep_every, daemon=True).start()
+    deadline = time.monotonic() + 5.0
+    while not sweeps and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sweeps and sweeps[0] > 0  # swept while names were still waiting
