@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ class TwoHosts:
     object_store_bytes: int = 512 << 20  # each node's (host b's in its own /dev/shm)
     port: int = 0  # the head's GCS port; 0: a free one
     processes: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)  # each node's output, read when one fails
 
     @property
     def address(self) -> str:
@@ -98,12 +100,16 @@ class TwoHosts:
                      "sh", "-c", inside])  # fmt: skip
 
     def _spawn(self, argv: list[str]) -> None:
+        """A node in its own process group; its output to a file (a pipe nobody reads until a
+        failure would fill and block the node)."""
         env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
-        self.processes.append(subprocess.Popen(
-            argv, env=env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        ))  # fmt: skip
+        fd, log = tempfile.mkstemp(prefix="omni-two-hosts-", suffix=".log")
+        with os.fdopen(fd, "w") as out:
+            self.processes.append(subprocess.Popen(
+                argv, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        self.logs.append(Path(log))
 
     def _wait_for_nodes(self, timeout_s: float) -> None:
         """Until both nodes are alive (a fresh driver asks GCS, then leaves)."""
@@ -112,9 +118,9 @@ class TwoHosts:
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for process in self.processes:
+            for process, log in zip(self.processes, self.logs, strict=True):
                 if process.poll() is not None:
-                    raise HostsUnavailable(f"a Ray node exited: {process.stderr.read()[-2000:]}")
+                    raise HostsUnavailable(f"a Ray node exited: {log.read_text()[-2000:]}")
             done = subprocess.run([sys.executable, "-c", probe, self.address], env=env,
                                   capture_output=True, text=True, timeout=60)  # fmt: skip
             if done.returncode == 0 and done.stdout.strip().endswith("2"):
@@ -138,6 +144,9 @@ class TwoHosts:
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
         self.processes.clear()
+        for log in self.logs:
+            log.unlink(missing_ok=True)
+        self.logs.clear()
         self._remove_namespace()
 
     def _remove_namespace(self) -> None:
@@ -147,6 +156,8 @@ class TwoHosts:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", self.namespace], capture_output=True)
+        # A run killed before the veth moved into the namespace leaves the pair here.
+        subprocess.run(["ip", "link", "del", f"{self.namespace[:10]}-a"], capture_output=True)
 
 
 def _free_port(ip: str) -> int:
