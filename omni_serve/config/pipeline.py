@@ -13,7 +13,9 @@ StageKind = Literal[
     "encoder", "thinker", "talker", "code2wav", "text_encoder", "dit", "vae", "ingress"
 ]
 EngineKind = Literal["vllm", "torch", "diffusers"]
-ChannelBackend = Literal["auto", "inline", "object_store", "shared_memory", "direct"]
+ChannelBackend = Literal[
+    "auto", "inline", "object_store", "shared_memory", "direct", "shared_memory_direct"
+]
 
 
 class _Strict(BaseModel):

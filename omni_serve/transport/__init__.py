@@ -24,6 +24,7 @@ from omni_serve.transport.direct import DirectChannel
 from omni_serve.transport.inline import InlineChannel
 from omni_serve.transport.object_store import ObjectStoreChannel
 from omni_serve.transport.shared_memory import SharedMemoryChannel
+from omni_serve.transport.shared_memory_direct import SharedMemoryDirectChannel
 
 logger = logging.getLogger(__name__)
 _BACKENDS = {
@@ -31,6 +32,7 @@ _BACKENDS = {
     "object_store": ObjectStoreChannel,
     "shared_memory": SharedMemoryChannel,
     "direct": DirectChannel,
+    "shared_memory_direct": SharedMemoryDirectChannel,
 }
 LOCALITY_TTL_S = 60.0
 # A GPU payload from this size up goes GPU to GPU (direct backend); smaller ones through host
@@ -55,8 +57,9 @@ class AutoChannel:
     """Inline up to ``inline_max_bytes``; above, direct (NIXL) for a payload of at least
     ``GPU_DIRECT_MIN_BYTES`` on a GPU where NIXL is installed and the consumer has a GPU (GPU
     to GPU; every other backend goes through host memory), else shared memory while the
-    cluster is one host (checked once a minute), else direct where installed, else the
-    object store. ``large`` pins the large-payload backend."""
+    cluster is one host (checked once a minute), else shared memory that readers on other
+    hosts read over NIXL (``shared_memory_direct``) where installed, else the object store.
+    ``large`` pins the large-payload backend."""
 
     name = "auto"
 
@@ -101,7 +104,7 @@ class AutoChannel:
         if not self.spans_hosts():
             return _BACKENDS["shared_memory"]()
         if nixl_available():
-            return DirectChannel(gpu_consumer=self.gpu_consumer)
+            return SharedMemoryDirectChannel()
         return _BACKENDS["object_store"]()
 
     async def get(self, ref: TensorRef) -> Payload:
@@ -168,9 +171,9 @@ def make_channel(backend: str = "auto", inline_max_bytes: int = 64 * 1024,
         return AutoChannel(inline_max_bytes, gpu_consumer=gpu_consumer)
     if backend not in _BACKENDS:
         raise ValueError(f"channel backend {backend!r} is not available")
-    if backend == "direct" and not nixl_available():
+    if backend in ("direct", "shared_memory_direct") and not nixl_available():
         raise ValueError(
-            "channel backend 'direct' needs NIXL: pip install 'nixl-cu12==1.5.1' "
+            f"channel backend {backend!r} needs NIXL: pip install 'nixl-cu12==1.5.1' "
             "(the project's [direct] extra)"
         )
     if backend == "direct":
@@ -188,6 +191,7 @@ __all__ = [
     "ObjectStoreChannel",
     "Reservation",
     "SharedMemoryChannel",
+    "SharedMemoryDirectChannel",
     "TensorRef",
     "backend_for",
     "make_channel",

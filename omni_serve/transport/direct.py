@@ -28,12 +28,11 @@ import asyncio
 import atexit
 import os
 import socket
-import struct
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,11 +50,19 @@ from omni_serve.transport.base import (
     payload_spec,
     unpack,
 )
+from omni_serve.transport.direct_buffers import (
+    FREE,
+    HEADER,
+    IN_USE,
+    Buffer,
+    Lent,
+    Where,
+    allocate,
+    nixl_mem_type,
+)
 from omni_serve.transport.direct_landings import Landings, pooled_size
 from omni_serve.transport.direct_notes import MAX_OWNERS, Notifier
 
-HEADER = struct.Struct("<QQ")  # generation, state
-FREE, IN_USE = 0, 1
 LEASE_S = 600.0  # a buffer in use for longer than this has lost its consumer
 POOL_BYTES = int(os.environ.get("OMNI_DIRECT_POOL_BYTES", 2 << 30))  # per pool, per process
 TRANSFER_TIMEOUT_S = float(os.environ.get("OMNI_DIRECT_TIMEOUT_S", 30.0))
@@ -68,54 +75,6 @@ FAST_S = 0.1  # how long after a put (or a free sent) the loop keeps the fast pa
 FREED_MEMORY = 4096  # refs this process freed, remembered so a second read fails here
 
 
-@dataclass(frozen=True)
-class _Where:
-    """What a consumer needs to read a payload: rides the handle call inside the ref."""
-
-    agent: str
-    metadata: bytes  # the owner's NIXL metadata when it registered this buffer
-    metadata_version: int
-    dropped: int  # buffers the owner had deregistered when it made this ref
-    buffer: int
-    address: int
-    mem_type: str  # "DRAM" or "VRAM"
-    device_id: int
-    generation: int
-    size: int
-    offsets: dict[str, tuple[int, int]]
-    keys: list[Any] | None
-
-
-@dataclass
-class _Buffer:
-    index: int
-    memory: torch.Tensor  # uint8; registered with the agent
-    registration: Any
-    pooled: bool
-    generation: int = 0
-    state: int = FREE
-    since: float = 0.0
-
-    def mark(self, state: int) -> None:
-        self.state, self.since = state, time.time()
-        header = torch.tensor([self.generation, state], dtype=torch.int64)  # = HEADER on x86
-        self.memory[: HEADER.size].copy_(header.view(torch.uint8))
-
-
-def _allocate(nbytes: int, device: torch.device) -> torch.Tensor:
-    """A zeroed buffer; on a GPU outside torch's allocator, whose expandable segments other
-    processes cannot read over CUDA IPC (see ``compat.nixl.gpu_buffer``)."""
-    if device.type != "cuda":
-        return torch.zeros(nbytes, dtype=torch.uint8)
-    from omni_serve.compat.nixl import gpu_buffer
-
-    return gpu_buffer(nbytes, device.index).zero_()
-
-
-def _mem_type(device: torch.device) -> tuple[str, int]:
-    return ("VRAM", device.index or 0) if device.type == "cuda" else ("DRAM", 0)
-
-
 class _Endpoint:
     """This process's NIXL agent: owner of its buffers, reader of other agents' buffers."""
 
@@ -125,7 +84,8 @@ class _Endpoint:
         self.name = f"omni-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.agent = new_agent(self.name)
         self.lock = threading.RLock()  # NIXL agents are not thread-safe in this mode
-        self.buffers: dict[int, _Buffer] = {}
+        self.buffers: dict[int, Buffer] = {}
+        self.lent: dict[int, Lent] = {}
         self.pooled_bytes = 0
         self.metadata, self.metadata_version = self.agent.get_agent_metadata(), 0
         self.registered = 0  # buffers registered so far: the next one's index
@@ -147,7 +107,7 @@ class _Endpoint:
 
     # -- owner side -------------------------------------------------------------------------
 
-    def acquire(self, nbytes: int, device: torch.device) -> _Buffer:
+    def acquire(self, nbytes: int, device: torch.device) -> Buffer:
         with self.lock:
             now, usable = time.time(), []
             for buffer in self.buffers.values():
@@ -170,20 +130,56 @@ class _Endpoint:
             self.wake.set()  # from its idle pace to the fast one: a reader may need it now
             return buffer
 
-    def _register(self, nbytes: int, device: torch.device) -> _Buffer:
+    def _register(self, nbytes: int, device: torch.device) -> Buffer:
         size = pooled_size(nbytes)
         if self.pooled_bytes + size > POOL_BYTES:
             self._evict(self.pooled_bytes + size - POOL_BYTES)
         pooled = self.pooled_bytes + size <= POOL_BYTES
-        memory = _allocate(size if pooled else nbytes, device)
-        registration = self.agent.register_memory([memory])
-        index = self.registered  # never a dropped (one-read) buffer's: refs name buffers by it
-        self.registered += 1
-        buffer = _Buffer(index, memory, registration, pooled)
+        memory = allocate(size if pooled else nbytes, device)
+        index, registration = self._registered(memory)
+        buffer = Buffer(index, memory, registration, pooled)
         self.buffers[index] = buffer
         self.pooled_bytes += size if pooled else 0
-        self.metadata, self.metadata_version = self.agent.get_agent_metadata(), index + 1
         return buffer
+
+    def _registered(self, memory: torch.Tensor) -> tuple[int, Any]:
+        registration = self.agent.register_memory([memory])
+        index = self.registered  # never a dropped buffer's: refs name buffers by it
+        self.registered += 1
+        self.metadata, self.metadata_version = self.agent.get_agent_metadata(), index + 1
+        return index, registration
+
+    def lend(self, memory: torch.Tensor, in_use: Callable[[], bool],
+             release: Callable[[str, int], None]) -> int:  # fmt: skip
+        """Register memory another backend owns, for readers on other hosts; its index."""
+        with self.lock:
+            index, registration = self._registered(memory)
+            self.lent[index] = Lent(memory, registration, in_use, release)
+            return index
+
+    def take_back(self, index: int) -> None:
+        """Lent memory is going away: readers of refs to it fail from now on."""
+        with self.lock:
+            lent = self.lent.pop(index, None)
+            if lent is not None:
+                self.agent.deregister_memory(lent.registration)
+                self.dropped += 1
+
+    def put_lent(self) -> None:
+        """A payload was written into lent memory: readers over TCP need this loop."""
+        with self.lock:
+            self._serve()
+            self.put_at = time.monotonic()
+            self.wake.set()
+
+    def where(self, index: int, memory: torch.Tensor, generation: int, size: int,
+              offsets: dict[str, tuple[int, int]], keys: list[Any] | None) -> Where:  # fmt: skip
+        """What a reader needs for a payload in buffer ``index`` (``memory``)."""
+        mem_type, device_id = nixl_mem_type(memory.device)
+        return Where(
+            self.name, self.metadata, self.metadata_version, self.dropped, index,
+            memory.data_ptr(), mem_type, device_id, generation, size, offsets, keys,
+        )  # fmt: skip
 
     def _evict(self, room: int) -> None:
         """Deregister free pooled buffers, least recently used first, until ``room`` bytes of
@@ -200,12 +196,15 @@ class _Endpoint:
             self.pooled_bytes -= buffer.memory.numel()
             room -= buffer.memory.numel()
 
-    def _drop(self, buffer: _Buffer) -> None:
+    def _drop(self, buffer: Buffer) -> None:
         self.agent.deregister_memory(buffer.registration)
         del self.buffers[buffer.index]
         self.dropped += 1
 
-    def release(self, index: int, generation: int) -> None:
+    def release(self, index: int, generation: int, verb: str = "free") -> None:
+        if (lent := self.lent.get(index)) is not None:
+            lent.release(verb, generation)  # its own locking: not under this one
+            return
         with self.lock:
             buffer = self.buffers.get(index)
             if buffer is None or buffer.generation != generation or buffer.state == FREE:
@@ -238,14 +237,16 @@ class _Endpoint:
             with self.lock:
                 notifications = self.agent.get_new_notifs()
                 self.notes.progress()
-                busy = any(b.state == IN_USE for b in self.buffers.values())
+                busy = any(b.state == IN_USE for b in self.buffers.values()) or any(
+                    lent.in_use() for lent in self.lent.values()
+                )
                 recent = time.monotonic() - max(self.put_at, self.notes.sent_at) < FAST_S
             for messages in notifications.values():
                 for message in messages:
                     try:
                         verb, index, generation = message.decode().split(":")
-                        if verb == "free":
-                            self.release(int(index), int(generation))
+                        if verb in ("free", "abandon"):
+                            self.release(int(index), int(generation), verb)
                     except ValueError:  # not ours: one bad message must not stop the loop
                         continue
             self.wake.wait(POLL_FAST_S if recent else POLL_BUSY_S if busy else POLL_IDLE_S)
@@ -253,7 +254,7 @@ class _Endpoint:
 
     # -- consumer side ----------------------------------------------------------------------
 
-    def _load(self, where: _Where) -> None:
+    def _load(self, where: Where) -> None:
         """Load the owner's metadata if this ref's is newer (caller holds ``self.lock``).
 
         Adding metadata again only adds the sections new to this reader, and NIXL 1.5.1
@@ -311,7 +312,7 @@ class _Endpoint:
             self.loaded.pop(agent, None)
             drop_remote_agent(self.agent, agent)
 
-    def read(self, where: _Where, device: torch.device) -> torch.Tensor:
+    def read(self, where: Where, device: torch.device) -> torch.Tensor:
         """The payload's bytes (header included), checked against the generation."""
         if (where.agent, where.buffer, where.generation) in self.freed:
             raise ChannelError(f"direct ref {where.agent}/{where.buffer} was freed")
@@ -342,14 +343,14 @@ class _Endpoint:
             raise ChannelError(f"direct ref {where.agent}/{where.buffer} was freed")
         return memory
 
-    def _read_own(self, where: _Where, device: torch.device) -> torch.Tensor:
+    def _read_own(self, where: Where, device: torch.device) -> torch.Tensor:
         with self.lock:
             buffer = self.buffers.get(where.buffer)
             if buffer is None or (buffer.generation, buffer.state) != (where.generation, IN_USE):
                 raise ChannelError(f"direct ref {where.agent}/{where.buffer} was freed")
             return buffer.memory[: where.size].to(device, copy=True)
 
-    def _transfer(self, local: torch.Tensor, remote: list[tuple[int, int, int]], where: _Where):
+    def _transfer(self, local: torch.Tensor, remote: list[tuple[int, int, int]], where: Where):
         handle, state = None, "ERR"
         deadline = time.monotonic() + TRANSFER_TIMEOUT_S
         try:
@@ -377,14 +378,15 @@ class _Endpoint:
             why = "timed out" if state == "PROC" else "failed (its producer may be gone)"
             raise ChannelError(f"reading direct ref from {where.agent} {why}")
 
-    def hand_back(self, where: _Where) -> None:
-        """Tell the owner it may reuse the buffer (at once, if the owner is this process)."""
+    def hand_back(self, where: Where, verb: str = "free") -> None:
+        """Tell the owner it may reuse the buffer (at once, if the owner is this process).
+        "abandon": the caller's call ended; lent memory decides whether a reader has it."""
         self.freed.append((where.agent, where.buffer, where.generation))
         if where.agent == self.name:
-            self.release(where.buffer, where.generation)
+            self.release(where.buffer, where.generation, verb)
             return
         with self.lock:
-            message = f"free:{where.buffer}:{where.generation}"
+            message = f"{verb}:{where.buffer}:{where.generation}"
             if not self.notes.send(where.agent, where.metadata, message):
                 return  # the owner is gone: nothing left to free
             self._serve()  # its loop progresses the notifier, which sends the free
@@ -403,7 +405,7 @@ def endpoint() -> _Endpoint:
         return _endpoint
 
 
-def _consumer_device(where: _Where) -> torch.device:
+def _consumer_device(where: Where) -> torch.device:
     """GPU to GPU when the payload is on a GPU (the point of this backend); host memory else."""
     if where.mem_type == "VRAM":
         return torch.device("cuda", torch.cuda.current_device())
@@ -415,7 +417,7 @@ def _written(ref: TensorRef) -> TensorRef:
     only queued on the device when ``put`` returns, behind whatever the producer queued before
     (a model's forward, say), and a reader on another process reads the memory with no regard
     for this process's streams: so wait for this device's queued work first."""
-    where: _Where = ref.handle
+    where: Where = ref.handle
     if where.mem_type == "VRAM":
         torch.cuda.synchronize(where.device_id)
     return ref
@@ -450,7 +452,7 @@ class DirectChannel:
         return Reservation(views, lambda: _written(ref), lambda: self.free(ref))
 
     def _claim(self, payload: Payload, device: torch.device | None
-               ) -> tuple[dict[str, torch.Tensor], dict, _Buffer, TensorRef]:  # fmt: skip
+               ) -> tuple[dict[str, torch.Tensor], dict, Buffer, TensorRef]:  # fmt: skip
         """A buffer for ``payload``, in use from now on, and the ref that will name it."""
         nbytes, spec = payload_spec(payload)
         tensors, keys = named_tensors(payload)
@@ -461,16 +463,12 @@ class DirectChannel:
         offsets, needed = layout(tensors)
         owner = endpoint()
         buffer = owner.acquire(needed, device)
-        mem_type, device_id = _mem_type(device)
-        where = _Where(
-            owner.name, owner.metadata, owner.metadata_version, owner.dropped, buffer.index,
-            buffer.memory.data_ptr(), mem_type, device_id, buffer.generation, needed, offsets, keys,
-        )  # fmt: skip
+        where = owner.where(buffer.index, buffer.memory, buffer.generation, needed, offsets, keys)
         ref = TensorRef(self.name, f"{owner.name}/{buffer.index}", nbytes, spec, handle=where)
         return tensors, offsets, buffer, ref
 
     async def get(self, ref: TensorRef) -> Payload:
-        where: _Where = ref.handle
+        where: Where = ref.handle
         if where.mem_type == "VRAM" and not torch.cuda.is_available():
             raise ChannelError(
                 f"direct ref {ref.key} is in GPU memory and this process has no GPU: the "

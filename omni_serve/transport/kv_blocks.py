@@ -153,12 +153,13 @@ def put_prefix(
 def export_backend(edge_channel: Channel | AutoChannel) -> str | None:
     """The backend for a KV export that an engine makes outside Ray (vLLM's engine process),
     named by the stage that owns the engine: ``auto`` there cannot see the cluster's hosts and
-    picks shared memory, which a replica on another host cannot read. So "direct" while the
-    cluster spans hosts (and NIXL is installed; the object store needs Ray), else None: the
-    engine's own choice (an edge that pins a backend has the engine use it already)."""
+    picks shared memory, which a replica on another host cannot read. So, while the cluster
+    spans hosts (and NIXL is installed; the object store needs Ray), shared memory that a
+    replica on another host reads over NIXL; else None: the engine's own choice (an edge that
+    pins a backend has the engine use it already)."""
     from omni_serve.compat.nixl import nixl_available
     from omni_serve.transport import AutoChannel
 
     if isinstance(edge_channel, AutoChannel) and edge_channel.spans_hosts() and nixl_available():
-        return "direct"
+        return "shared_memory_direct"
     return None

@@ -32,6 +32,7 @@ import atexit
 import contextlib
 import errno
 import fcntl
+import itertools
 import mmap
 import os
 import queue
@@ -41,6 +42,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +70,10 @@ LEASE_S = 600.0  # a segment in use for longer than this has lost its consumer
 SWEEP_EVERY_S = 30.0
 POOL_BYTES = int(os.environ.get("OMNI_SHM_POOL_BYTES", 2 << 30))
 MIN_SEGMENT = 1 << 20
+# One count over all of this process's segments, not one per segment: a ref read over NIXL
+# names an address and a generation (see ``shared_memory_direct``), and a new segment mapped at
+# an unlinked one's address must never show a stale ref's generation.
+_claims = itertools.count(1)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -107,7 +113,7 @@ class _Segment:
         return HEADER.unpack_from(self.view, 0)
 
     def claim(self) -> int:
-        self.generation = self.state()[0] + 1
+        self.generation = next(_claims)
         HEADER.pack_into(self.view, 0, self.generation, IN_USE, time.time())
         return self.generation
 
@@ -119,10 +125,12 @@ class _SegmentPool:
         self.segments: dict[str, _Segment] = {}
         self.pooled_bytes = 0
         self.last_sweep = 0.0
+        self.unlinking: list[Callable[[str], None]] = []  # told a segment's name before it goes
 
-    def acquire(self, nbytes: int) -> tuple[_Segment, bool]:
+    def acquire(self, nbytes: int, one_shot: bool = True) -> tuple[_Segment, bool]:
         """A free segment of at least ``nbytes`` (the caller claims it after writing), and
-        whether it returns to the pool."""
+        whether it returns to the pool. Without ``one_shot``, ``ChannelFull`` rather than a
+        segment outside the pool."""
         if time.monotonic() - self.last_sweep > SWEEP_EVERY_S:
             self.last_sweep = time.monotonic()
             sweep_orphans()
@@ -136,6 +144,12 @@ class _SegmentPool:
             return min(usable, key=lambda s: s.size), True
         size = max(MIN_SEGMENT, 1 << (nbytes - 1).bit_length())
         pooled = self.pooled_bytes + size <= POOL_BYTES or self._evict(size)
+        if not pooled and not one_shot:
+            raise ChannelFull(
+                f"a {nbytes / 2**20:.0f} MiB payload does not fit this process's shared-memory"
+                f" pool ({POOL_BYTES / 2**20:.0f} MiB, OMNI_SHM_POOL_BYTES) beside the segments"
+                " in use"
+            )
         if not pooled:
             size = nbytes
         try:
@@ -176,6 +190,8 @@ class _SegmentPool:
         return len(free)
 
     def _unlink(self, segment: _Segment) -> None:
+        for hook in self.unlinking:
+            hook(segment.name)
         del self.segments[segment.name]
         self.pooled_bytes -= segment.size
         with contextlib.suppress(FileNotFoundError):
@@ -299,8 +315,30 @@ def _views_gone(key: tuple[str, int], path: Path, pooled: bool) -> None:
         _release_later_if_locked(path, key[1], pooled)
 
 
+def producer_segment(name: str) -> tuple[mmap.mmap, Callable[[], bool]]:
+    """This process's mapping of its pooled segment ``name``, and whether it is in use now."""
+    segment = _pool.segments[name]
+    return segment.view, lambda: segment.state()[1] != FREE
+
+
+def release_segment(name: str, generation: int, unread_only: bool = False) -> None:
+    """Hand this process's pooled segment back for a reader that cannot: on another host."""
+    _release(SHM_DIR / name, generation, True, unread_only)
+
+
+def on_unlink(hook: Callable[[str], None]) -> None:
+    """Have ``hook(name)`` called before this process unlinks one of its pooled segments."""
+    _pool.unlinking.append(hook)
+
+
 class SharedMemoryChannel:
+    """``pooled_only``: a payload the pool cannot take raises ``ChannelFull`` instead of
+    getting a one-shot segment."""
+
     name = "shared_memory"
+
+    def __init__(self, pooled_only: bool = False) -> None:
+        self.pooled_only = pooled_only
 
     def put(self, payload: Payload) -> TensorRef:
         tensors, offsets, segment, ref = self._claim(payload)
@@ -325,7 +363,7 @@ class SharedMemoryChannel:
         nbytes, spec = payload_spec(payload)
         tensors, keys = named_tensors(payload)
         offsets, needed = layout(tensors)
-        segment, pooled = _pool.acquire(needed)
+        segment, pooled = _pool.acquire(needed, one_shot=not self.pooled_only)
         generation = segment.claim()
         handle = (socket.gethostname(), generation, segment.size, offsets, keys, pooled)
         return tensors, offsets, segment, TensorRef(self.name, segment.name, nbytes, spec, handle)

@@ -51,7 +51,7 @@ def payload(nbytes: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def producer_and_consumer(ray_on_two_hosts):
+def stage_classes(ray_on_two_hosts):
     ray = ray_on_two_hosts
 
     @ray.remote
@@ -63,9 +63,16 @@ def producer_and_consumer(ray_on_two_hosts):
 
             return socket.gethostname(), make_channel(backend).put(payload(nbytes))
 
+        def segments_in_use(self) -> int:
+            from omni_serve.transport import shared_memory
+
+            pool = shared_memory._pool.segments.values()
+            return sum(segment.state()[1] != shared_memory.FREE for segment in pool)
+
     @ray.remote
     class Consumer:
-        async def take(self, ref):
+        async def take(self, ref, mapped: bool = False):
+            """Also, with ``mapped``: whether the payload's segment was mapped here."""
             import socket
 
             from omni_serve.transport import ChannelError, take
@@ -74,16 +81,28 @@ def producer_and_consumer(ray_on_two_hosts):
                 got = await take(ref)
             except ChannelError as exc:
                 return socket.gethostname(), str(exc)
+            if mapped:  # asked while the tensors still view it
+                return socket.gethostname(), got, ref.key in Path("/proc/self/maps").read_text()
             return socket.gethostname(), got
 
-    producer = Producer.options(**pinned("host_a")).remote()
-    consumer = Consumer.options(**pinned("host_b")).remote()
-    return producer, consumer
+    return Producer, Consumer
+
+
+@pytest.fixture(scope="module")
+def producer_and_consumer(stage_classes):
+    producer, consumer = stage_classes
+    return (producer.options(**pinned("host_a")).remote(),
+            consumer.options(**pinned("host_b")).remote())  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def consumer_beside_the_producer(stage_classes):
+    return stage_classes[1].options(**pinned("host_a")).remote()
 
 
 @pytest.mark.parametrize(
     ("backend", "nbytes", "used"),
-    [("auto", 4 << 20, "direct"), ("auto", 4 << 10, "inline"),
+    [("auto", 4 << 20, "shared_memory_direct"), ("auto", 4 << 10, "inline"),
      ("object_store", 4 << 20, "object_store"), ("direct", 4 << 20, "direct")],
 )  # fmt: skip
 def test_a_payload_crosses_hosts(ray_on_two_hosts, producer_and_consumer, backend, nbytes, used):
@@ -95,6 +114,31 @@ def test_a_payload_crosses_hosts(ray_on_two_hosts, producer_and_consumer, backen
     assert ref.backend == used
     expected = payload(nbytes)
     assert torch.equal(got["rows"], expected["rows"]) and torch.equal(got["mask"], expected["mask"])
+
+
+def test_one_put_is_mapped_beside_the_producer_and_read_over_the_network_elsewhere(
+    ray_on_two_hosts, producer_and_consumer, consumer_beside_the_producer
+):
+    """Where a handle call will be routed is not known at the put: with ``auto`` a stage on
+    the producer's host maps the payload (no second copy), one on the other host reads it over
+    NIXL, and both hand their segment back."""
+    import time
+
+    ray = ray_on_two_hosts
+    producer, elsewhere = producer_and_consumer
+    refs = [ray.get(producer.put.remote("auto", 4 << 20))[1] for _ in range(2)]
+    assert {ref.backend for ref in refs} == {"shared_memory_direct"}
+    results = ray.get([consumer_beside_the_producer.take.remote(refs[0], mapped=True),
+                       elsewhere.take.remote(refs[1], mapped=True)])  # fmt: skip
+    assert [(host, mapped) for host, _, mapped in results] == [
+        (socket.gethostname(), True), (TwoHosts.hostname, False)
+    ]  # fmt: skip
+    for _, got, _ in results:
+        assert torch.equal(got["rows"], payload(4 << 20)["rows"])
+    deadline = time.monotonic() + 10
+    while (in_use := ray.get(producer.segments_in_use.remote())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert in_use == 0, "a consumer's segment never came back to the producer's pool"
 
 
 def test_a_shared_memory_ref_read_on_another_host_fails_naming_both(
@@ -151,12 +195,12 @@ def thinkers(ray_on_two_hosts, tiny_omni_path):
 
 def test_the_next_turn_on_the_other_hosts_thinker_loads_the_prefix(ray_on_two_hosts, thinkers):
     """The export is made in vLLM's engine process, which cannot see the cluster: the Thinker
-    names the backend for it (direct while the cluster spans hosts)."""
+    names the backend for it (shared memory lent to NIXL while the cluster spans hosts)."""
     ray = ray_on_two_hosts
     here, there = thinkers
     _, cached, exported = ray.get(here.turn.remote("t1", TURN_ONE))
     assert cached == 0 and exported
-    assert KVPrefix.decode(exported).ref.backend == "direct"
+    assert KVPrefix.decode(exported).ref.backend == "shared_memory_direct"
     tokens, cached, _ = ray.get(there.turn.remote("t2-elsewhere", TURN_TWO, exported))
     assert cached == len(TURN_ONE) // BLOCK * BLOCK  # loaded over the network, not computed
     reference, _, _ = ray.get(here.turn.remote("t2-reference", TURN_TWO))

@@ -14,6 +14,7 @@ BACKENDS = [
     "inline",
     "shared_memory",
     "direct",
+    "shared_memory_direct",
     pytest.param("object_store", marks=pytest.mark.integration),
     "auto",
 ]

@@ -231,14 +231,21 @@ def test_over_tcp_the_owner_drives_the_transfer():
         consumer.close()
 
 
-def test_auto_picks_direct_across_hosts_and_shared_memory_on_one(monkeypatch):
+def test_auto_picks_shared_memory_lent_to_nixl_across_hosts_and_plain_on_one(monkeypatch):
+    """Across hosts the consumer may be on either: one put serves both (a reader here maps
+    the segment, one elsewhere reads it over NIXL: test_shared_memory_direct.py)."""
     import omni_serve.transport as transport
 
     monkeypatch.setattr(transport, "cluster_is_one_host", lambda: False)
-    assert AutoChannel(inline_max_bytes=16).put(torch.zeros(64)).backend == "direct"
+    ref = AutoChannel(inline_max_bytes=16).put(torch.zeros(64))
+    assert ref.backend == "shared_memory_direct"
+    transport.backend_for(ref).free(ref)
+    monkeypatch.setattr(transport, "cluster_is_one_host", lambda: True)
+    assert AutoChannel(inline_max_bytes=16)._large().name == "shared_memory"
     monkeypatch.setattr(transport, "nixl_available", lambda: False)
-    with pytest.raises(ValueError, match="nixl-cu12"):
-        make_channel("direct")
+    for backend in ("direct", "shared_memory_direct"):
+        with pytest.raises(ValueError, match="nixl-cu12"):
+            make_channel(backend)
 
 
 def test_auto_sends_gpu_payloads_direct_even_on_one_host(monkeypatch):
@@ -266,8 +273,7 @@ def test_for_a_consumer_without_a_gpu_gpu_payloads_go_through_host_memory(monkey
     assert auto._large(torch.device("cuda", 0), 64 << 20).name == "shared_memory"
     monkeypatch.setattr(transport, "cluster_is_one_host", lambda: False)
     auto = AutoChannel(inline_max_bytes=16, gpu_consumer=False)
-    direct = auto._large(torch.device("cuda", 0), 64 << 20)
-    assert direct.name == "direct" and direct.gpu_consumer is False  # host buffers
+    assert auto._large(torch.device("cuda", 0), 64 << 20).name == "shared_memory_direct"
     assert make_channel("direct", gpu_consumer=False).gpu_consumer is False
     assert make_channel("auto", gpu_consumer=False).gpu_consumer is False
 
@@ -310,7 +316,7 @@ def test_a_gpu_ref_leaves_put_and_commit_only_once_the_device_is_done(monkeypatc
     reader in another process reads the memory regardless of this process's streams, so the
     producer waits for its device first (the GPU run of this is in test_direct_gpu.py)."""
     waited = []
-    monkeypatch.setattr(direct_module, "_mem_type", lambda device: ("VRAM", 3))  # host memory
+    monkeypatch.setattr(direct_module, "nixl_mem_type", lambda device: ("VRAM", 3))  # host memory
     monkeypatch.setattr(torch.cuda, "synchronize", waited.append)  # as if it were on GPU 3
     channel = DirectChannel()
     ref = channel.put(torch.ones(1 << 10))

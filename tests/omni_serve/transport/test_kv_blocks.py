@@ -70,12 +70,13 @@ def test_matching_tokens(prompt, mm, expected):
 
 @pytest.mark.parametrize(
     ("spans_hosts", "nixl", "expected"),
-    [(False, True, None), (True, True, "direct"), (True, False, None)],
+    [(False, True, None), (True, True, "shared_memory_direct"), (True, False, None)],
 )
-def test_an_export_made_outside_ray_is_sent_direct_while_the_cluster_spans_hosts(
+def test_an_export_made_outside_ray_is_lent_to_nixl_while_the_cluster_spans_hosts(
     monkeypatch, spans_hosts, nixl, expected
 ):
-    """Named by the Thinker for its engine, which cannot see the hosts; one host: the engine's
+    """Named by the Thinker for its engine, which cannot see the hosts (a replica on the
+    engine's host maps the export, one on another reads it over NIXL); one host: the engine's
     own choice (shared memory); no NIXL: nothing crosses hosts from there (the object store
     needs Ray), the next turn recomputes."""
     import time

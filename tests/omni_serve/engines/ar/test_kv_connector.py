@@ -237,10 +237,14 @@ def test_a_cache_view_not_of_blocks_or_their_kernel_blocks_is_refused_at_start(s
         worker.register_kv_caches({"layer.0": torch.zeros(shape)})
 
 
-@pytest.mark.parametrize(("named", "backend"), [(None, "inline"), ("direct", "direct")])
+@pytest.mark.parametrize(
+    ("named", "backend"),
+    [(None, "inline"), ("direct", "direct"), ("shared_memory_direct", "shared_memory_direct")],
+)
 def test_an_export_goes_on_the_backend_its_request_names(named, backend):
-    """The Thinker names "direct" when the cluster spans hosts: this process (vLLM's engine)
-    is no Ray worker, and its own auto choice would be shared memory."""
+    """The Thinker names "shared_memory_direct" when the cluster spans hosts: this process
+    (vLLM's engine) is no Ray worker, and its own auto choice would be shared memory, which a
+    replica on another host cannot read."""
     from omni_serve.transport.kv_blocks import CHANNEL_KEY
 
     params = {"omni_kv_export": True, **({CHANNEL_KEY: named} if named else {})}
