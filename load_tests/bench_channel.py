@@ -30,8 +30,11 @@ one-node run). Writes ``load_tests/results/bench_channel_cross_node.json``.
 
 ``--two-hosts`` (root): the consumer's node on a second host made of namespaces on this machine
 (its own network behind a veth pair, hostname, /dev/shm and PIDs:
-``omni_serve.testing.two_hosts``), so ``auto`` sees two hosts and picks the direct backend, and
-UCX has nothing but TCP over the veth. Writes ``load_tests/results/bench_channel_two_hosts.json``.
+``omni_serve.testing.two_hosts``), so ``auto`` sees two hosts and picks shared memory lent
+to NIXL (``shared_memory_direct``), and UCX has nothing but TCP over the veth. The ``_beside``
+rounds take the payload in a consumer on the producer's host instead: ``auto_beside`` maps the
+segment, ``direct_beside`` is what ``auto`` picked across hosts before (the direct backend, two
+copies). Writes ``load_tests/results/bench_channel_two_hosts.json``.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ TCP_ONLY = {"env_vars": {"UCX_TLS": "tcp"}}
 # private buffer and the calls carry only its size: the floor for any channel that copies once,
 # since a copy inside a round runs with caches the two calls (and the other actor) just used.
 EXTRA = {"pickled": None, "direct_tcp": "direct", "copy": None, "auto_read": "auto",
-         "copy_read": None}  # fmt: skip
+         "copy_read": None, "auto_beside": "auto", "direct_beside": "direct"}  # fmt: skip
 # "_read": the consumer also reads the whole payload (a sum), as a stage does; the copy round's
 # consumer reads a private tensor of the size. What a read costs beyond reading memory the
 # consumer has mapped (a fresh mapping's pages fault in) shows as auto_read minus copy_read.
@@ -66,7 +69,8 @@ EXTRA = {"pickled": None, "direct_tcp": "direct", "copy": None, "auto_read": "au
 STREAM_BACKENDS = ["auto", "object_store", "pickled", "copy"]
 STREAM_BURST_BYTES = 256 << 20
 CROSS_NODE_BACKENDS = ["object_store", "direct_tcp", "pickled", "copy"]
-TWO_HOSTS_BACKENDS = ["auto", "object_store", "direct", "pickled", "copy"]
+TWO_HOSTS_BACKENDS = ["auto", "object_store", "direct", "pickled", "copy", "auto_beside",
+                      "direct_beside"]  # fmt: skip
 NODE_STORE_BYTES = 2 << 30  # each node's object store: 256 MB payloads with room to spare
 COLD_SPAN = 512 << 20  # 16x the L3: a cold memcpy's buffers
 
@@ -240,9 +244,12 @@ def main() -> int:
                 Consumer.options(runtime_env=TCP_ONLY, **places[1]).remote()),
     }  # fmt: skip
     producer, consumer = pairs["default"]
+    if mode == "two_hosts":  # a consumer on the producer's host, for the _beside rounds
+        pairs["beside"] = (producer, Consumer.options(**places[0]).remote())
 
     def timed_round(nbytes: int, backend: str) -> float:
-        producer, consumer = pairs["tcp" if backend == "direct_tcp" else "default"]
+        pair = "tcp" if backend == "direct_tcp" else "beside" if "_beside" in backend else "default"
+        producer, consumer = pairs[pair]
         start = time.perf_counter()
         read = backend.endswith("_read")
         got = ray.get(consumer.get.remote(producer.put.remote(nbytes, backend), read))
