@@ -20,6 +20,9 @@ the lease runs out; a producer that dies makes reads fail at once.
 
 Unlike shared memory, a ref taken once cannot be read again by a retried call (the first
 reader's free released it).
+
+The agent also registers memory that another backend owns and lends out (``lend``): the
+pooled segments of ``shared_memory_direct``, whose frees it passes back to that backend.
 """
 
 from __future__ import annotations
