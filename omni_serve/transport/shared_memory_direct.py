@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from omni_serve.transport import shared_memory
-from omni_serve.transport.base import Payload, Reservation, TensorRef
+from omni_serve.transport.base import ALIGN, Payload, Reservation, TensorRef
 from omni_serve.transport.direct import DirectChannel, endpoint
 from omni_serve.transport.shared_memory import SharedMemoryChannel
 
@@ -77,19 +77,19 @@ class SharedMemoryDirectChannel:
         self.local = SharedMemoryChannel(pooled_only=True)
 
     def put(self, payload: Payload) -> TensorRef:
-        return self._lent(self.local.put(payload))
+        return self._with_where(self.local.put(payload))
 
     def reserve(self, like: Payload, device: torch.device | None = None) -> Reservation:
         reservation = self.local.reserve(like, device)
         commit = reservation.commit
-        return replace(reservation, commit=lambda: self._lent(commit()))
+        return replace(reservation, commit=lambda: self._with_where(commit()))
 
-    def _lent(self, ref: TensorRef) -> TensorRef:
+    def _with_where(self, ref: TensorRef) -> TensorRef:
         """``ref`` with what a reader on another host needs beside it."""
         _, generation, _, offsets, keys, _ = ref.handle
         try:
             index, memory = _lend(ref.key)
-            size = max((offset + nbytes for offset, nbytes in offsets.values()), default=0)
+            size = max([ALIGN, *(offset + nbytes for offset, nbytes in offsets.values())])
             owner = endpoint()
             where = owner.where(index, memory, generation, size, offsets, keys)
             owner.put_lent()

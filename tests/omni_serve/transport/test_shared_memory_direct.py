@@ -150,3 +150,10 @@ async def test_a_reservation_written_in_place_is_read_on_another_host(elsewhere)
     ref = reservation.commit()
     assert ref.backend == "shared_memory_direct"
     assert torch.equal(elsewhere("take", ref), torch.arange(64 * 32.0).view(64, 32))
+
+
+@pytest.mark.parametrize("payload", [{}, {"none": torch.empty(0, 64)}], ids=["no_tensors", "empty"])
+async def test_an_empty_payload_is_read_on_another_host(elsewhere, payload):
+    """Its read still covers the header, which the generation check needs."""
+    got = elsewhere("take", SharedMemoryDirectChannel().put(payload))
+    assert {key: t.shape for key, t in got.items()} == {k: t.shape for k, t in payload.items()}
