@@ -58,7 +58,7 @@ class Lent:
 
     memory: torch.Tensor
     registration: Any
-    in_use: Callable[[], bool]
+    in_use: Callable[[], bool]  # a reader may come: the owner loop keeps its busy pace
     release: Callable[[str, int], None]  # (verb: "free" or "abandon", generation)
 
 

@@ -316,9 +316,10 @@ def _views_gone(key: tuple[str, int], path: Path, pooled: bool) -> None:
 
 
 def producer_segment(name: str) -> tuple[mmap.mmap, Callable[[], bool]]:
-    """This process's mapping of its pooled segment ``name``, and whether it is in use now."""
+    """This process's mapping of its pooled segment ``name``, and whether a payload in it is
+    still unread (READ: a consumer here has mapped it, and needs nothing of the producer)."""
     segment = _pool.segments[name]
-    return segment.view, lambda: segment.state()[1] != FREE
+    return segment.view, lambda: segment.state()[1] == IN_USE
 
 
 def release_segment(name: str, generation: int, unread_only: bool = False) -> None:

@@ -157,3 +157,17 @@ async def test_an_empty_payload_is_read_on_another_host(elsewhere, payload):
     """Its read still covers the header, which the generation check needs."""
     got = elsewhere("take", SharedMemoryDirectChannel().put(payload))
     assert {key: t.shape for key, t in got.items()} == {k: t.shape for k, t in payload.items()}
+
+
+async def test_the_owner_loop_keeps_its_busy_pace_only_while_a_payload_is_unread():
+    """A reader over TCP moves only as the owner's loop polls (1 ms while busy); a consumer
+    here that has mapped the payload (a Talker holding its prompt rows all request long,
+    say) needs nothing of it."""
+    channel = SharedMemoryDirectChannel()
+    ref = channel.put(torch.ones(1 << 16))
+    lent = direct_module.endpoint().lent[ref.handle[1].buffer]
+    assert lent.in_use()
+    got = await channel.get(ref)
+    assert not lent.in_use()
+    channel.free(ref)
+    del got
