@@ -9,6 +9,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+import torch
+
 
 class Peer:
     def __init__(self, main: Callable[[Connection, dict[str, str]], None], **env: str) -> None:
@@ -62,9 +64,36 @@ def serve_ops(conn: Connection, ops: dict[str, Callable[[Any], Any]]) -> None:
             conn.send(exc)
 
 
+def channel_ops(channel: Any) -> dict[str, Callable[[Any], Any]]:
+    """A peer's ops on its channel, for ``serve_ops``: what a stage does with refs."""
+    import asyncio
+
+    from omni_serve.transport import take
+
+    return {
+        "put": channel.put,
+        "take": lambda ref: asyncio.run(take(ref)),
+        "get": lambda ref: asyncio.run(channel.get(ref)),
+        "abandon": channel.abandon,
+    }
+
+
 def buffers_in_use(_: Any = None) -> int:
     """How many of this process's direct-backend buffers are in use (not yet handed back)."""
     from omni_serve.transport import direct
 
     owner = direct.endpoint()
     return sum(buffer.state == direct.IN_USE for buffer in owner.buffers.values())
+
+
+def mixed_payload(side: int = 512, fill: float = 1.0) -> dict[str, torch.Tensor]:
+    """A dict payload with what a backend must get right: a non-contiguous view, bf16 and an
+    empty tensor."""
+    base = torch.randn(side, 2 * side, generator=torch.Generator().manual_seed(0)) * fill
+    return {"rows": base.t(), "bf16": base[:3].to(torch.bfloat16), "empty": torch.empty(0, 8)}
+
+
+def assert_same_payload(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert list(got) == list(want)
+    for key, t in want.items():
+        assert got[key].dtype == t.dtype and torch.equal(got[key], t), key

@@ -12,7 +12,14 @@ import torch
 
 from omni_serve.transport import AutoChannel, ChannelError, DirectChannel, make_channel, take
 from omni_serve.transport import direct as direct_module
-from tests.omni_serve.transport.peer import Peer, buffers_in_use, serve_ops
+from tests.omni_serve.transport.peer import (
+    Peer,
+    assert_same_payload,
+    buffers_in_use,
+    channel_ops,
+    mixed_payload,
+    serve_ops,
+)
 
 pytest.importorskip("omni_serve.compat.nixl").load_nixl()
 
@@ -21,10 +28,7 @@ def _peer_main(conn, env: dict[str, str]) -> None:
     """A stage in another process: puts, takes, abandons and reports its buffers on request."""
     channel = DirectChannel()
     serve_ops(conn, {
-        "put": channel.put,
-        "take": lambda ref: asyncio.run(take(ref)),
-        "get": lambda ref: asyncio.run(channel.get(ref)),
-        "abandon": channel.abandon,
+        **channel_ops(channel),
         "in_use": buffers_in_use,
         "pause": _pause_owner_loop,
         "resume": _resume_owner_loop,
@@ -52,30 +56,19 @@ def peer():
     peer.close()
 
 
-def _payload() -> dict[str, torch.Tensor]:
-    base = torch.randn(512, 1024, generator=torch.Generator().manual_seed(0))
-    return {"rows": base.t(), "bf16": base[:3].to(torch.bfloat16), "empty": torch.empty(0, 8)}
-
-
-def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert list(got) == list(want)
-    for key, t in want.items():
-        assert got[key].dtype == t.dtype and torch.equal(got[key], t), key
-
-
 async def test_a_payload_from_another_process_is_read_and_its_buffer_handed_back(peer):
-    ref = peer("put", _payload())
+    ref = peer("put", mixed_payload())
     assert ref.backend == "direct" and peer("in_use") == 1
-    _assert_same(await take(ref), _payload())
+    assert_same_payload(await take(ref), mixed_payload())
     assert peer.wait_in_use(0) == 0  # the free notification reached the owner
-    again = peer("put", _payload())
+    again = peer("put", mixed_payload())
     assert again.handle.buffer == ref.handle.buffer  # reused, not registered anew
 
 
 async def test_a_payload_from_here_is_read_by_another_process_and_handed_back(peer):
     channel = DirectChannel()
-    ref = channel.put(_payload())
-    _assert_same(peer("take", ref), _payload())
+    ref = channel.put(mixed_payload())
+    assert_same_payload(peer("take", ref), mixed_payload())
     owner = direct_module.endpoint()
     deadline = time.monotonic() + 3
     while owner.buffers[ref.handle.buffer].state != direct_module.FREE:
@@ -332,17 +325,19 @@ def test_a_gpu_ref_leaves_put_and_commit_only_once_the_device_is_done(monkeypatc
 async def test_a_reservation_written_in_place_is_read_by_another_process(peer, monkeypatch):
     monkeypatch.setattr(direct_module, "_endpoint", None)  # an agent with no buffers yet
     channel = DirectChannel()
-    like = {k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in _payload().items()}
+    like = {
+        k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in mixed_payload().items()
+    }
     channel.reserve(like).cancel()
     owner = direct_module.endpoint()
     (cancelled,) = owner.buffers.values()
     assert cancelled.state == direct_module.FREE  # given back at once
     reservation = channel.reserve(like)
-    for key, t in _payload().items():
+    for key, t in mixed_payload().items():
         reservation.tensors[key].copy_(t)
     ref = reservation.commit()
     assert ref.handle.buffer == cancelled.index  # the same buffer, reused
-    _assert_same(peer("take", ref), _payload())
+    assert_same_payload(peer("take", ref), mixed_payload())
 
 
 async def test_a_stale_ref_to_a_dropped_buffer_never_reads_the_next_payload(peer, monkeypatch):
@@ -376,10 +371,10 @@ async def test_after_the_owner_drops_a_buffer_a_reader_reloads_it_once_its_reads
     reader drops the owner's agent and adds it afresh, once its reads from it are over."""
     owner = Peer(_peer_main, OMNI_DIRECT_POOL_BYTES="0")  # every buffer is a one-read buffer
     try:
-        first = owner("put", _payload())
-        _assert_same(await take(first), _payload())  # loads the owner's agent here
+        first = owner("put", mixed_payload())
+        assert_same_payload(await take(first), mixed_payload())  # loads the owner's agent here
         assert owner.wait_in_use(0) == 0  # read, freed and dropped by the owner
-        second = owner("put", _payload())
+        second = owner("put", mixed_payload())
         assert second.handle.dropped == first.handle.dropped + 1
         reader = direct_module.endpoint()
         reloads = reader.reloads
@@ -391,10 +386,10 @@ async def test_after_the_owner_drops_a_buffer_a_reader_reloads_it_once_its_reads
         with reader.lock:
             reader.reading[second.handle.agent] = 0
             reader.reads_ended.notify_all()
-        _assert_same(await asyncio.wait_for(taking, 10), _payload())
+        assert_same_payload(await asyncio.wait_for(taking, 10), mixed_payload())
         assert reader.reloads == reloads + 1
-        third = owner("put", _payload())  # and again: each dropped buffer, one reload
-        _assert_same(await take(third), _payload())
+        third = owner("put", mixed_payload())  # and again: each dropped buffer, one reload
+        assert_same_payload(await take(third), mixed_payload())
         assert reader.reloads == reloads + 2 and owner.wait_in_use(0) == 0
     finally:
         owner.close()
@@ -413,15 +408,17 @@ async def test_past_max_owners_the_least_recent_is_forgotten_and_loaded_again_wh
     other = Peer(_peer_main)
     try:
         reader = direct_module.endpoint()
-        first = peer("put", _payload())
-        _assert_same(await take(first), _payload())
+        first = peer("put", mixed_payload())
+        assert_same_payload(await take(first), mixed_payload())
         assert peer.wait_in_use(0) == 0
         await asyncio.sleep(0.3)  # the free to ``peer`` is out: it may be dropped now
-        second = other("put", _payload())
-        _assert_same(await take(second), _payload())
+        second = other("put", mixed_payload())
+        assert_same_payload(await take(second), mixed_payload())
         assert list(reader.loaded) == [second.handle.agent]
         assert list(reader.notes.owners) == [second.handle.agent]
-        _assert_same(await take(peer("put", _payload())), _payload())  # loaded again
+        assert_same_payload(
+            await take(peer("put", mixed_payload())), mixed_payload()
+        )  # loaded again
         assert peer.wait_in_use(0) == 0 and other.wait_in_use(0) == 0
         assert list(reader.loaded) == [first.handle.agent]
     finally:

@@ -4,7 +4,6 @@ hostname; the real two-host run is in tests/integration/test_two_hosts.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import socket
 import time
@@ -20,7 +19,13 @@ from omni_serve.transport import (
     take,
 )
 from omni_serve.transport import direct as direct_module
-from tests.omni_serve.transport.peer import Peer, serve_ops
+from tests.omni_serve.transport.peer import (
+    Peer,
+    assert_same_payload,
+    channel_ops,
+    mixed_payload,
+    serve_ops,
+)
 
 pytest.importorskip("omni_serve.compat.nixl").load_nixl()
 ELSEWHERE = "omni-host-elsewhere"
@@ -30,13 +35,7 @@ def _peer_main(conn, env: dict[str, str]) -> None:
     """A stage in another process; with HOSTNAME_AS, on another host as far as it can tell."""
     if host := env.get("HOSTNAME_AS"):
         socket.gethostname = lambda: host
-    channel = SharedMemoryDirectChannel()
-    serve_ops(conn, {
-        "put": channel.put,
-        "take": lambda ref: asyncio.run(take(ref)),
-        "get": lambda ref: asyncio.run(channel.get(ref)),
-        "abandon": channel.abandon,
-    })  # fmt: skip
+    serve_ops(conn, channel_ops(SharedMemoryDirectChannel()))
 
 
 @pytest.fixture(scope="module")
@@ -60,36 +59,27 @@ def _wait_state(ref, state: int, timeout: float = 5.0) -> int:
     return now
 
 
-def _payload(fill: float = 1.0) -> dict[str, torch.Tensor]:
-    base = torch.randn(256, 512, generator=torch.Generator().manual_seed(0)) * fill
-    return {"rows": base.t(), "bf16": base[:3].to(torch.bfloat16), "empty": torch.empty(0, 8)}
-
-
-def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert list(got) == list(want)
-    for key, t in want.items():
-        assert got[key].dtype == t.dtype and torch.equal(got[key], t), key
-
-
 async def test_a_reader_on_another_host_reads_over_nixl_and_hands_the_segment_back(elsewhere):
     channel = SharedMemoryDirectChannel()
-    ref = channel.put(_payload())
+    ref = channel.put(mixed_payload(256))
     assert ref.backend == "shared_memory_direct"
-    _assert_same(elsewhere("take", ref), _payload())  # its host cannot map this /dev/shm
+    # Its host cannot map this /dev/shm: NIXL or nothing.
+    assert_same_payload(elsewhere("take", ref), mixed_payload(256))
     assert _wait_state(ref, shared_memory.FREE) == shared_memory.FREE, "the free never came"
     registered = direct_module.endpoint().registered
-    again = channel.put(_payload(2.0))
+    again = channel.put(mixed_payload(256, 2.0))
     assert again.key == ref.key and direct_module.endpoint().registered == registered
-    _assert_same(elsewhere("take", again), _payload(2.0))  # the reused segment, lent once
+    # The reused segment, lent once.
+    assert_same_payload(elsewhere("take", again), mixed_payload(256, 2.0))
 
 
 async def test_a_reader_on_this_host_maps_the_segment_instead():
     """READ is the state only a mapping reader sets: a read over NIXL leaves it in use."""
     channel = SharedMemoryDirectChannel()
-    ref = channel.put(_payload())
+    ref = channel.put(mixed_payload(256))
     got = await channel.get(ref)
     assert _state(ref) == shared_memory.READ
-    _assert_same(got, _payload())
+    assert_same_payload(got, mixed_payload(256))
     channel.free(ref)
     assert _state(ref) == shared_memory.READ  # its tensors still view the segment
     del got
@@ -99,13 +89,13 @@ async def test_a_reader_on_this_host_maps_the_segment_instead():
 
 async def test_abandon_from_another_host_frees_only_a_payload_no_one_read(elsewhere):
     channel = SharedMemoryDirectChannel()
-    unread, read = channel.put(_payload()), channel.put(_payload(3.0))
+    unread, read = channel.put(mixed_payload(256)), channel.put(mixed_payload(256, 3.0))
     got = await channel.get(read)  # a consumer on this host has it mapped
     elsewhere("abandon", read)  # the caller's call ended: its ref goes back...
     elsewhere("abandon", unread)
     assert _wait_state(unread, shared_memory.FREE) == shared_memory.FREE
     assert _state(read) == shared_memory.READ  # ...unless a consumer holds it
-    _assert_same(got, _payload(3.0))
+    assert_same_payload(got, mixed_payload(256, 3.0))
     channel.free(read)
     del got
     gc.collect()
