@@ -177,12 +177,14 @@ class _Endpoint:
 
     def where(self, index: int, memory: torch.Tensor, generation: int, size: int,
               offsets: dict[str, tuple[int, int]], keys: list[Any] | None) -> Where:  # fmt: skip
-        """What a reader needs for a payload in buffer ``index`` (``memory``)."""
+        """What a reader needs for a payload in buffer ``index`` (``memory``). Under the lock:
+        the metadata, its version and the drop count must be of one moment."""
         mem_type, device_id = nixl_mem_type(memory.device)
-        return Where(
-            self.name, self.metadata, self.metadata_version, self.dropped, index,
-            memory.data_ptr(), mem_type, device_id, generation, size, offsets, keys,
-        )  # fmt: skip
+        with self.lock:
+            return Where(
+                self.name, self.metadata, self.metadata_version, self.dropped, index,
+                memory.data_ptr(), mem_type, device_id, generation, size, offsets, keys,
+            )  # fmt: skip
 
     def _evict(self, room: int) -> None:
         """Deregister free pooled buffers, least recently used first, until ``room`` bytes of
