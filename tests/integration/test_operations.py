@@ -9,6 +9,7 @@ serves every test here; the batch job runs against it through `ray job submit`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -128,8 +129,17 @@ def test_requests_leave_no_shared_memory_or_object_store_behind(served):
     after = wait_for(lambda: (u := shm_usage()).in_use <= 3 and u, 10,
                      "segments handed back")  # fmt: skip
     assert after.segments <= shm.segments + 12  # pools grow to 4 in flight x 3 edges at most
-    # Serve's own objects come and go (+8 here over 40 requests, +14 over 1,000 in the soak)
-    assert object_store_usage()["objects"] <= store["objects"] + 20
+    # Serve's own objects come and go (+8 here over 40 requests, +14 over 1,000 in the soak;
+    # +24 for a moment once, with the machine loaded: so the count may settle for 15 s).
+    counts: list[int] = []
+
+    def settled() -> bool:
+        counts.append(object_store_usage()["objects"])
+        return counts[-1] <= store["objects"] + 20
+
+    with contextlib.suppress(AssertionError):
+        wait_for(settled, 15, "object store back")
+    assert counts[-1] <= store["objects"] + 20, (store["objects"], counts)
 
 
 def test_requests_cancelled_while_queued_at_the_dit_free_their_prompt_rows_at_once(served):
