@@ -9,6 +9,11 @@ Ray 2.60: there is no public API for the address Serve's HTTP proxies bind (``ht
 of the Serve config, ``serve start --http-host``). The controller's ``HTTPOptions`` is the
 source of truth; the private Serve client caches it. If that ever breaks, the ingress treats
 the address as unknown (loopback, Serve's default) rather than failing to start.
+
+Ray 2.60 (core): there is no public key-value store for what a library keeps per node. The
+transport records each node's host id (``omni_serve.transport.hosts``) in the internal KV of
+the cluster's GCS (``ray.experimental.internal_kv``), as Ray's own libraries do. If that API
+goes, nodes are told apart by hostname only, as before the host id existed: said once.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import re
 
 log = logging.getLogger(__name__)
 _DEAD_REPLICA = re.compile(r"class_name: ServeReplica:[^:\s]+:([^\s]+)")
+KV_NAMESPACE = "omni_serve"
+_kv_failed = False
 
 
 def proxy_host() -> str | None:
@@ -34,3 +41,32 @@ def dead_deployment(exc: BaseException) -> str | None:
     """The deployment whose replica's death ``exc`` (a ``RayActorError``) reports, if named."""
     match = _DEAD_REPLICA.search(str(exc))
     return match.group(1) if match else None
+
+
+def kv_put(key: str, value: str) -> None:
+    """Write ``key`` in the cluster's internal KV (namespace ``omni_serve``)."""
+    try:
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(key, value, overwrite=True, namespace=KV_NAMESPACE)
+    except Exception as exc:  # an upstream change: degrade, do not fail the caller
+        _kv_unavailable(exc)
+
+
+def kv_get(key: str) -> str | None:
+    """``key``'s value in the cluster's internal KV, or None (unset, or the KV is gone)."""
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        value = _internal_kv_get(key, namespace=KV_NAMESPACE)
+    except Exception as exc:
+        _kv_unavailable(exc)
+        return None
+    return value.decode() if value is not None else None
+
+
+def _kv_unavailable(exc: Exception) -> None:
+    global _kv_failed
+    if not _kv_failed:
+        _kv_failed = True
+        log.warning("Ray's internal KV is not usable (%s): hosts are told apart by hostname", exc)

@@ -4,7 +4,6 @@ chosen per edge, by default by size and locality."""
 from __future__ import annotations
 
 import logging
-import socket
 import time
 
 import torch
@@ -21,6 +20,7 @@ from omni_serve.transport.base import (
     payload_spec,
 )
 from omni_serve.transport.direct import DirectChannel
+from omni_serve.transport.hosts import announce, cluster_is_one_host
 from omni_serve.transport.inline import InlineChannel
 from omni_serve.transport.object_store import ObjectStoreChannel
 from omni_serve.transport.shared_memory import SharedMemoryChannel
@@ -40,17 +40,6 @@ LOCALITY_TTL_S = 60.0
 # check) where the host path costs ~0.3 ms/MB: measured on an H100 (bench_channel_gpu.py),
 # 1 MB 0.75-1.1 ms via host vs 1.9-2.3 ms direct, 16 MB 4.5-5.9 vs 1.9-2.3 ms.
 GPU_DIRECT_MIN_BYTES = 4 << 20
-
-
-def cluster_is_one_host() -> bool:
-    """True when every alive Ray node runs on this host (or Ray is not running here), so any
-    consumer can map this host's shared memory."""
-    import ray
-
-    if not ray.is_initialized():
-        return True
-    host = socket.gethostname()
-    return all(node.get("NodeManagerHostname") == host for node in ray.nodes() if node.get("Alive"))
 
 
 class AutoChannel:
@@ -145,6 +134,7 @@ def backend_for(ref: TensorRef) -> Channel:
 
 async def take(ref: TensorRef) -> Payload:
     """Read a ref's tensors and free it: the consumer of a one-reader edge owns the ref."""
+    announce()
     channel = backend_for(ref)
     try:
         return await channel.get(ref)
@@ -166,7 +156,9 @@ def make_channel(backend: str = "auto", inline_max_bytes: int = 64 * 1024,
     """The channel an edge's ``ChannelSettings`` ask for. ``gpu_consumer``: the consuming
     stage has a GPU, so a payload on a GPU may stay there (direct backend: read GPU to GPU);
     else it goes through host memory on every backend (a reader without CUDA cannot read
-    GPU memory over UCX)."""
+    GPU memory over UCX). Also records this node's host id, so producers elsewhere see
+    whether this process can map their shared memory before it reads anything."""
+    announce()
     if backend == "auto":
         return AutoChannel(inline_max_bytes, gpu_consumer=gpu_consumer)
     if backend not in _BACKENDS:

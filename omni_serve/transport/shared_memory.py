@@ -36,7 +36,6 @@ import itertools
 import mmap
 import os
 import queue
-import socket
 import struct
 import threading
 import time
@@ -60,9 +59,9 @@ from omni_serve.transport.base import (
     payload_spec,
     unpack,
 )
+from omni_serve.transport.hosts import SHM_DIR, host_id
 from omni_serve.transport.shm_readers import ReaderMappings
 
-SHM_DIR = Path("/dev/shm")
 PREFIX = "omni-shm-"
 HEADER = struct.Struct("<QQd")  # generation, state, time of the put
 FREE, IN_USE, READ = 0, 1, 2  # READ: a consumer has mapped it (and will hand it back)
@@ -366,15 +365,16 @@ class SharedMemoryChannel:
         offsets, needed = layout(tensors)
         segment, pooled = _pool.acquire(needed, one_shot=not self.pooled_only)
         generation = segment.claim()
-        handle = (socket.gethostname(), generation, segment.size, offsets, keys, pooled)
+        handle = (host_id(), generation, segment.size, offsets, keys, pooled)
         return tensors, offsets, segment, TensorRef(self.name, segment.name, nbytes, spec, handle)
 
     async def get(self, ref: TensorRef) -> Payload:
         host, generation, size, offsets, keys, pooled = ref.handle
-        if host != socket.gethostname():
+        if host != host_id():
             raise ChannelError(
-                f"shared-memory ref {ref.key} lives on {host}, read on {socket.gethostname()}: "
-                "use the object_store (or direct) backend for cross-node edges"
+                f"shared-memory ref {ref.key} lives on host {host}, read on {host_id()}, which "
+                "cannot map its /dev/shm (another machine, or a container with a /dev/shm of "
+                "its own): use the object_store (or direct) backend for cross-host edges"
             )
         path = SHM_DIR / ref.key
         with _locked(path) as fd:
@@ -407,5 +407,5 @@ class SharedMemoryChannel:
         it (that one hands it back itself; freeing it under its views would let the producer
         overwrite tensors still in use)."""
         host, generation, _, _, _, pooled = ref.handle
-        if host == socket.gethostname():
+        if host == host_id():
             _release(SHM_DIR / ref.key, generation, pooled, unread_only=True)

@@ -14,7 +14,6 @@ as a local consumer would. The segment's header starts as the direct backend's d
 
 from __future__ import annotations
 
-import socket
 import threading
 from dataclasses import replace
 
@@ -23,6 +22,7 @@ import torch
 from omni_serve.transport import shared_memory
 from omni_serve.transport.base import ALIGN, Payload, Reservation, TensorRef
 from omni_serve.transport.direct import DirectChannel, endpoint
+from omni_serve.transport.hosts import host_id
 from omni_serve.transport.shared_memory import SharedMemoryChannel
 
 _lent: dict[str, tuple[int, torch.Tensor]] = {}  # segment -> (its index with the agent, memory)
@@ -64,7 +64,7 @@ def _remote(ref: TensorRef) -> TensorRef:
 
 
 def _here(ref: TensorRef) -> bool:
-    return ref.handle[0][0] == socket.gethostname()
+    return ref.handle[0][0] == host_id()
 
 
 class SharedMemoryDirectChannel:

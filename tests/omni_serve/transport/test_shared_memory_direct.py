@@ -15,6 +15,7 @@ from omni_serve.transport import (
     ChannelError,
     ChannelFull,
     SharedMemoryDirectChannel,
+    hosts,
     shared_memory,
     take,
 )
@@ -35,6 +36,7 @@ def _peer_main(conn, env: dict[str, str]) -> None:
     """A stage in another process; with HOSTNAME_AS, on another host as far as it can tell."""
     if host := env.get("HOSTNAME_AS"):
         socket.gethostname = lambda: host
+        hosts.host_id.cache_clear()
     serve_ops(conn, channel_ops(SharedMemoryDirectChannel()))
 
 

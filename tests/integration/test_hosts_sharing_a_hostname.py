@@ -1,0 +1,88 @@
+"""User story: an operator runs Ray nodes in containers on the host's network (they share its
+hostname, each has a /dev/shm of its own). Tensors between stages on two of them still arrive:
+the default channel sees two hosts, not one, and an edge pinned to shared memory fails with an
+error naming both hosts instead of "freed".
+
+The second node is a Ray node in namespaces of its own on this machine
+(``omni_serve.testing.two_hosts``) given this machine's hostname."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from omni_serve.testing.two_hosts import HostsUnavailable, TwoHosts
+
+pytestmark = pytest.mark.integration
+NBYTES = 4 << 20
+
+
+@pytest.fixture(scope="module")
+def ray_on_twins():
+    import ray
+
+    hosts = TwoHosts(namespace="omni-twin", hostname=socket.gethostname(),
+                     head_ip="10.212.0.1", other_ip="10.212.0.2", shm_size="1g")  # fmt: skip
+    try:
+        hosts.start()
+    except HostsUnavailable as exc:  # needs root: ip netns, unshare, mount
+        pytest.skip(f"cannot make a second host here: {exc}")
+    ray.init(address=hosts.address, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    hosts.stop()
+
+
+@pytest.fixture(scope="module")
+def producer_and_consumer(ray_on_twins):
+    ray = ray_on_twins
+
+    @ray.remote(num_cpus=0)
+    class Stage:
+        def __init__(self) -> None:
+            from omni_serve.transport import make_channel
+
+            self.channel = make_channel()  # a stage makes its edges' channels when it starts
+
+        def put(self, backend: str):
+            from omni_serve.transport import hosts, make_channel
+
+            payload = torch.arange(NBYTES // 4, dtype=torch.float32)
+            return hosts.cluster_is_one_host(), make_channel(backend).put(payload)
+
+        async def take(self, ref):
+            from omni_serve.transport import ChannelError, take
+
+            try:
+                return socket.gethostname(), await take(ref)
+            except ChannelError as exc:
+                return socket.gethostname(), str(exc)
+
+    consumer = Stage.options(resources={"host_b": 0.01}).remote()
+    ray.get(consumer.__ray_ready__.remote())  # started (and announced) before the first put
+    return Stage.options(resources={"host_a": 0.01}).remote(), consumer
+
+
+def test_auto_sends_across_nodes_that_share_a_hostname_but_not_shared_memory(
+    ray_on_twins, producer_and_consumer
+):
+    ray = ray_on_twins
+    producer, consumer = producer_and_consumer
+    one_host, ref = ray.get(producer.put.remote("auto"))
+    hostname, got = ray.get(consumer.take.remote(ref))
+    assert hostname == socket.gethostname() and not one_host
+    assert ref.backend == "shared_memory_direct"  # NIXL is installed (the [direct] extra)
+    assert torch.equal(got, torch.arange(NBYTES // 4, dtype=torch.float32))
+
+
+def test_a_shared_memory_edge_between_them_fails_naming_both_hosts(
+    ray_on_twins, producer_and_consumer
+):
+    ray = ray_on_twins
+    producer, consumer = producer_and_consumer
+    _, ref = ray.get(producer.put.remote("shared_memory"))
+    _, error = ray.get(consumer.take.remote(ref))
+    assert "cannot map its /dev/shm" in error and ref.handle[0] in error
+    assert error.count(socket.gethostname() + "#") == 2

@@ -1,0 +1,87 @@
+"""Host ids: processes share a host when they can map each other's /dev/shm, whatever their
+hostnames say (containers on the host's network share its hostname, not its /dev/shm)."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from omni_serve.transport import SharedMemoryChannel, take
+from omni_serve.transport.hosts import describe_host, host_id, one_host
+
+
+def test_a_host_id_is_the_hostname_plus_the_machine_boot_and_dev_shm_mount(tmp_path):
+    boot, other_boot = tmp_path / "boot", tmp_path / "other_boot"
+    boot.write_text("5d1c\n")
+    other_boot.write_text("77aa\n")
+    shm, other_shm = Path("/dev/shm"), tmp_path / "shm"
+    other_shm.mkdir()
+    same = describe_host("node", shm, boot)
+    assert same == describe_host("node", shm, boot) and same.startswith("node#")
+    assert describe_host("node", other_shm, boot) != same  # another mount: another host
+    assert describe_host("node", shm, other_boot) != same  # another machine (or boot)
+    assert describe_host("other", shm, boot).split("#")[1] == same.split("#")[1]
+    assert describe_host("node", shm, tmp_path / "missing").startswith("node#")  # not Linux
+
+
+def _node(node_id: str, hostname: str) -> dict:
+    return {"NodeID": node_id, "NodeManagerHostname": hostname, "Alive": True}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "recorded", "expected"),
+    [
+        ([_node("a", "h")], {}, True),  # one node, nothing recorded: by hostname
+        ([_node("a", "h"), _node("b", "h")], {"a": "h#1", "b": "h#1"}, True),
+        ([_node("a", "h"), _node("b", "h")], {"a": "h#1"}, True),  # b not recorded yet
+        ([_node("a", "h"), _node("b", "h")], {"a": "h#1", "b": "h#2"}, False),  # containers
+        ([_node("a", "h"), _node("b", "g")], {"b": "h#1"}, False),  # another hostname
+    ],
+)
+def test_nodes_are_one_host_when_none_has_another_hostname_or_recorded_id(
+    nodes, recorded, expected
+):
+    looked_up: list[str] = []
+
+    def announced(node_id: str) -> str | None:
+        looked_up.append(node_id)
+        return recorded.get(node_id)
+
+    assert one_host(nodes, "h", "h#1", announced) is expected
+    assert "g" not in looked_up  # a node with another hostname is another host: no lookup
+
+
+READ_IN_A_PRIVATE_DEV_SHM = """
+import asyncio, pickle, socket, sys
+from omni_serve.transport import ChannelError, take
+from omni_serve.transport.hosts import host_id
+ref = pickle.loads(bytes.fromhex(sys.argv[1]))
+try:
+    asyncio.run(take(ref))
+    print("read", flush=True)
+except ChannelError as exc:
+    print(socket.gethostname(), host_id(), exc, sep="\\n", flush=True)
+"""
+
+
+async def test_a_process_with_a_dev_shm_of_its_own_is_another_host_with_one_hostname():
+    """As a container on the host's network sees a ref made outside it: the error says why,
+    not that the ref was freed."""
+    ref = SharedMemoryChannel().put(torch.arange(300_000, dtype=torch.float32))
+    inside = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+              'mount -t tmpfs tmpfs /dev/shm && exec "$0" -c "$1" "$2"', sys.executable,
+              READ_IN_A_PRIVATE_DEV_SHM, pickle.dumps(ref).hex()]  # fmt: skip
+    done = subprocess.run(inside, capture_output=True, text=True, timeout=120)
+    if "mount" in done.stderr and done.returncode != 0:
+        pytest.skip(f"cannot mount a private /dev/shm here (needs root): {done.stderr[-300:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    hostname, their_id, error = done.stdout.strip().split("\n", 2)
+    assert hostname == socket.gethostname() and their_id != host_id()
+    assert host_id() in error and their_id in error and "cannot map its /dev/shm" in error
+    assert torch.equal(await take(ref), torch.arange(300_000, dtype=torch.float32))  # intact
