@@ -91,7 +91,9 @@ class DeploymentSettings(_Strict):
     request_router_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Router settings, e.g. affinity's prefix_tokens (64) and "
-        "imbalance_threshold (4 requests).",
+        "imbalance_threshold (4 requests); for both routers local_slack (2 requests: replicas "
+        "on the caller's node come first while their queue is within this of the shortest; "
+        "-1 turns it off).",
     )
     cpu_cores: list[int] | None = Field(
         None,

@@ -153,6 +153,67 @@ def test_a_shared_memory_ref_read_on_another_host_fails_naming_both(
     assert ref.handle[0].startswith(f"{made_on}#") and "object_store" in error
 
 
+@pytest.fixture
+def serve_on_two_hosts(ray_on_two_hosts):
+    from ray import serve
+
+    serve.start(proxy_location="Disabled")
+    yield serve
+    serve.shutdown()
+
+
+def test_a_stage_on_both_hosts_is_called_on_the_callers_host(serve_on_two_hosts):
+    """least_loaded ranks the replica beside the caller first while queues are even, so the
+    payload is mapped there rather than read over the network (the config's router; with
+    ``local_slack: -1`` calls left the caller's host, checked)."""
+    import ray
+
+    from omni_serve.config import DeploymentSettings
+
+    serve = serve_on_two_hosts
+    router = DeploymentSettings(num_replicas=2, request_router="least_loaded").serve_options()
+    router.pop("ray_actor_options")
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0}, max_replicas_per_node=1, **router)
+    class Reader:
+        async def __call__(self, ref) -> tuple[str, bool]:
+            from omni_serve.transport import take
+
+            got = await take(ref)
+            assert torch.equal(got["rows"], payload(4 << 20)["rows"])
+            mapped = ref.key in Path("/proc/self/maps").read_text()
+            return ray.get_runtime_context().get_node_id(), mapped
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class Writer:
+        def __init__(self, reader) -> None:
+            from omni_serve.transport import make_channel
+
+            self.reader, self.channel = reader, make_channel()
+
+        async def __call__(self, calls: int) -> tuple[str, list[tuple[str, bool]]]:
+            answers = [await self.reader.remote(self.channel.put(payload(4 << 20)))
+                       for _ in range(calls)]  # fmt: skip
+            return ray.get_runtime_context().get_node_id(), answers
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class BothHosts:
+        def __init__(self, *writers) -> None:
+            self.writers = writers
+
+        async def __call__(self, calls: int):
+            return [await writer.remote(calls) for writer in self.writers]
+
+    reader = Reader.bind()
+    writers = [Writer.options(name=f"writer_{host}", ray_actor_options=pinned(host)).bind(reader)
+               for host in ("host_a", "host_b")]  # fmt: skip
+    handle = serve.run(BothHosts.bind(*writers), name="locality", route_prefix=None)
+    results = handle.remote(8).result(timeout_s=120)
+    assert len({node for node, _ in results}) == 2  # a writer on each host
+    for node, answers in results:
+        assert answers == [(node, True)] * 8, "a call left the caller's host"
+
+
 @pytest.fixture(scope="module")
 def thinkers(ray_on_two_hosts, tiny_omni_path):
     """A Thinker replica on each host, built as Serve builds one, with the tiny pipeline's

@@ -61,3 +61,27 @@ def test_an_overloaded_or_full_preferred_replica_falls_back_to_least_loaded():
 def test_least_loaded_offers_every_replica_shortest_queue_first():
     assert policy.least_loaded({"a": 3, "b": None, "c": 0}) == [["b", "c", "a"]]
     assert policy.affinity_ranks(None, {"a": 3, "b": 1}, {"a": 8, "b": 8}) == [["b", "a"]]
+
+
+def test_replicas_on_the_callers_node_come_first_while_their_queue_is_near_the_shortest():
+    lens = {"here": 2, "there": 0, "there_too": 1}
+    assert policy.least_loaded(lens, local={"here"}) == [["here"], ["there", "there_too"]]
+    busy = {"here": 3, "there": 0, "there_too": 1}  # 3 > 0 + slack 2: load wins
+    assert policy.least_loaded(busy, local={"here"}) == [["there", "there_too", "here"]]
+    assert policy.least_loaded(lens, local={"here"}, local_slack=-1) == [
+        ["there", "there_too", "here"]
+    ]
+    unknown = {"here": None, "there": 5}  # not probed yet: counted as empty
+    assert policy.least_loaded(unknown, local={"here"}) == [["here"], ["there"]]
+    everywhere = {"a": 1, "b": 0}  # every replica local: one rank
+    assert policy.least_loaded(everywhere, local={"a", "b"}) == [["b", "a"]]
+
+
+def test_a_conversations_replica_outranks_locality_and_locality_orders_the_fallback():
+    key = "session:abc"
+    preferred = policy.rendezvous_order(key, REPLICAS)[0]
+    here = next(r for r in REPLICAS if r != preferred)
+    lens = {r: 1 for r in REPLICAS}
+    ranks = policy.affinity_ranks(key, lens, MAX, local={here})
+    assert ranks[0] == [preferred] and ranks[1] == [here]
+    assert sorted(ranks[2]) == sorted(r for r in REPLICAS if r != here)
