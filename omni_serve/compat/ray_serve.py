@@ -19,6 +19,7 @@ goes, nodes are told apart by hostname only, as before the host id existed: said
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 log = logging.getLogger(__name__)
@@ -70,3 +71,22 @@ def _kv_unavailable(exc: Exception) -> None:
     if not _kv_failed:
         _kv_failed = True
         log.warning("Ray's internal KV is not usable (%s): hosts are told apart by hostname", exc)
+
+
+def forget_cluster_address(address: str) -> None:
+    """Ray 2.60: ``ray start --head`` writes its address to ``<temp>/ray/ray_current_cluster``
+    and only ``ray stop`` removes it, so a head stopped any other way leaves it, and a later
+    ``ray.init()`` with no address tries to join that dead cluster ("When connecting to an
+    existing cluster, num_cpus and num_gpus must not be provided"). Removes the file when it
+    names ``address``."""
+    try:
+        from ray._common.utils import get_ray_address_file
+
+        path = get_ray_address_file(None)
+        with open(path) as f:
+            if f.read().strip() == address:
+                os.remove(path)
+    except FileNotFoundError:
+        return
+    except Exception as exc:  # an upstream change: say so, do not fail the caller's cleanup
+        log.warning("cannot check Ray's current-cluster file (%s)", exc)

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omni_serve.compat.ray_serve import forget_cluster_address
+
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
@@ -131,7 +133,8 @@ class TwoHosts:
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM each node's process group, SIGKILL what is left after ``grace_s`` (the
         head's ``ray start`` takes ~33 s to stop on a SIGTERM; nothing here needs that), then
-        the namespace (its end of the veth goes with it, and the pair with that)."""
+        the namespace (its end of the veth goes with it, and the pair with that), then the
+        head's address in Ray's current-cluster file (``ray stop`` would remove it)."""
         for process in self.processes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
@@ -148,6 +151,7 @@ class TwoHosts:
             log.unlink(missing_ok=True)
         self.logs.clear()
         self._remove_namespace()
+        forget_cluster_address(self.address)  # else a later bare ray.init() joins the dead head
 
     def _remove_namespace(self) -> None:
         pids = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True,

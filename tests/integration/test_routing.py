@@ -23,7 +23,7 @@ def serve_instance():
     import ray
     from ray import serve
 
-    ray.init(num_cpus=2, include_dashboard=False, namespace="routing-test")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="routing-test")
     serve.start(proxy_location="Disabled")
     yield serve
     serve.shutdown()
