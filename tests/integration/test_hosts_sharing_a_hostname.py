@@ -13,7 +13,8 @@ import socket
 import pytest
 import torch
 
-from omni_serve.testing.two_hosts import HostsUnavailable, TwoHosts
+from omni_serve.testing.two_hosts import TwoHosts
+from tests.integration.two_hosts_ray import ray_on
 
 pytestmark = pytest.mark.integration
 NBYTES = 4 << 20
@@ -21,18 +22,9 @@ NBYTES = 4 << 20
 
 @pytest.fixture(scope="module")
 def ray_on_twins():
-    import ray
-
-    hosts = TwoHosts(namespace="omni-twin", hostname=socket.gethostname(),
-                     head_ip="10.212.0.1", other_ip="10.212.0.2", shm_size="1g")  # fmt: skip
-    try:
-        hosts.start()
-    except HostsUnavailable as exc:  # needs root: ip netns, unshare, mount
-        pytest.skip(f"cannot make a second host here: {exc}")
-    ray.init(address=hosts.address, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    hosts.stop()
+    twin = TwoHosts(namespace="omni-twin", hostname=socket.gethostname(),
+                    head_ip="10.212.0.1", other_ip="10.212.0.2", shm_size="1g")  # fmt: skip
+    yield from ray_on(twin)
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +57,18 @@ def producer_and_consumer(ray_on_twins):
     return Stage.options(resources={"host_a": 0.01}).remote(), consumer
 
 
+def _send(ray, producer_and_consumer, backend: str):
+    """A 4 MB payload put on host a with ``backend``, taken on host b: whether the producer
+    saw one host, the ref, the consumer's hostname, and what it got (or its error)."""
+    producer, consumer = producer_and_consumer
+    one_host, ref = ray.get(producer.put.remote(backend))
+    return (one_host, ref, *ray.get(consumer.take.remote(ref)))
+
+
 def test_auto_sends_across_nodes_that_share_a_hostname_but_not_shared_memory(
     ray_on_twins, producer_and_consumer
 ):
-    ray = ray_on_twins
-    producer, consumer = producer_and_consumer
-    one_host, ref = ray.get(producer.put.remote("auto"))
-    hostname, got = ray.get(consumer.take.remote(ref))
+    one_host, ref, hostname, got = _send(ray_on_twins, producer_and_consumer, "auto")
     assert hostname == socket.gethostname() and not one_host
     assert ref.backend == "shared_memory_direct"  # NIXL is installed (the [direct] extra)
     assert torch.equal(got, torch.arange(NBYTES // 4, dtype=torch.float32))
@@ -80,9 +77,6 @@ def test_auto_sends_across_nodes_that_share_a_hostname_but_not_shared_memory(
 def test_a_shared_memory_edge_between_them_fails_naming_both_hosts(
     ray_on_twins, producer_and_consumer
 ):
-    ray = ray_on_twins
-    producer, consumer = producer_and_consumer
-    _, ref = ray.get(producer.put.remote("shared_memory"))
-    _, error = ray.get(consumer.take.remote(ref))
+    _, ref, _, error = _send(ray_on_twins, producer_and_consumer, "shared_memory")
     assert "cannot map its /dev/shm" in error and ref.handle[0] in error
     assert error.count(socket.gethostname() + "#") == 2

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from omni_serve.config.loading import load_pipeline_config
-from omni_serve.testing.two_hosts import HostsUnavailable, TwoHosts
+from omni_serve.testing.two_hosts import TwoHosts
 from omni_serve.transport.kv_blocks import KVPrefix
+from tests.integration.two_hosts_ray import ray_on
 
 pytestmark = pytest.mark.integration
 CONFIG = Path(__file__).parents[2] / "configs/pipelines/qwen3_omni_tiny.yaml"
@@ -28,17 +29,7 @@ TURN_TWO = [*TURN_ONE, 42, 43, 44, 45, 46]
 
 @pytest.fixture(scope="module")
 def ray_on_two_hosts():
-    import ray
-
-    hosts = TwoHosts()
-    try:
-        hosts.start()
-    except HostsUnavailable as exc:  # needs root: ip netns, unshare, mount
-        pytest.skip(f"cannot make a second host here: {exc}")
-    ray.init(address=hosts.address, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    hosts.stop()
+    yield from ray_on(TwoHosts())
 
 
 def pinned(host: str) -> dict:
