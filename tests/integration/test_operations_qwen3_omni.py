@@ -244,10 +244,19 @@ def thinker_log(served: ServeProcess) -> str:
 
 
 def engine_view() -> str:
-    """What a failure needs to name its cause: the replicas, and each engine's parent process."""
+    """What a failure needs to name its cause: the replicas and their child processes (an
+    engine whose title is not VLLM::EngineCore shows there), and each engine's parent."""
     engines = [(p, parent, process_args(parent)) for p in engine_core_pids()
                for parent in [parent_pid(p)]]  # fmt: skip
-    return f"Thinker replicas {replica_pids('thinker')}, engines and their parents {engines}"
+    children = {pid: child_processes(pid) for pid in replica_pids("thinker")}
+    return f"Thinker replicas and their children {children}, engines and their parents {engines}"
+
+
+def child_processes(pid: int) -> list[str]:
+    """Each child of ``pid`` as 'pid state args' (args cut to 80 characters)."""
+    out = subprocess.run(["ps", "--ppid", str(pid), "-o", "pid=,stat=,args="],
+                         capture_output=True, text=True)  # fmt: skip
+    return [line.strip()[:100] for line in out.stdout.splitlines()]
 
 
 def process_args(pid: int) -> str:
