@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from omni_serve.config import EdgeConfig, PipelineConfig, StageConfig
 from omni_serve.models import resolve_model
-from omni_serve.transport import Channel, make_channel
+from omni_serve.transport import Channel, announce, make_channel
 
 if TYPE_CHECKING:
     import torch
@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 def stage_setup(
     pipeline: dict[str, Any], stage_name: str
 ) -> tuple[PipelineConfig, StageConfig, Path]:
+    """Also records this node's host id before the replica can be sent anything, so that a
+    producer elsewhere knows whether this replica can map its shared memory (a stage that
+    only consumes, like the Talker, makes no channel of its own to record it)."""
+    announce()
     config = PipelineConfig.model_validate(pipeline)
     return config, config.stage(stage_name), resolve_model(config.model)
 

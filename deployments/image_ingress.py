@@ -22,7 +22,7 @@ from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import ChatCompletionRequest, model_list, new_id
 from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
-from omni_serve.transport import take
+from omni_serve.transport import announce, take
 
 app = ingress_app("omni-serve (text to image)")
 log = logging.getLogger("ray.serve")
@@ -70,6 +70,7 @@ class ImageIngress:
         dit: DeploymentHandle,
         vae: DeploymentHandle,
     ) -> None:
+        announce()  # it maps the VAE's images: producers must know which host it is on
         self.config = PipelineConfig.model_validate(pipeline)
         configure_http_guards(self.config)
         self.handles = {"text_encoder": text_encoder, "dit": dit, "vae": vae}

@@ -13,7 +13,8 @@ the address as unknown (loopback, Serve's default) rather than failing to start.
 Ray 2.60 (core): there is no public key-value store for what a library keeps per node. The
 transport records each node's host id (``omni_serve.transport.hosts``) in the internal KV of
 the cluster's GCS (``ray.experimental.internal_kv``), as Ray's own libraries do. If that API
-goes, nodes are told apart by hostname only, as before the host id existed: said once.
+goes, each process asks the nodes for their ids itself (a task per node, answers kept in the
+process) instead of reading them: said once.
 """
 
 from __future__ import annotations
@@ -66,11 +67,21 @@ def kv_get(key: str) -> str | None:
     return value.decode() if value is not None else None
 
 
+def kv_del(key: str) -> None:
+    """Delete ``key`` from the cluster's internal KV (no error when it is not there)."""
+    try:
+        from ray.experimental.internal_kv import _internal_kv_del
+
+        _internal_kv_del(key, namespace=KV_NAMESPACE)
+    except Exception as exc:
+        _kv_unavailable(exc)
+
+
 def _kv_unavailable(exc: Exception) -> None:
     global _kv_failed
     if not _kv_failed:
         _kv_failed = True
-        log.warning("Ray's internal KV is not usable (%s): hosts are told apart by hostname", exc)
+        log.warning("Ray's internal KV is not usable (%s): processes ask nodes for host ids", exc)
 
 
 def forget_cluster_address(address: str) -> None:

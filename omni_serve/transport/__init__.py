@@ -35,6 +35,7 @@ _BACKENDS = {
     "shared_memory_direct": SharedMemoryDirectChannel,
 }
 LOCALITY_TTL_S = 60.0
+UNSETTLED_TTL_S = 1.0
 # A GPU payload from this size up goes GPU to GPU (direct backend); smaller ones through host
 # memory. A direct GPU read has a floor of ~2 ms (two CUDA IPC reads: payload, then the header
 # check) where the host path costs ~0.3 ms/MB: measured on an H100 (bench_channel_gpu.py),
@@ -58,7 +59,7 @@ class AutoChannel:
         self.small = InlineChannel()
         self.large = large
         self.gpu_consumer = gpu_consumer
-        self._local, self._checked = True, float("-inf")
+        self._local, self._checked, self._ttl = True, float("-inf"), LOCALITY_TTL_S
 
     def put(self, payload: Payload) -> TensorRef:
         nbytes, _ = payload_spec(payload)
@@ -79,9 +80,12 @@ class AutoChannel:
             return _overflow(exc).reserve(like, device)
 
     def spans_hosts(self) -> bool:
-        """Whether the cluster runs on more than one host (checked once a minute)."""
-        if time.monotonic() - self._checked > LOCALITY_TTL_S:
-            self._local, self._checked = cluster_is_one_host(), time.monotonic()
+        """Whether the cluster runs on more than one host: checked once a minute, and every
+        second while some node has not yet said which host it is on (until then: yes)."""
+        if time.monotonic() - self._checked > self._ttl:
+            verdict = cluster_is_one_host()
+            self._local, self._checked = verdict is True, time.monotonic()
+            self._ttl = LOCALITY_TTL_S if verdict is not None else UNSETTLED_TTL_S
         return not self._local
 
     def _large(self, device: torch.device | None = None, nbytes: int = 0) -> Channel:
@@ -185,6 +189,7 @@ __all__ = [
     "SharedMemoryChannel",
     "SharedMemoryDirectChannel",
     "TensorRef",
+    "announce",
     "backend_for",
     "make_channel",
     "release",

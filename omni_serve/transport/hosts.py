@@ -9,18 +9,23 @@ A host id is the hostname (so errors stay readable) plus a digest of the machine
 the identity (device, inode) of the ``/dev/shm`` mount. Ray records only each node's hostname.
 So every process that makes or reads channel payloads writes its node's host id to Ray's
 key-value store once (``announce``), and the locality check compares ids where a node has
-written one. Stage replicas announce at start, because they make their edges' channels then.
-A node that has announced nothing is compared by hostname, as before.
+written one. Stage replicas announce at start, so a replica that can be sent a ref has
+announced before any producer looks. A node with this hostname that has announced nothing (no
+stage there yet, or a consumer outside Serve) is asked: a small task pinned to it announces for
+it. Until its answer is in, the cluster counts as more than one host, so a producer never picks
+plain shared memory for a reader that may not be able to map it.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from omni_serve.compat import ray_serve
 
@@ -28,6 +33,7 @@ SHM_DIR = Path("/dev/shm")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _KEY = "host_id/{node}"
 _announced = False
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -69,28 +75,109 @@ def announce() -> None:
     ray_serve.kv_put(_KEY.format(node=node), host_id())
 
 
-def cluster_is_one_host() -> bool:
+def cluster_is_one_host() -> bool | None:
     """True when every alive Ray node shares this process's ``/dev/shm`` (or Ray is not
-    running here), so any consumer can map a shared-memory payload made here."""
+    running here), so any consumer can map a shared-memory payload made here. None while some
+    node with this hostname has not said yet (it has been asked; treat as False and look again
+    soon)."""
     import ray
 
     if not ray.is_initialized():
         return True
     announce()  # this node's own entry, for the others' checks
-    nodes = [node for node in ray.nodes() if node.get("Alive")]
-    return one_host(nodes, socket.gethostname(), host_id(),
-                    lambda node: ray_serve.kv_get(_KEY.format(node=node)))  # fmt: skip
+    here = ray.get_runtime_context().get_node_id()
+    records = ray.nodes()
+    _forget_dead(records)
+    nodes = [node for node in records if node.get("Alive") and node["NodeID"] != here]
+    silent: list[str] = []
+
+    def announced(node: str) -> str | None:
+        known = recorded(node) or _answers.get(node)
+        if known is None:
+            silent.append(node)
+        return known
+
+    verdict = one_host(nodes, socket.gethostname(), host_id(), announced)
+    if verdict is None:
+        _ask(silent)
+    return verdict
 
 
 def one_host(nodes: Iterable[dict], hostname: str, me: str,
-             announced: Callable[[str], str | None]) -> bool:  # fmt: skip
-    """Whether every node in ``nodes`` (Ray's node records) is on host ``me``. Another
-    hostname means another host. A node with this hostname is looked up (``announced``: its
-    recorded host id, or None), and only those nodes are looked up."""
+             announced: Callable[[str], str | None]) -> bool | None:  # fmt: skip
+    """Whether every node in ``nodes`` (Ray's node records) is on host ``me``: False as soon
+    as one is not, None when none is known not to be but some have recorded no id. Another
+    hostname means another host. Only nodes with this hostname are looked up (``announced``:
+    a node's recorded host id, or None)."""
+    unknown = False
     for node in nodes:
         if node.get("NodeManagerHostname") != hostname:
             return False
         recorded = announced(node["NodeID"])
-        if recorded is not None and recorded != me:
+        if recorded is None:
+            unknown = True
+        elif recorded != me:
             return False
-    return True
+    return None if unknown else True
+
+
+# Nodes asked for their host id: the pending task per node, and the answers (kept here too, so
+# the check works where Ray's KV does not).
+_asking: dict[str, Any] = {}
+_answers: dict[str, str] = {}
+_forgotten: set[str] = set()
+
+
+def _report_host_id() -> str:
+    announce()
+    return host_id()
+
+
+@functools.cache
+def _reporter():
+    import ray
+
+    return ray.remote(num_cpus=0, max_retries=0)(_report_host_id)
+
+
+def _ask(nodes: Iterable[str]) -> None:
+    """Start a pinned task on each node not being asked yet, and collect the answers that are
+    in, without waiting (this runs inside a put, often on a replica's event loop). A task that
+    failed (its node died, say) is dropped, so the node is asked again next time."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    for node in nodes:
+        if node not in _asking:
+            pinned = NodeAffinitySchedulingStrategy(node, soft=False)
+            _asking[node] = _reporter().options(scheduling_strategy=pinned).remote()
+    pending = list(_asking.values())
+    done, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
+    for node, task in list(_asking.items()):
+        if task in done:
+            del _asking[node]
+            try:
+                _answers[node] = ray.get(task)
+            except ray.exceptions.RayError as exc:
+                logger.info("could not ask node %s for its host id (%s)", node, exc)
+
+
+def recorded(node: str) -> str | None:
+    """The host id ``node`` recorded, if any."""
+    return ray_serve.kv_get(_KEY.format(node=node))
+
+
+def forget(node: str) -> None:
+    """Drop what is known of ``node``'s host (its KV entry, and this process's answer)."""
+    _answers.pop(node, None)
+    ray_serve.kv_del(_KEY.format(node=node))
+
+
+def _forget_dead(records: Iterable[dict]) -> None:
+    """Drop dead nodes' entries (each process once per node), so the KV keeps one key per
+    live node rather than one per node ever started."""
+    for node in records:
+        node_id = node["NodeID"]
+        if not node.get("Alive") and node_id not in _forgotten:
+            _forgotten.add(node_id)
+            forget(node_id)

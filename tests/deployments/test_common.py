@@ -61,3 +61,17 @@ def test_a_stage_runs_on_a_gpu_only_when_it_reserves_one_and_one_is_visible(monk
     assert stage_device(0) == "cpu" and stage_device(1) == "cpu"  # no GPU on this machine
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert stage_device(0.25) == "cuda" and stage_device(0) == "cpu"
+
+
+def test_every_stage_records_its_host_when_it_starts(monkeypatch):
+    """Before a replica can be sent a ref, producers elsewhere must be able to see whether it
+    can map their shared memory, also for a stage that makes no channel (the Talker)."""
+    import deployments.common as common
+
+    calls: list[str] = []
+    monkeypatch.setattr(common, "announce", lambda: calls.append("announce"))
+    monkeypatch.setattr(common, "resolve_model", lambda model: calls.append("model") or model)
+    pipeline = {"name": "m", "family": "qwen3_omni", "model": "tiny-qwen3-omni",
+                "stages": [{"name": "talker", "kind": "talker"}]}  # fmt: skip
+    _, stage, _ = common.stage_setup(pipeline, "talker")
+    assert stage.name == "talker" and calls == ["announce", "model"]

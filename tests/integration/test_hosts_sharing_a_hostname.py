@@ -9,6 +9,7 @@ The second node is a Ray node in namespaces of its own on this machine
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import torch
@@ -43,6 +44,17 @@ def producer_and_consumer(ray_on_twins):
 
             payload = torch.arange(NBYTES // 4, dtype=torch.float32)
             return hosts.cluster_is_one_host(), make_channel(backend).put(payload)
+
+        def settle(self, seconds: float) -> tuple[bool | None, bool | None]:
+            """The first locality check, and the first one that knows (or the last tried)."""
+            from omni_serve.transport import hosts
+
+            verdicts = [hosts.cluster_is_one_host()]
+            deadline = time.monotonic() + seconds
+            while verdicts[-1] is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                verdicts.append(hosts.cluster_is_one_host())
+            return verdicts[0], verdicts[-1]
 
         async def take(self, ref):
             from omni_serve.transport import ChannelError, take
@@ -80,3 +92,21 @@ def test_a_shared_memory_edge_between_them_fails_naming_both_hosts(
     _, ref, _, error = _send(ray_on_twins, producer_and_consumer, "shared_memory")
     assert "cannot map its /dev/shm" in error and ref.handle[0] in error
     assert error.count(socket.gethostname() + "#") == 2
+
+
+def test_a_consumer_node_that_has_not_said_which_host_it_is_on_gets_no_plain_shared_memory(
+    ray_on_twins, producer_and_consumer
+):
+    """A consumer whose node has announced nothing (a reader outside Serve) is still sent a
+    payload it can read; its node is asked meanwhile, and the answer says: another host."""
+    from omni_serve.transport import hosts
+
+    ray = ray_on_twins
+    other = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "host_b" in n["Resources"])
+    hosts.forget(other)
+    one_host, ref, _, got = _send(ray, producer_and_consumer, "auto")
+    assert one_host is None and ref.backend == "shared_memory_direct"
+    assert torch.equal(got, torch.arange(NBYTES // 4, dtype=torch.float32))
+    producer, _ = producer_and_consumer
+    assert ray.get(producer.settle.remote(60))[1] is False
+    assert hosts.recorded(other) not in (None, hosts.host_id())

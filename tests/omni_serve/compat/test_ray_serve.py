@@ -32,8 +32,10 @@ def test_the_kv_reads_none_and_warns_once_when_rays_api_fails(monkeypatch, caplo
 
     monkeypatch.setattr(internal_kv, "_internal_kv_get", broken)
     monkeypatch.setattr(internal_kv, "_internal_kv_put", broken)
+    monkeypatch.setattr(internal_kv, "_internal_kv_del", broken)
     monkeypatch.setattr(ray_serve, "_kv_failed", False)
-    ray_serve.kv_put("host_id/n1", "h#1")  # no exception: the caller goes on by hostname
+    ray_serve.kv_put("host_id/n1", "h#1")  # no exception: the caller asks the nodes instead
+    ray_serve.kv_del("host_id/n0")
     assert ray_serve.kv_get("host_id/n1") is None
     warnings = [r for r in caplog.records if "internal KV is not usable" in r.getMessage()]
     assert len(warnings) == 1

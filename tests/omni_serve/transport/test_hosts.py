@@ -37,14 +37,16 @@ def _node(node_id: str, hostname: str) -> dict:
 @pytest.mark.parametrize(
     ("nodes", "recorded", "expected"),
     [
-        ([_node("a", "h")], {}, True),  # one node, nothing recorded: by hostname
+        ([], {}, True),  # no node but this process's own
+        ([_node("a", "h")], {"a": "h#1"}, True),
         ([_node("a", "h"), _node("b", "h")], {"a": "h#1", "b": "h#1"}, True),
-        ([_node("a", "h"), _node("b", "h")], {"a": "h#1"}, True),  # b not recorded yet
+        ([_node("a", "h"), _node("b", "h")], {"a": "h#1"}, None),  # b not recorded yet
         ([_node("a", "h"), _node("b", "h")], {"a": "h#1", "b": "h#2"}, False),  # containers
+        ([_node("b", "h"), _node("a", "h")], {"a": "h#2"}, False),  # known elsewhere wins
         ([_node("a", "h"), _node("b", "g")], {"b": "h#1"}, False),  # another hostname
     ],
 )
-def test_nodes_are_one_host_when_none_has_another_hostname_or_recorded_id(
+def test_nodes_are_one_host_when_all_recorded_this_id_and_unknown_while_any_is_silent(
     nodes, recorded, expected
 ):
     looked_up: list[str] = []
@@ -54,7 +56,8 @@ def test_nodes_are_one_host_when_none_has_another_hostname_or_recorded_id(
         return recorded.get(node_id)
 
     assert one_host(nodes, "h", "h#1", announced) is expected
-    assert "g" not in looked_up  # a node with another hostname is another host: no lookup
+    elsewhere = {node["NodeID"] for node in nodes if node["NodeManagerHostname"] != "h"}
+    assert not elsewhere & set(looked_up)  # another hostname is another host: no lookup
 
 
 READ_IN_A_PRIVATE_DEV_SHM = """
