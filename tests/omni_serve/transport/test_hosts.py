@@ -88,3 +88,17 @@ async def test_a_process_with_a_dev_shm_of_its_own_is_another_host_with_one_host
     assert hostname == socket.gethostname() and their_id != host_id()
     assert host_id() in error and their_id in error and "cannot map its /dev/shm" in error
     assert torch.equal(await take(ref), torch.arange(300_000, dtype=torch.float32))  # intact
+
+
+def test_a_dead_nodes_entry_is_dropped_once(monkeypatch):
+    """So the KV holds one host id per live node, not one per node ever started."""
+    from omni_serve.compat import ray_serve
+    from omni_serve.transport import hosts
+
+    deleted: list[str] = []
+    monkeypatch.setattr(ray_serve, "kv_del", deleted.append)
+    monkeypatch.setattr(hosts, "_forgotten", set())
+    records = [_node("alive", "h"), {**_node("dead", "h"), "Alive": False}]
+    hosts._forget_dead(records)
+    hosts._forget_dead(records)
+    assert deleted == ["host_id/dead"]
