@@ -32,7 +32,12 @@ from omni_serve.compat import ray_serve
 SHM_DIR = Path("/dev/shm")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _KEY = "host_id/{node}"
-_announced = False
+_announced_on: str | None = None  # the node this process last recorded
+# Nodes asked for their host id: the pending task per node, and the answers (kept here too, so
+# the check works where Ray's KV does not).
+_asking: dict[str, Any] = {}
+_answers: dict[str, str] = {}
+_forgotten: set[str] = set()
 logger = logging.getLogger(__name__)
 
 
@@ -61,17 +66,19 @@ def describe_host(hostname: str, shm_dir: Path, boot_id: Path) -> str:
 
 
 def announce() -> None:
-    """Record this node's host id once per process, when Ray runs. It is written by node id,
-    so a restarted node writes a new entry and the dead one's is never read again."""
-    global _announced
-    if _announced:
-        return
+    """Record this node's host id once per process and node (a driver that shuts Ray down and
+    joins another cluster is on another node). It is written by node id, so a restarted node
+    writes a new entry and the dead one's is never read again."""
+    global _announced_on
     import ray
 
     if not ray.is_initialized():
         return
-    _announced = True
     node = ray.get_runtime_context().get_node_id()
+    if node == _announced_on:
+        return
+    _announced_on = node
+    _asking.clear()  # tasks of a cluster this process has left: never to be waited on
     ray_serve.kv_put(_KEY.format(node=node), host_id())
 
 
@@ -119,13 +126,6 @@ def one_host(nodes: Iterable[dict], hostname: str, me: str,
         elif recorded != me:
             return False
     return None if unknown else True
-
-
-# Nodes asked for their host id: the pending task per node, and the answers (kept here too, so
-# the check works where Ray's KV does not).
-_asking: dict[str, Any] = {}
-_answers: dict[str, str] = {}
-_forgotten: set[str] = set()
 
 
 def _report_host_id() -> str:

@@ -115,8 +115,11 @@ async def test_a_segment_the_pool_unlinks_is_no_longer_lent(elsewhere, monkeypat
     assert index in owner.lent
     pool = shared_memory._pool.segments.values()
     in_use = sum(s.size for s in pool if s.state()[1] != shared_memory.FREE)
-    monkeypatch.setattr(shared_memory, "POOL_BYTES", in_use + (2 << 20))
-    bigger = channel.put(torch.ones(1 << 18))  # a new size (2 MiB): every free one evicted
+    largest = max(s.size for s in pool)  # earlier tests' segments may still be pooled
+    monkeypatch.setattr(shared_memory, "POOL_BYTES", in_use + 2 * largest)
+    # A size no pooled segment has (2 * largest), in a budget with room for nothing else:
+    # every free segment is evicted.
+    bigger = channel.put(torch.ones(largest // 4 + 1024))
     assert index not in owner.lent and not (shared_memory.SHM_DIR / old.key).exists()
     await take(bigger)
     newer = channel.put(torch.ones(1 << 16))
