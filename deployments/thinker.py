@@ -323,6 +323,16 @@ class ThinkerDeployment:
         logging.shutdown()
         os._exit(1)
 
+    def __del__(self) -> None:
+        """Serve calls this when it stops the replica gracefully (Ctrl-C on ``serve run``,
+        a scale-down, a redeploy). Without it vLLM's processes die with the replica and leave
+        their shared-memory queues in /dev/shm: two ``psm_*`` files of 160 and 240 MB
+        (sparse) per replica, each time."""
+        if getattr(self, "_watchdog", None) is not None:
+            self._watchdog.cancel()  # the engine stopping now is no engine death
+        if getattr(self, "engine", None) is not None:
+            self.engine.close()
+
     async def check_health(self) -> None:
         if not self.engine.running:
             raise RuntimeError("vLLM engine is not running")

@@ -232,6 +232,11 @@ class VLLMEngine:
             await self._llm.abort(request_id)
 
     async def shutdown(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the engine's processes (they remove their shared-memory queues as they go).
+        Synchronous, for a replica's ``__del__``; a second call does nothing."""
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
