@@ -1,6 +1,7 @@
 """User story: an operator serves Qwen3-Omni; fuzzed and idle clients cannot break it, and when
 a replica of any stage dies, clients get a whole answer or a clear error naming the stage, never
-a hang, while Serve replaces the replica and the app serves on without a restart.
+a hang, while Serve replaces the replica and the app serves on without a restart; stopping it
+leaves none of vLLM's shared memory behind.
 
 One app (the tiny graph from tests/integration/pipelines/qwen3_omni_ops.yaml) serves every test
 here. The Code2wav kill is in test_served_qwen3_omni.py.
@@ -221,6 +222,28 @@ def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(serve
     assert chat(ask("Still there?", max_tokens=4)).status_code == 200
     assert "the Thinker's vLLM engine died" in served.tail(200_000)
     healthy_again("thinker", pid)
+
+
+def test_stopping_the_server_removes_the_vllm_engines_shared_memory(served):
+    """Ctrl-C on ``serve run`` stops the Thinker's engine cleanly: the shared-memory queues
+    its processes map (/dev/shm/psm_*) go with it, instead of piling up run after run. Last
+    in this module: it stops the app."""
+    _, engine = wait_for(thinker_with_engine, 240, "one Thinker replica with its engine")
+    queues = shm_files_mapped(engine)
+    assert any("/psm_" in q for q in queues), queues  # else there is nothing to check
+    served.stop()
+    assert not [q for q in queues if os.path.exists(q)]
+
+
+def shm_files_mapped(pid: int) -> set[str]:
+    """The /dev/shm files ``pid`` and its children map."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    found = set()
+    for proc in [pid, *map(int, children.stdout.split())]:
+        with open(f"/proc/{proc}/maps") as maps:
+            found |= {line.split(maxsplit=5)[5].strip().removesuffix(" (deleted)")
+                      for line in maps if "/dev/shm/" in line}  # fmt: skip
+    return found
 
 
 def thinker_with_engine() -> tuple[int, int] | None:
