@@ -169,10 +169,15 @@ def main() -> int:
                         help="producer, consumer on 2 hosts made of namespaces (root)")  # fmt: skip
     parser.add_argument("--copy-threads", type=int, default=None,
                         help="threads for the channel's copy (default: the library's)")  # fmt: skip
+    parser.add_argument("--split-copy-from", type=int, default=None, metavar="BYTES",
+                        help="payload size from which the copy is split over threads "
+                        "(default: the library's, 32 MiB)")  # fmt: skip
     args = parser.parse_args()
     mode = "two_hosts" if args.two_hosts else "cross_node" if args.cross_node else "one_node"
     if args.copy_threads is not None:  # before Ray and the library start: workers inherit it
         os.environ["OMNI_CHANNEL_COPY_THREADS"] = str(args.copy_threads)
+    if args.split_copy_from is not None:
+        os.environ["OMNI_CHANNEL_SPLIT_COPY_FROM"] = str(args.split_copy_from)
     backends = {"one_node": BACKENDS, "cross_node": CROSS_NODE_BACKENDS,
                 "two_hosts": TWO_HOSTS_BACKENDS}[mode]  # fmt: skip
     stop_nodes = start_ray(mode)
@@ -303,10 +308,11 @@ def main() -> int:
     name = "bench_channel.json" if mode == "one_node" else f"bench_channel_{mode}.json"
     one_node = mode == "one_node"
     targets = one_node_targets(rows) if one_node else cross_node_figures(rows, backends)
-    from omni_serve.transport.copying import COPY_THREADS
+    from omni_serve.transport.copying import COPY_THREADS, PARALLEL_FROM
 
     summary = {
         "copy_threads": COPY_THREADS,
+        "split_copy_from_bytes": PARALLEL_FROM,
         "empty_round_ms_at_start": overhead * 1e3,
         "rows": rows,
         "targets": targets,

@@ -17,10 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-COPY_THREADS = max(1, int(os.environ.get("OMNI_CHANNEL_COPY_THREADS", min(4, os.cpu_count() or 1))))
-PARALLEL_FROM = 32 << 20  # bytes; below this a copy stays on the caller's thread
-MIN_PART = 16 << 20  # bytes; no thread gets less than this
 PART_ALIGN = 4096  # parts start on page boundaries, so no two threads write one cache line
+COPY_THREADS = max(1, int(os.environ.get("OMNI_CHANNEL_COPY_THREADS", min(4, os.cpu_count() or 1))))
+# Bytes; below this a copy stays on the caller's thread. Measured on 2 cores only: a machine
+# with more memory channels per core may gain from lower (OMNI_CHANNEL_SPLIT_COPY_FROM).
+PARALLEL_FROM = int(os.environ.get("OMNI_CHANNEL_SPLIT_COPY_FROM", 32 << 20))
+MIN_PART = max(PART_ALIGN, PARALLEL_FROM // 2)  # bytes; no thread gets less than this
 
 _helpers: ThreadPoolExecutor | None = None
 

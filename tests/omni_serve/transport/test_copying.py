@@ -48,3 +48,17 @@ def test_a_forked_child_can_split_copies_after_its_parent_did(monkeypatch) -> No
         os._exit(0 if torch.equal(dst, src) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_where_copies_start_to_split_is_set_by_the_environment() -> None:
+    """For machines unlike this one (more memory bandwidth per core): split from 8 MB."""
+    import subprocess
+    import sys
+
+    code = (
+        "from omni_serve.transport.copying import parts; "
+        "print(len(parts(8 << 20, threads=4)), len(parts((8 << 20) - 1, threads=4)))"
+    )
+    env = {**os.environ, "OMNI_CHANNEL_SPLIT_COPY_FROM": str(8 << 20)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["2", "1"], out.stderr[-500:]
