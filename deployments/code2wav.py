@@ -11,14 +11,14 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import edge_channel, torch_stage
+from deployments.common import ReleasesSharedMemory, edge_channel, torch_stage
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 from omni_serve.transport import TensorRef
 
 
 @serve.deployment
-class Code2WavDeployment:
+class Code2WavDeployment(ReleasesSharedMemory):
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "code2wav") -> None:
         setup = torch_stage(pipeline, stage_name)
         stage = setup.stage

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omni_serve import transport
 from omni_serve.config import EdgeConfig, PipelineConfig, StageConfig
 from omni_serve.models import resolve_model
 from omni_serve.transport import Channel, announce, make_channel
@@ -23,6 +24,30 @@ def stage_setup(
     announce()
     config = PipelineConfig.model_validate(pipeline)
     return config, config.stage(stage_name), resolve_model(config.model)
+
+
+class ReleasesSharedMemory:
+    """Base of every stage deployment. Serve calls ``__del__`` when it stops a replica
+    gracefully (Ctrl-C on ``serve run``, a scale-down, a redeploy), then ends the process
+    without exit handlers: the replica's shared-memory segments go here, instead of staying in
+    /dev/shm (memory) until another producer on the host sweeps them. A stage with more to stop
+    calls this last. Only in a Serve replica: an object built by hand (a test's, an actor's)
+    shares its process's pool with others."""
+
+    def __del__(self) -> None:
+        if in_serve_replica():
+            transport.close()
+
+
+def in_serve_replica() -> bool:
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
+
+    try:
+        serve.get_replica_context()
+    except RayServeException:
+        return False
+    return True
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 
 from ray import serve
 
-from deployments.common import StageWorker, edge_channel, torch_stage
+from deployments.common import ReleasesSharedMemory, StageWorker, edge_channel, torch_stage
 from deployments.dit_workers import DenoiseWorkerGroup
 from omni_serve.engines.diffusion.step_batching import StepBatcher
 from omni_serve.models.qwen_image.denoise import DenoiseCancelled, DenoiseState, ImageJob
@@ -25,7 +25,7 @@ log = logging.getLogger("ray.serve")
 
 
 @serve.deployment
-class DiTDeployment:
+class DiTDeployment(ReleasesSharedMemory):
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "dit") -> None:
         setup = torch_stage(pipeline, stage_name)
         stage, model_path = setup.stage, setup.model_path
@@ -127,6 +127,7 @@ class DiTDeployment:
     def __del__(self) -> None:
         if getattr(self, "steps", None) is not None:
             self.steps.close()
+        super().__del__()
 
 
 def _host_latents(state: DenoiseState) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import edge_channel, torch_stage
+from deployments.common import ReleasesSharedMemory, edge_channel, torch_stage
 from omni_serve.engines.encoders.base import TorchEncoderEngine
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
 from omni_serve.transport import TensorRef, take
@@ -28,7 +28,7 @@ def _like(rows: torch.Tensor, width: int | None = None) -> torch.Tensor:
 
 
 @serve.deployment
-class EncoderDeployment:
+class EncoderDeployment(ReleasesSharedMemory):
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "encoder") -> None:
         setup = torch_stage(pipeline, stage_name)
         encoders = Qwen3OmniEncoders(setup.model_path, setup.dtype, setup.device)

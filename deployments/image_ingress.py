@@ -13,7 +13,12 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
-from deployments.common import configure_http_guards, ingress_app, serve_problems
+from deployments.common import (
+    ReleasesSharedMemory,
+    configure_http_guards,
+    ingress_app,
+    serve_problems,
+)
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
 from omni_serve.api.errors import ApiError, stage_failure
 from omni_serve.api.health import stage_health
@@ -62,7 +67,7 @@ def _chat_prompt(body: ChatCompletionRequest) -> str:
 # decorator runs, so a global defined below it is missing in the replica (NameError).
 @serve.deployment
 @serve.ingress(app)
-class ImageIngress:
+class ImageIngress(ReleasesSharedMemory):
     def __init__(
         self,
         pipeline: dict[str, Any],

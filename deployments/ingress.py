@@ -18,7 +18,12 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
-from deployments.common import configure_http_guards, ingress_app, serve_problems
+from deployments.common import (
+    ReleasesSharedMemory,
+    configure_http_guards,
+    ingress_app,
+    serve_problems,
+)
 from deployments.session_store import SessionStoreClient
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
@@ -159,7 +164,7 @@ class _HandleClients:
 # decorator runs, so a global defined below it is missing in the replica (NameError).
 @serve.deployment
 @serve.ingress(app)
-class Ingress:
+class Ingress(ReleasesSharedMemory):
     def __init__(
         self,
         pipeline: dict[str, Any],

@@ -13,7 +13,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.common import torch_stage
+from deployments.common import ReleasesSharedMemory, torch_stage
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
@@ -28,7 +28,7 @@ TALKER_MAX_TOKENS = 4096  # codec frames (12.5 per second of audio); engine args
 
 
 @serve.deployment
-class TalkerDeployment:
+class TalkerDeployment(ReleasesSharedMemory):
     async def __init__(
         self, pipeline: dict[str, Any], stage_name: str, thinker: DeploymentHandle
     ) -> None:

@@ -10,13 +10,13 @@ from typing import Any
 
 from ray import serve
 
-from deployments.common import StageWorker, edge_channel, torch_stage
+from deployments.common import ReleasesSharedMemory, StageWorker, edge_channel, torch_stage
 from omni_serve.models.qwen_image.stages import PromptEncoder
 from omni_serve.transport import TensorRef
 
 
 @serve.deployment
-class TextEncoderDeployment:
+class TextEncoderDeployment(ReleasesSharedMemory):
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "text_encoder") -> None:
         setup = torch_stage(pipeline, stage_name)
         self.encoder = PromptEncoder(setup.model_path, setup.dtype, setup.device)

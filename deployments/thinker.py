@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import edge_channel, find_edge, stage_setup
+from deployments.common import ReleasesSharedMemory, edge_channel, find_edge, stage_setup
 from omni_serve.api.errors import StageRejectedInput
 from omni_serve.engines.ar.base import ARRequest, PromptRejected, SamplingConfig
 from omni_serve.engines.ar.vllm_engine import VLLMEngine, channel_kv_transfer_config
@@ -72,7 +72,7 @@ class _Turn:
 
 
 @serve.deployment
-class ThinkerDeployment:
+class ThinkerDeployment(ReleasesSharedMemory):
     async def __init__(self, pipeline: dict[str, Any], stage_name: str = "thinker") -> None:
         config, stage, model_path = stage_setup(pipeline, stage_name)
         self.channel = edge_channel(config, stage_name, "thinker_rows")
@@ -332,6 +332,7 @@ class ThinkerDeployment:
             self._watchdog.cancel()  # the engine stopping now is no engine death
         if getattr(self, "engine", None) is not None:
             self.engine.close()
+        super().__del__()
 
     async def check_health(self) -> None:
         if not self.engine.running:

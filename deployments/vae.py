@@ -7,13 +7,13 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import StageWorker, edge_channel, torch_stage
+from deployments.common import ReleasesSharedMemory, StageWorker, edge_channel, torch_stage
 from omni_serve.models.qwen_image.stages import LatentDecoder
 from omni_serve.transport import TensorRef, take
 
 
 @serve.deployment
-class VAEDeployment:
+class VAEDeployment(ReleasesSharedMemory):
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "vae") -> None:
         setup = torch_stage(pipeline, stage_name)
         self.decoder = LatentDecoder(setup.model_path, setup.dtype, setup.device)

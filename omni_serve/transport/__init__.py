@@ -23,7 +23,7 @@ from omni_serve.transport.direct import DirectChannel
 from omni_serve.transport.hosts import announce, cluster_is_one_host
 from omni_serve.transport.inline import InlineChannel
 from omni_serve.transport.object_store import ObjectStoreChannel
-from omni_serve.transport.shared_memory import SharedMemoryChannel
+from omni_serve.transport.shared_memory import SharedMemoryChannel, unlink_pool
 from omni_serve.transport.shared_memory_direct import SharedMemoryDirectChannel
 
 logger = logging.getLogger(__name__)
@@ -155,6 +155,15 @@ def release(*refs: TensorRef | None) -> None:
             backend_for(ref).abandon(ref)
 
 
+def close() -> None:
+    """Unlink this process's shared-memory segments now; for a stage replica that Serve stops.
+    Serve ends a stopped replica without running exit handlers, so its pool (up to
+    ``OMNI_SHM_POOL_BYTES`` of memory) would stay in /dev/shm until another producer on the
+    host next sweeps dead producers' segments. Payloads readers have mapped stay readable;
+    refs not yet read are freed, as if the producer had died."""
+    unlink_pool()
+
+
 def make_channel(backend: str = "auto", inline_max_bytes: int = 64 * 1024,
                  gpu_consumer: bool = True) -> Channel:  # fmt: skip
     """The channel an edge's ``ChannelSettings`` ask for. ``gpu_consumer``: the consuming
@@ -191,6 +200,7 @@ __all__ = [
     "TensorRef",
     "announce",
     "backend_for",
+    "close",
     "make_channel",
     "release",
     "take",

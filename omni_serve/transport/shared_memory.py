@@ -204,6 +204,13 @@ class _SegmentPool:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(SHM_DIR / name)
         self.segments.clear()
+        self.pooled_bytes = 0
+
+    def unlink_all(self) -> None:
+        """Unlink every segment now, in use or not, each as an eviction does (whoever lent
+        it is told first); the process may go on putting into new ones."""
+        for segment in list(self.segments.values()):
+            self._unlink(segment)
 
 
 def _create(size: int, pooled: bool) -> _Segment:
@@ -324,6 +331,11 @@ def producer_segment(name: str) -> tuple[mmap.mmap, Callable[[], bool]]:
 def release_segment(name: str, generation: int, unread_only: bool = False) -> None:
     """Hand this process's pooled segment back for a reader that cannot: on another host."""
     _release(SHM_DIR / name, generation, True, unread_only)
+
+
+def unlink_pool() -> None:
+    """This process's segments go now (see ``transport.close``)."""
+    _pool.unlink_all()
 
 
 def on_unlink(hook: Callable[[str], None]) -> None:

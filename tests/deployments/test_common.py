@@ -75,3 +75,23 @@ def test_every_stage_records_its_host_when_it_starts(monkeypatch):
                 "stages": [{"name": "talker", "kind": "talker"}]}  # fmt: skip
     _, stage, _ = common.stage_setup(pipeline, "talker")
     assert stage.name == "talker" and calls == ["announce", "model"]
+
+
+def test_a_stopped_replica_unlinks_its_shared_memory_and_a_hand_built_object_does_not(
+    monkeypatch,
+):
+    """Serve ends a stopped replica without exit handlers: its pool goes in ``__del__``. An
+    object built outside Serve (a test's) shares its process's pool: it leaves it alone."""
+    import torch
+
+    import deployments.common as common
+    from omni_serve.transport import SharedMemoryChannel
+    from omni_serve.transport import shared_memory as shm
+
+    ref = SharedMemoryChannel().put(torch.ones(100_000))
+    segment = shm.SHM_DIR / ref.key
+    common.ReleasesSharedMemory().__del__()
+    assert segment.exists()
+    monkeypatch.setattr(common, "in_serve_replica", lambda: True)
+    common.ReleasesSharedMemory().__del__()
+    assert not segment.exists()

@@ -1,7 +1,7 @@
 """User story: an operator serves Qwen3-Omni; fuzzed and idle clients cannot break it, and when
 a replica of any stage dies, clients get a whole answer or a clear error naming the stage, never
 a hang, while Serve replaces the replica and the app serves on without a restart; stopping it
-leaves none of vLLM's shared memory behind.
+leaves no shared memory behind.
 
 One app (the tiny graph from tests/integration/pipelines/qwen3_omni_ops.yaml) serves every test
 here. The Code2wav kill is in test_served_qwen3_omni.py.
@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -209,12 +210,7 @@ def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(serve
     """vLLM's engine process dies under the Thinker (as an OOM kill would do it): the log says
     so, /health is 503 naming the Thinker, and a request sent meanwhile waits for the
     replacement replica and succeeds instead of failing with EngineDeadError."""
-    seen = engine_view()
-    what = f"one Thinker replica with its vLLM engine (at the start: {seen})"
-    try:
-        pid, engine = wait_for(thinker_with_engine, 240, what)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; at the end: {engine_view()}; {thinker_log(served)}") from None
+    pid, engine = the_thinker_and_its_engine(served)
     os.kill(engine, signal.SIGKILL)
     unhealthy = wait_for(lambda: (r := httpx.get(f"{URL}/health", timeout=10)).status_code == 503
                          and r, 30, "/health reports the Thinker")  # fmt: skip
@@ -224,15 +220,20 @@ def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(serve
     healthy_again("thinker", pid)
 
 
-def test_stopping_the_server_removes_the_vllm_engines_shared_memory(served):
-    """Ctrl-C on ``serve run`` stops the Thinker's engine cleanly: the shared-memory queues
-    its processes map (/dev/shm/psm_*) go with it, instead of piling up run after run. Last
-    in this module: it stops the app."""
-    _, engine = wait_for(thinker_with_engine, 240, "one Thinker replica with its engine")
+def test_stopping_the_server_removes_its_shared_memory(served):
+    """Ctrl-C on ``serve run`` stops every replica cleanly: the channel's segments of each stage
+    (/dev/shm/omni-shm-<pid>-*) and the queues the Thinker's vLLM processes map (psm_*) go
+    with them, instead of piling up run after run (Serve ends a replica without exit handlers).
+    Last in this module: it stops the app."""
+    assert chat(audio_question()).status_code == 200  # media and rows through the channel
+    _, engine = the_thinker_and_its_engine(served)
     queues = shm_files_mapped(engine)
     assert any("/psm_" in q for q in queues), queues  # else there is nothing to check
+    segments = {str(path) for pid in replica_pids(r"[^\s.]+")
+                for path in Path("/dev/shm").glob(f"omni-shm-{pid}-*")}  # fmt: skip
+    assert segments  # the stages' pools
     served.stop()
-    assert not [q for q in queues if os.path.exists(q)]
+    assert not [f for f in queues | segments if os.path.exists(f)]
 
 
 def shm_files_mapped(pid: int) -> set[str]:
@@ -244,6 +245,15 @@ def shm_files_mapped(pid: int) -> set[str]:
             found |= {line.split(maxsplit=5)[5].strip().removesuffix(" (deleted)")
                       for line in maps if "/dev/shm/" in line}  # fmt: skip
     return found
+
+
+def the_thinker_and_its_engine(served: ServeProcess) -> tuple[int, int]:
+    """(replica pid, engine pid), waiting for them; a failure says what ran meanwhile."""
+    what = f"one Thinker replica with its vLLM engine (at the start: {engine_view()})"
+    try:
+        return wait_for(thinker_with_engine, 240, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; at the end: {engine_view()}; {thinker_log(served)}") from None
 
 
 def thinker_with_engine() -> tuple[int, int] | None:

@@ -293,3 +293,21 @@ def test_outside_ray_a_full_shm_is_raised_not_sent_to_a_ray_of_its_own(monkeypat
     monkeypatch.setattr(ray, "put", no_put)
     with pytest.raises(shm.ChannelFull, match="no room"):
         AutoChannel(inline_max_bytes=1024).put(torch.zeros(4096))
+
+
+async def test_closing_unlinks_the_pool_now_and_mapped_payloads_stay_readable():
+    """What a stage replica does when Serve stops it (Serve ends it without exit handlers)."""
+    from omni_serve import transport
+
+    channel = SharedMemoryChannel()
+    read = await take(channel.put(torch.arange(100_000, dtype=torch.float32)))
+    unread = channel.put(torch.ones(100_000))
+    names = set(shm._pool.segments)
+    transport.close()
+    assert names and not [n for n in names if (shm.SHM_DIR / n).exists()]
+    assert torch.equal(read, torch.arange(100_000, dtype=torch.float32))
+    with pytest.raises(ChannelError, match="freed"):
+        await take(unread)
+    again = channel.put(torch.ones(100_000))  # the process may go on: a new pool
+    assert shm._pool.pooled_bytes == sum(s.size for s in shm._pool.segments.values()) > 0
+    assert torch.equal(await take(again), torch.ones(100_000))
