@@ -40,6 +40,7 @@ class ReleasesSharedMemory:
 
 
 def in_serve_replica() -> bool:
+    """Whether this code runs in a replica Serve started (it has a replica context)."""
     from ray import serve
     from ray.serve.exceptions import RayServeException
 
