@@ -102,3 +102,46 @@ def test_a_dead_nodes_entry_is_dropped_once(monkeypatch):
     hosts._forget_dead(records)
     hosts._forget_dead(records)
     assert deleted == ["host_id/dead"]
+
+
+def test_auto_looks_again_soon_while_a_node_has_not_said_and_keeps_off_plain_shared_memory(
+    monkeypatch,
+):
+    """Unknown counts as more than one host, checked again after a second, not a minute."""
+    import omni_serve.transport as transport
+
+    verdicts = iter([None, True])
+    checks: list[int] = []
+
+    def check() -> bool | None:
+        checks.append(1)
+        return next(verdicts)
+
+    monkeypatch.setattr(transport, "cluster_is_one_host", check)
+    monkeypatch.setattr(transport, "UNSETTLED_TTL_S", 0.0)
+    auto = transport.AutoChannel()
+    assert auto.spans_hosts() and not auto.spans_hosts()  # unknown, then one host
+    assert not auto.spans_hosts() and len(checks) == 2  # settled: once a minute from now
+
+
+def test_a_process_that_joins_another_cluster_records_its_new_node(monkeypatch):
+    """A driver that shuts Ray down and joins another cluster is on another node there; its
+    asks in the old cluster are dropped (never to be waited on)."""
+    import ray
+
+    from omni_serve.compat import ray_serve
+    from omni_serve.transport import hosts
+
+    node = ["n1"]
+    written: list[str] = []
+    context = type("Context", (), {"get_node_id": lambda self: node[0]})()
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
+    monkeypatch.setattr(ray_serve, "kv_put", lambda key, value: written.append(key))
+    monkeypatch.setattr(hosts, "_announced_on", None)
+    monkeypatch.setattr(hosts, "_asking", {"old-node": object()})
+    hosts.announce()
+    hosts.announce()
+    node[0] = "n2"
+    hosts.announce()
+    assert written == ["host_id/n1", "host_id/n2"] and hosts._asking == {}
