@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,14 @@ from omni_serve.compat import ray_serve
 SHM_DIR = Path("/dev/shm")
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _KEY = "host_id/{node}"
+# An ask unanswered this long is said in the log (once per node): a node that cannot start a
+# worker (no room, a broken runtime env) would otherwise keep plain shared memory off silently.
+ASK_WARN_AFTER_S = 60.0
 _announced_on: str | None = None  # the node this process last recorded
-# Nodes asked for their host id: the pending task per node, and the answers (kept here too, so
-# the check works where Ray's KV does not).
-_asking: dict[str, Any] = {}
+# Nodes asked for their host id: the pending task per node (and when it was started), and the
+# answers (kept here too, so the check works where Ray's KV does not).
+_asking: dict[str, tuple[Any, float]] = {}
+_warned: set[str] = set()
 _answers: dict[str, str] = {}
 _forgotten: set[str] = set()
 logger = logging.getLogger(__name__)
@@ -150,16 +155,25 @@ def _ask(nodes: Iterable[str]) -> None:
     for node in nodes:
         if node not in _asking:
             pinned = NodeAffinitySchedulingStrategy(node, soft=False)
-            _asking[node] = _reporter().options(scheduling_strategy=pinned).remote()
-    pending = list(_asking.values())
+            task = _reporter().options(scheduling_strategy=pinned).remote()
+            _asking[node] = (task, time.monotonic())
+    pending = [task for task, _ in _asking.values()]
     done, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
-    for node, task in list(_asking.items()):
+    for node, (task, since) in list(_asking.items()):
         if task in done:
             del _asking[node]
             try:
                 _answers[node] = ray.get(task)
             except ray.exceptions.RayError as exc:
                 logger.info("could not ask node %s for its host id (%s)", node, exc)
+        elif time.monotonic() - since > ASK_WARN_AFTER_S and node not in _warned:
+            _warned.add(node)
+            logger.warning(
+                "node %s shares this hostname but has not said which host it is on for %.0f s "
+                "(it may not be able to start a worker); until it does, payloads from here go "
+                "through shared_memory_direct or the object store, not plain shared memory",
+                node, ASK_WARN_AFTER_S,
+            )  # fmt: skip
 
 
 def recorded(node: str) -> str | None:

@@ -145,3 +145,34 @@ def test_a_process_that_joins_another_cluster_records_its_new_node(monkeypatch):
     node[0] = "n2"
     hosts.announce()
     assert written == ["host_id/n1", "host_id/n2"] and hosts._asking == {}
+
+
+def test_a_node_that_never_answers_is_named_in_the_log_once(monkeypatch, caplog):
+    """A node that cannot start the pinned task (no room for a worker, say) keeps plain shared
+    memory off; the operator reads which node, once, not a silent slowdown."""
+    import ray
+
+    from omni_serve.transport import hosts
+
+    SILENT = "ab" * 28  # a node id: 28 hex bytes
+
+    class Reporter:
+        def options(self, **_):
+            return self
+
+        def remote(self):
+            return "never-done"
+
+    monkeypatch.setattr(hosts, "_reporter", Reporter)
+    monkeypatch.setattr(ray, "wait", lambda pending, **_: ([], pending))
+    monkeypatch.setattr(hosts, "_asking", {})
+    monkeypatch.setattr(hosts, "_warned", set())
+    monkeypatch.setattr(hosts, "ASK_WARN_AFTER_S", 3600.0)
+    hosts._ask([SILENT])
+    assert SILENT not in caplog.text  # asked just now: nothing to say yet
+    monkeypatch.setattr(hosts, "ASK_WARN_AFTER_S", -1.0)
+    hosts._ask([SILENT])
+    hosts._ask([SILENT])
+    said = [r for r in caplog.records if SILENT in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING", said
+    assert list(hosts._asking) == [SILENT]  # still asked: an answer may yet come
