@@ -14,7 +14,7 @@ from ray import serve
 from deployments.common import ReleasesSharedMemory, edge_channel, torch_stage
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
-from omni_serve.transport import TensorRef
+from omni_serve.transport import TensorRef, channel_stats
 
 
 @serve.deployment
@@ -68,11 +68,12 @@ class Code2WavDeployment(ReleasesSharedMemory):
     async def ready(self) -> bool:
         return True
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, Any]:
         streams = self.codec.streams
         return {
             "steps": self.batches, "max_batch": self.max_batch, "running": 0,
             "decode_s": round(self.decode_s, 3),
             "stream_state_hits": streams.hits if streams is not None else 0,
             "stream_state_misses": streams.misses if streams is not None else 0,
+            "channel": channel_stats(),
         }  # fmt: skip

@@ -19,7 +19,7 @@ from omni_serve.engines.diffusion.step_batching import StepBatcher
 from omni_serve.models.qwen_image.denoise import DenoiseCancelled, DenoiseState, ImageJob
 from omni_serve.models.qwen_image.parallel import load_parallel_denoiser
 from omni_serve.models.qwen_image.stages import load_denoiser
-from omni_serve.transport import TensorRef, take
+from omni_serve.transport import TensorRef, channel_stats, take
 
 log = logging.getLogger("ray.serve")
 
@@ -113,7 +113,7 @@ class DiTDeployment(ReleasesSharedMemory):
         if self.group is not None:
             await self.group.check_health()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         if self.steps is not None:
             stats = self.steps.stats
             return {
@@ -121,8 +121,10 @@ class DiTDeployment(ReleasesSharedMemory):
                 "max_batch": stats.max_batch,
                 "running": self.steps.active,
                 "joined_running": stats.joined_running,
+                "channel": channel_stats(),
             }
-        return {"steps": self.batches, "max_batch": self.max_batch, "running": self.running}
+        return {"steps": self.batches, "max_batch": self.max_batch, "running": self.running,
+                "channel": channel_stats()}  # fmt: skip
 
     def __del__(self) -> None:
         if getattr(self, "steps", None) is not None:

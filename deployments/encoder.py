@@ -18,7 +18,7 @@ from ray import serve
 from deployments.common import ReleasesSharedMemory, edge_channel, torch_stage
 from omni_serve.engines.encoders.base import TorchEncoderEngine
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
-from omni_serve.transport import TensorRef, take
+from omni_serve.transport import TensorRef, channel_stats, take
 from omni_serve.transport.base import cat_into, put_in_place
 
 
@@ -60,5 +60,5 @@ class EncoderDeployment(ReleasesSharedMemory):
     async def ready(self) -> bool:
         return True
 
-    def stats(self) -> dict[str, int]:
-        return {"steps": self.clips, "max_batch": 0, "running": 0}
+    def stats(self) -> dict[str, Any]:
+        return {"steps": self.clips, "max_batch": 0, "running": 0, "channel": channel_stats()}

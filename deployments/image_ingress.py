@@ -27,7 +27,7 @@ from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import ChatCompletionRequest, model_list, new_id
 from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
-from omni_serve.transport import announce, take
+from omni_serve.transport import announce, channel_stats, take
 
 app = ingress_app("omni-serve (text to image)")
 log = logging.getLogger("ray.serve")
@@ -98,6 +98,7 @@ class ImageIngress(ReleasesSharedMemory):
     @app.get("/metrics")
     async def metrics(self) -> Response:
         await self.metrics.poll_stages(self.handles)
+        self.metrics.observe_channel("ingress", {"channel": channel_stats()})
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/images/generations")

@@ -56,7 +56,7 @@ from omni_serve.models.qwen3_omni.pipeline import (
     stream_chat,
 )
 from omni_serve.models.qwen3_omni.request import PreparedPrompt, prepare_prompt
-from omni_serve.transport import make_channel, release, take
+from omni_serve.transport import channel_stats, make_channel, release, take
 from omni_serve.transport.base import cat_into, put_in_place
 from omni_serve.transport.session_prefixes import free_prefix
 
@@ -229,8 +229,9 @@ class Ingress(ReleasesSharedMemory):
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        stages = ("encoder", "talker", "code2wav")
+        stages = ("encoder", "thinker", "talker", "code2wav")
         await self.metrics.poll_stages({n: h for n, h in self.handles.items() if n in stages})
+        self.metrics.observe_channel("ingress", {"channel": channel_stats()})
         if self.sessions is not None:
             kept = await self.sessions.stats()
             self.metrics.session_kv.labels("prefixes").set(kept["prefixes"])

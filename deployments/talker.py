@@ -20,7 +20,7 @@ from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_em
 from omni_serve.models.qwen3_omni.speech_session import given_reply, speak
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
-from omni_serve.transport import release, take
+from omni_serve.transport import channel_stats, release, take
 
 # transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
@@ -68,4 +68,5 @@ class TalkerDeployment(ReleasesSharedMemory):
         return True
 
     def stats(self) -> dict[str, Any]:
-        return {**self.engine.stats.as_dict(), "running": self.engine.num_running}
+        return {**self.engine.stats.as_dict(), "running": self.engine.num_running,
+                "channel": channel_stats()}  # fmt: skip

@@ -12,7 +12,7 @@ from ray import serve
 
 from deployments.common import ReleasesSharedMemory, StageWorker, edge_channel, torch_stage
 from omni_serve.models.qwen_image.stages import PromptEncoder
-from omni_serve.transport import TensorRef
+from omni_serve.transport import TensorRef, channel_stats
 
 
 @serve.deployment
@@ -32,5 +32,5 @@ class TextEncoderDeployment(ReleasesSharedMemory):
     async def ready(self) -> bool:
         return True
 
-    def stats(self) -> dict[str, int]:
-        return {"steps": self.prompts, "max_batch": 0, "running": 0}
+    def stats(self) -> dict[str, Any]:
+        return {"steps": self.prompts, "max_batch": 0, "running": 0, "channel": channel_stats()}

@@ -35,7 +35,7 @@ from omni_serve.models.qwen3_omni.talker_inputs import (
     needs_captured_rows,
 )
 from omni_serve.models.qwen3_omni.thinker_inputs import splice_rows
-from omni_serve.transport import ChannelError, TensorRef, release, take
+from omni_serve.transport import ChannelError, TensorRef, channel_stats, release, take
 from omni_serve.transport.base import cat_into, put_in_place
 from omni_serve.transport.kv_blocks import (
     CHANNEL_KEY,
@@ -337,6 +337,10 @@ class ThinkerDeployment(ReleasesSharedMemory):
     async def check_health(self) -> None:
         if not self.engine.running:
             raise RuntimeError("vLLM engine is not running")
+
+    def stats(self) -> dict[str, Any]:
+        """The channel only, for the ingress's /metrics: the engine's own numbers are vLLM's."""
+        return {"channel": channel_stats()}
 
     async def ready(self) -> bool:
         return self.engine.running

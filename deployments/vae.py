@@ -9,7 +9,7 @@ from ray import serve
 
 from deployments.common import ReleasesSharedMemory, StageWorker, edge_channel, torch_stage
 from omni_serve.models.qwen_image.stages import LatentDecoder
-from omni_serve.transport import TensorRef, take
+from omni_serve.transport import TensorRef, channel_stats, take
 
 
 @serve.deployment
@@ -30,5 +30,5 @@ class VAEDeployment(ReleasesSharedMemory):
     async def ready(self) -> bool:
         return True
 
-    def stats(self) -> dict[str, int]:
-        return {"steps": self.images, "max_batch": 1, "running": 0}
+    def stats(self) -> dict[str, Any]:
+        return {"steps": self.images, "max_batch": 1, "running": 0, "channel": channel_stats()}

@@ -61,6 +61,30 @@ class ApiMetrics:
             "started; its rate over wall time is how busy the stage is.",
             ["stage", "phase"], registry=r,
         )  # fmt: skip
+        what_taken = {
+            "payloads": "Channel payloads a stage's replica has read",
+            "bytes": "Bytes of channel payloads a stage's replica has read",
+            "seconds": "Seconds a stage's replica has spent reading channel payloads",
+            "failed": "Channel refs a stage's replica could not read (freed, producer gone)",
+        }
+        by = "since the replica started, by the backend they came by (auto picks per payload)"
+        self.channel_taken = {
+            field: Gauge(
+                f"omni_channel_taken_{field}", f"{what} {by}.", ["stage", "backend"], registry=r
+            )
+            for field, what in what_taken.items()
+        }
+        self.channel_overflowed = Gauge(
+            "omni_channel_overflowed",
+            "Payloads a stage's replica put that found its shared memory full and went through "
+            "the object store instead (raise OMNI_SHM_POOL_BYTES or /dev/shm).",
+            ["stage"], registry=r,
+        )  # fmt: skip
+        self.channel_pool_bytes = Gauge(
+            "omni_channel_pool_bytes",
+            "Shared memory a stage's replica holds for its payloads (its pool's segments).",
+            ["stage"], registry=r,
+        )  # fmt: skip
 
     def observe_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
         self.prompt_tokens.labels("cached").inc(cached_tokens)
@@ -86,13 +110,29 @@ class ApiMetrics:
                 continue
             self.observe_stage_stats(name, stats)
 
-    def observe_stage_stats(self, stage: str, stats: dict[str, float]) -> None:
-        self.stage_queue.labels(stage).set(stats.get("running", 0))
-        self.stage_batch.labels(stage).set(stats.get("max_batch", 0))
-        self.stage_steps.labels(stage).set(stats.get("steps", 0))
+    def observe_stage_stats(self, stage: str, stats: dict[str, Any]) -> None:
+        """A series per value the stage reports (the Thinker reports its channel only: its
+        engine's numbers are vLLM's)."""
+        for gauge, key in ((self.stage_queue, "running"), (self.stage_batch, "max_batch"),
+                           (self.stage_steps, "steps")):  # fmt: skip
+            if key in stats:
+                gauge.labels(stage).set(stats[key])
         for phase in ("prefill", "decode", "emit"):
             if f"{phase}_s" in stats:
                 self.stage_busy.labels(stage, phase).set(stats[f"{phase}_s"])
+        self.observe_channel(stage, stats)
+
+    def observe_channel(self, stage: str, stats: dict[str, Any]) -> None:
+        """The channel counters of a ``stats()`` dict, under its ``channel`` key
+        (``transport.channel_stats``: what the stage's replica has read, by backend)."""
+        channel = stats.get("channel")
+        if not channel:
+            return
+        for backend, taken in channel["taken"].items():
+            for field, gauge in self.channel_taken.items():
+                gauge.labels(stage, backend).set(taken[field])
+        self.channel_overflowed.labels(stage).set(channel["overflowed"])
+        self.channel_pool_bytes.labels(stage).set(channel["pool_bytes"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

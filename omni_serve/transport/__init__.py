@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -23,8 +24,9 @@ from omni_serve.transport.direct import DirectChannel
 from omni_serve.transport.hosts import announce, cluster_is_one_host
 from omni_serve.transport.inline import InlineChannel
 from omni_serve.transport.object_store import ObjectStoreChannel
-from omni_serve.transport.shared_memory import SharedMemoryChannel, unlink_pool
+from omni_serve.transport.shared_memory import SharedMemoryChannel, pool_bytes, unlink_pool
 from omni_serve.transport.shared_memory_direct import SharedMemoryDirectChannel
+from omni_serve.transport.stats import counts
 
 logger = logging.getLogger(__name__)
 _BACKENDS = {
@@ -123,6 +125,7 @@ def _overflow(full: ChannelFull) -> Channel:
     if not ray.is_initialized():
         raise full
     global _overflowed
+    counts.record_overflow()
     if not _overflowed:
         _overflowed = True
         logger.warning("%s; until then payloads that do not fit go through the object store", full)
@@ -140,10 +143,16 @@ async def take(ref: TensorRef) -> Payload:
     """Read a ref's tensors and free it: the consumer of a one-reader edge owns the ref."""
     announce()
     channel = backend_for(ref)
+    start = time.perf_counter()
     try:
-        return await channel.get(ref)
+        payload = await channel.get(ref)
+    except ChannelError:
+        counts.record_failed_take(ref.backend)
+        raise
     finally:
         channel.free(ref)
+    counts.record_take(ref.backend, ref.nbytes, time.perf_counter() - start)
+    return payload
 
 
 def release(*refs: TensorRef | None) -> None:
@@ -162,6 +171,12 @@ def close() -> None:
     host next sweeps dead producers' segments. Payloads readers have mapped stay readable;
     refs not yet read are freed, as if the producer had died."""
     unlink_pool()
+
+
+def channel_stats() -> dict[str, Any]:
+    """This process's channel counters (``stats.ChannelStats``) and the bytes its
+    shared-memory pool holds (``pool_bytes``): a stage's ``stats()["channel"]``."""
+    return {**counts.as_dict(), "pool_bytes": pool_bytes()}
 
 
 def make_channel(backend: str = "auto", inline_max_bytes: int = 64 * 1024,
@@ -200,6 +215,7 @@ __all__ = [
     "TensorRef",
     "announce",
     "backend_for",
+    "channel_stats",
     "close",
     "make_channel",
     "release",

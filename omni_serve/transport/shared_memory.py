@@ -338,6 +338,11 @@ def unlink_pool() -> None:
     _pool.unlink_all()
 
 
+def pool_bytes() -> int:
+    """Bytes of shared memory this process's pool holds (segments free or in use)."""
+    return _pool.pooled_bytes
+
+
 def on_unlink(hook: Callable[[str], None]) -> None:
     """Have ``hook(name)`` called before this process unlinks one of its pooled segments."""
     _pool.unlinking.append(hook)

@@ -286,6 +286,21 @@ def _metric(text: str, name: str) -> float:
     return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
+def test_metrics_say_which_backend_each_stages_payloads_came_by(served):
+    """An operator reads on /metrics that a spoken reply's audio reached the ingress through
+    shared memory (one host), out of the Code2wav replica's pool, with nothing overflowing."""
+    shared = 'omni_channel_taken_payloads{backend="shared_memory",stage="ingress"}'
+    before = httpx.get(f"{URL}/metrics", timeout=30).text
+    r = httpx.post(f"{URL}/v1/chat/completions", json=_chat_body(), timeout=300)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["audio"]["data"]
+    after = httpx.get(f"{URL}/metrics", timeout=30).text
+    had = _metric(before, shared) if shared in before else 0.0
+    assert _metric(after, shared) > had, after
+    assert _metric(after, 'omni_channel_pool_bytes{stage="code2wav"}') > 0
+    overflowed = [line for line in after.splitlines() if line.startswith("omni_channel_overflowed")]
+    assert overflowed and all(float(line.split()[-1]) == 0 for line in overflowed), overflowed
+
+
 def test_client_disconnect_stops_work_in_every_stage(served):
     """A streaming client that goes away mid-answer: the Talker and Thinker stop within ~1 s."""
     body = _chat_body(max_tokens=200)

@@ -87,6 +87,10 @@ def test_concurrent_requests_batch_in_the_dit(served):
         line.startswith('omni_stage_max_batch_size{stage="dit"}') and float(line.split()[-1]) >= 2
         for line in metrics.splitlines()
     ), metrics
+    taken = [line for line in metrics.splitlines() if line.startswith("omni_channel_taken_pay")]
+    for stage in ("dit", "vae", "ingress"):  # prompt embeddings, latents, the image
+        read = [float(line.split()[-1]) for line in taken if f'stage="{stage}"' in line]
+        assert sum(read) >= 6, taken  # this test's 6 requests at least
 
 
 def test_a_short_request_joins_the_running_batch_and_finishes_first(served):

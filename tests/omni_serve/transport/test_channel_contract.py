@@ -190,9 +190,10 @@ def test_a_quantized_tensor_is_refused_not_viewed_as_bytes(channel):
 async def test_auto_sends_what_a_full_shared_memory_cannot_take_through_the_object_store(
     ray_local, monkeypatch, caplog
 ):
-    """A request is answered when /dev/shm is full, and the log says why it got slower."""
+    """A request is answered when /dev/shm is full, and the log (and /metrics, through the
+    producer's ``overflowed`` count) says why it got slower."""
     import omni_serve.transport as transport
-    from omni_serve.transport import ChannelFull, shared_memory, take
+    from omni_serve.transport import ChannelFull, channel_stats, shared_memory, take
 
     def full(size, pooled):
         raise ChannelFull("no room for a segment in /dev/shm")
@@ -200,12 +201,14 @@ async def test_auto_sends_what_a_full_shared_memory_cannot_take_through_the_obje
     monkeypatch.setattr(shared_memory, "_create", full)
     monkeypatch.setattr(shared_memory, "_pool", shared_memory._SegmentPool())
     monkeypatch.setattr(transport, "_overflowed", False)
+    overflowed = channel_stats()["overflowed"]
     auto, payload = AutoChannel(inline_max_bytes=1024), torch.arange(4096.0)
     ref = auto.put(payload)
     reservation = auto.reserve(payload)
     reservation.tensors.copy_(payload)
     reserved = reservation.commit()
     assert (ref.backend, reserved.backend) == ("object_store", "object_store")
+    assert channel_stats()["overflowed"] == overflowed + 2
     assert torch.equal(await take(ref), payload) and torch.equal(await take(reserved), payload)
     (warned,) = [r.getMessage() for r in caplog.records if "no room" in r.getMessage()]
     assert "through the object store" in warned  # once, not per payload
