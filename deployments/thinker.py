@@ -46,6 +46,7 @@ from omni_serve.transport.kv_blocks import (
     export_backend,
 )
 from omni_serve.transport.session_prefixes import decode_prefix, free_prefix
+from omni_serve.transport.stats import merged
 
 log = logging.getLogger("ray.serve")
 ENGINE_WATCH_PERIOD_S = 1.0
@@ -338,9 +339,10 @@ class ThinkerDeployment(ReleasesSharedMemory):
         if not self.engine.running:
             raise RuntimeError("vLLM engine is not running")
 
-    def stats(self) -> dict[str, Any]:
-        """The channel only, for the ingress's /metrics: the engine's own numbers are vLLM's."""
-        return {"channel": channel_stats()}
+    async def stats(self) -> dict[str, Any]:
+        """The channel only, for the ingress's /metrics (the engine's own numbers are vLLM's):
+        this replica's and its engine worker's, where KV blocks are exported and loaded."""
+        return {"channel": merged(channel_stats(), await self.engine.channel_stats())}
 
     async def ready(self) -> bool:
         return self.engine.running

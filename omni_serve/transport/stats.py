@@ -57,4 +57,19 @@ class ChannelStats:
             return {"taken": taken, "overflowed": self.overflowed}
 
 
+def merged(*reports: dict[str, Any] | None) -> dict[str, Any]:
+    """One report of several processes' ``channel_stats()`` (a replica and its engine's
+    worker): counts and pool bytes added up."""
+    taken: dict[str, dict[str, float]] = {}
+    total: dict[str, Any] = {"taken": taken, "overflowed": 0, "pool_bytes": 0}
+    for report in filter(None, reports):
+        for backend, fields in report["taken"].items():
+            into = taken.setdefault(backend, dict.fromkeys(fields, 0))
+            for field, value in fields.items():
+                into[field] += value
+        total["overflowed"] += report["overflowed"]
+        total["pool_bytes"] += report.get("pool_bytes", 0)
+    return total
+
+
 counts = ChannelStats()

@@ -297,6 +297,7 @@ def test_metrics_say_which_backend_each_stages_payloads_came_by(served):
     had = _metric(before, shared) if shared in before else 0.0
     assert _metric(after, shared) > had, after
     assert _metric(after, 'omni_channel_pool_bytes{stage="code2wav"}') > 0
+    assert 'omni_channel_pool_bytes{stage="thinker"}' in after  # its engine's worker asked too
     overflowed = [line for line in after.splitlines() if line.startswith("omni_channel_overflowed")]
     assert overflowed and all(float(line.split()[-1]) == 0 for line in overflowed), overflowed
 

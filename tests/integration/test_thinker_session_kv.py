@@ -100,11 +100,19 @@ async def test_the_next_turn_on_another_replica_loads_the_prefix(replicas):
     first, second = replicas
     _, cached, exported = await _turn(first, "t1", TURN_ONE)
     assert cached == 0 and exported
+    loaded = _shared_memory_takes(await second.engine.channel_stats())
     tokens, cached, _ = await _turn(second, "t2-elsewhere", TURN_TWO, exported)
     assert cached == len(TURN_ONE) // BLOCK * BLOCK  # second never saw this conversation
     assert _freed(exported)  # taken once
+    # ... by vLLM's worker, which /metrics sees through the Thinker's stats()
+    assert _shared_memory_takes(await second.engine.channel_stats()) == loaded + 1
+    assert _shared_memory_takes((await second.stats())["channel"]) >= loaded + 1
     reference, _, _ = await _turn(first, "t2-reference", TURN_TWO)  # first computed turn one
     assert tokens == reference
+
+
+def _shared_memory_takes(channel: dict) -> int:
+    return channel["taken"].get("shared_memory", {}).get("payloads", 0)
 
 
 async def test_the_replica_holding_the_prefix_frees_the_copy(replicas):

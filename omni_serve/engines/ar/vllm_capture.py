@@ -71,6 +71,13 @@ class HiddenStateCaptureExtension:
         """Requests whose rows are still held (a leak check for tests)."""
         return len(self._omni_rows)
 
+    def omni_channel_stats(self) -> dict[str, Any]:
+        """The tensor channel's counters in this process: where the KV connector puts the
+        blocks it exports (its shared-memory pool) and takes the ones it loads."""
+        from omni_serve.transport import channel_stats
+
+        return channel_stats()
+
     # -- internals -------------------------------------------------------------------------
 
     def _omni_internal_id(self, request_id: str) -> str:

@@ -224,6 +224,13 @@ class VLLMEngine:
         fetched = await self._llm.collective_rpc("omni_capture_fetch", args=(request_id, start))
         return decode_rows(fetched[0])
 
+    async def channel_stats(self) -> dict[str, Any] | None:
+        """The channel counters of vLLM's worker process (KV blocks the connector exported
+        and loaded there), or None where no worker extension runs (no capture)."""
+        if not self.capture_hidden or self._llm is None:
+            return None
+        return (await self._llm.collective_rpc("omni_channel_stats"))[0]
+
     async def pending_captures(self) -> int:
         return (await self._llm.collective_rpc("omni_capture_pending"))[0]
 

@@ -14,7 +14,7 @@ from omni_serve.transport import (
     take,
 )
 from omni_serve.transport import shared_memory as shm
-from omni_serve.transport.stats import ChannelStats
+from omni_serve.transport.stats import ChannelStats, merged
 
 
 def _taken(backend: str) -> dict[str, float]:
@@ -71,3 +71,21 @@ def test_counts_are_plain_values_a_handle_call_can_return():
         },
         "overflowed": 1,
     }
+
+
+def test_a_replicas_and_its_engines_counts_add_up():
+    """The Thinker reports its own takes and those of vLLM's worker (KV blocks) as one."""
+    replica = {"taken": {"inline": {"payloads": 2, "bytes": 8, "seconds": 0.5, "failed": 0}},
+               "overflowed": 0, "pool_bytes": 4}  # fmt: skip
+    engine = {"taken": {"inline": {"payloads": 1, "bytes": 2, "seconds": 0.25, "failed": 1},
+                        "shared_memory": {"payloads": 3, "bytes": 9, "seconds": 1.0, "failed": 0}},
+              "overflowed": 1, "pool_bytes": 16}  # fmt: skip
+    assert merged(replica, engine, None) == {
+        "taken": {
+            "inline": {"payloads": 3, "bytes": 10, "seconds": 0.75, "failed": 1},
+            "shared_memory": {"payloads": 3, "bytes": 9, "seconds": 1.0, "failed": 0},
+        },
+        "overflowed": 1,
+        "pool_bytes": 20,
+    }
+    assert merged(replica, None) == replica  # no engine worker to ask
