@@ -136,18 +136,23 @@ def stage_device(gpus: float) -> str:
     return "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
 
 
-def find_edge(config: PipelineConfig, source: str, payload: str | None = None) -> EdgeConfig | None:
-    """The first edge out of ``source`` (carrying ``payload``, when given)."""
+def find_edge(config: PipelineConfig, source: str, payload: str | None = None,
+              target: str | None = None) -> EdgeConfig | None:  # fmt: skip
+    """The first edge out of ``source`` (carrying ``payload``, toward ``target``, when given)."""
     for edge in config.edges:
-        if edge.source == source and payload in (None, edge.payload):
+        if edge.source == source and payload in (None, edge.payload) and target in (
+            None, edge.target
+        ):  # fmt: skip
             return edge
     return None
 
 
-def edge_channel(config: PipelineConfig, source: str, payload: str | None = None) -> Channel:
-    """The tensor channel for what ``source`` sends downstream (its edge's settings). A GPU
-    payload stays on the GPU only when the target stage reserves one (the ingress has none)."""
-    edge = find_edge(config, source, payload)
+def edge_channel(config: PipelineConfig, source: str, payload: str | None = None,
+                 target: str | None = None) -> Channel:  # fmt: skip
+    """The tensor channel for what ``source`` sends downstream (its edge's settings; the
+    defaults where the config names no such edge). A GPU payload stays on the GPU only when
+    the target stage reserves one (the ingress has none)."""
+    edge = find_edge(config, source, payload, target)
     if edge is None:
         return make_channel()
     gpu_consumer = config.stage(edge.target).deployment.ray_actor_options.num_gpus > 0

@@ -21,6 +21,7 @@ from deployments import handle_calls
 from deployments.common import (
     ReleasesSharedMemory,
     configure_http_guards,
+    edge_channel,
     ingress_app,
     serve_problems,
 )
@@ -56,7 +57,7 @@ from omni_serve.models.qwen3_omni.pipeline import (
     stream_chat,
 )
 from omni_serve.models.qwen3_omni.request import PreparedPrompt, prepare_prompt
-from omni_serve.transport import channel_stats, make_channel, release, take
+from omni_serve.transport import Channel, channel_stats, release, take
 from omni_serve.transport.base import cat_into, put_in_place
 from omni_serve.transport.session_prefixes import free_prefix
 
@@ -111,12 +112,16 @@ def _talker_overrides(body: ChatCompletionRequest | SpeechRequest) -> dict[str, 
 class _HandleClients:
     """``StageClients`` over Serve handles."""
 
-    def __init__(self, handles: dict[str, DeploymentHandle]) -> None:
+    def __init__(self, handles: dict[str, DeploymentHandle], to_encoder: Channel,
+                 to_thinker: Channel) -> None:  # fmt: skip
+        """``to_encoder``, ``to_thinker``: the channels of the ingress's media edges (audio
+        features and image patches for the encoder stage; the clips and images of a prompt
+        the Thinker encodes itself)."""
         self._thinker = handles["thinker"].options(stream=True)
         self._talker = handles["talker"].options(stream=True)
         self._code2wav = handles["code2wav"]
         self._encoder = handles.get("encoder")
-        self._channel = make_channel()  # media to the encoder (or to the Thinker, if it encodes)
+        self._to_encoder, self._to_thinker = to_encoder, to_thinker
         self._codec_info: dict[str, Any] | None = None
 
     def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -142,17 +147,17 @@ class _HandleClients:
         frames = [int(f.shape[1]) for f in features]
         like = torch.empty((features[0].shape[0], sum(frames)), dtype=features[0].dtype,
                            device="meta")  # fmt: skip
-        ref = put_in_place(self._channel, like, lambda out: cat_into(out, features, dim=1))
+        ref = put_in_place(self._to_encoder, like, lambda out: cat_into(out, features, dim=1))
         return await handle_calls.call(self._encoder.encode_audio, ref, frames)
 
     async def encode_images(self, pixels: Any, grid_thw: Any) -> Any | None:
         if self._encoder is None:
             return None
-        ref = self._channel.put(pixels)
+        ref = self._to_encoder.put(pixels)
         return await handle_calls.call(self._encoder.encode_images, ref, grid_thw)
 
     def put(self, payload: dict[str, torch.Tensor]) -> Any:
-        return self._channel.put(payload)
+        return self._to_thinker.put(payload)
 
     async def codec_info(self) -> dict[str, Any]:
         if self._codec_info is None:
@@ -186,7 +191,11 @@ class Ingress(ReleasesSharedMemory):
         self.handles = {"thinker": thinker, "talker": talker, "code2wav": code2wav}
         if encoder is not None:
             self.handles["encoder"] = encoder
-        self.clients = _HandleClients(self.handles)
+        self.clients = _HandleClients(
+            self.handles,
+            edge_channel(self.config, "ingress", "media", target="encoder"),
+            edge_channel(self.config, "ingress", "media", target="thinker"),
+        )
         # With the Thinker's session_kv edge: the app's store of sessions' prefixes.
         self.sessions = SessionStoreClient(session_store) if session_store else None
         thinker = self.config.stage("thinker").engine

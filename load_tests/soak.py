@@ -14,7 +14,8 @@ the model. Sends
 the shared-memory segments and the object store's usage, sends ``--requests`` more at
 ``--concurrency``, and records them again. Writes ``load_tests/results/soak.json``. Targets:
 no failed request, private memory (USS) growth under 5% per process after warmup (issue 7);
-segments and object store usage back where they were (issue 5's leak test).
+segments and object store usage back where they were (issue 5's leak test). Also records the
+``omni_channel_*`` series of /metrics at the end (``channel``: the backends payloads came by).
 """
 
 from __future__ import annotations
@@ -142,6 +143,15 @@ async def send(graph: str, n: int, concurrency: int) -> dict:
     }
 
 
+def channel_metrics() -> dict[str, float]:
+    """The ingress's ``omni_channel_*`` series at the end (one replica per stage): which
+    backend each stage's payloads came by (the config pins shared memory: anything else
+    would be a fallback), failed reads, overflows and pool sizes."""
+    text = httpx.get(f"{URL}/metrics", timeout=30).text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("omni_channel_")}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
@@ -166,6 +176,7 @@ def main() -> None:
         time.sleep(2)
         after = memory_mb(processes)
         leaks_after = {"shm": shm_usage().as_dict(), "object_store": object_store_usage()}
+        channel = channel_metrics()
     finally:
         server.stop()
     growth = {kind: {name: round(100 * (after[name][kind] - before[name][kind])
@@ -186,6 +197,7 @@ def main() -> None:
         "max_rss_growth_pct": max(growth["rss"].values(), default=None),
         "after_warmup": leaks_before,
         "at_end": leaks_after,
+        "channel": channel,
     }
     RESULTS.mkdir(exist_ok=True)
     name = "soak.json" if args.graph == "image" else f"soak_{args.graph}.json"

@@ -31,6 +31,25 @@ def test_edge_channel_follows_the_edge_settings():
     assert edge_channel(config, "b").name == "auto"
 
 
+def test_an_edge_is_told_apart_by_its_target_where_one_payload_goes_two_ways():
+    """The ingress sends media both to the encoder stage and to the Thinker (prompts it
+    encodes itself): each edge has its own settings."""
+    config = parse_pipeline_config(
+        {
+            "name": "m", "family": "qwen3_omni", "model": "tiny-qwen3-omni",
+            "stages": [{"name": "ingress", "kind": "ingress"}, {"name": "enc", "kind": "encoder"},
+                       {"name": "th", "kind": "thinker"}],
+            "edges": [{"source": "ingress", "target": "enc", "payload": "media",
+                       "channel": {"backend": "shared_memory"}},
+                      {"source": "ingress", "target": "th", "payload": "media",
+                       "channel": {"backend": "object_store"}}],
+        }
+    )  # fmt: skip
+    assert edge_channel(config, "ingress", "media", target="enc").name == "shared_memory"
+    assert edge_channel(config, "ingress", "media", target="th").name == "object_store"
+    assert edge_channel(config, "ingress", "media", target="other").name == "auto"
+
+
 def test_gpu_payloads_stay_on_the_gpu_only_toward_a_stage_that_reserves_one():
     """A reader without CUDA cannot read GPU memory (direct backend), so the producer's
     channel keeps a GPU payload there only when the edge's target has a GPU."""

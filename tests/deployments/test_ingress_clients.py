@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from deployments.ingress import _HandleClients
-from omni_serve.transport import ChannelError, SharedMemoryChannel, TensorRef, take
+from omni_serve.transport import ChannelError, SharedMemoryChannel, TensorRef, make_channel, take
 
 
 class RecordingMethod:
@@ -49,7 +49,7 @@ def clients(code2wav_refs: list[TensorRef] | None = None):
     encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_images=RecordingMethod())
     code2wav = types.SimpleNamespace(decode=Answering(code2wav_refs))
     handles = {"thinker": stream, "talker": stream, "code2wav": code2wav, "encoder": encoder}
-    return _HandleClients(handles), encoder
+    return _HandleClients(handles, make_channel(), make_channel()), encoder
 
 
 async def test_audio_features_reach_the_encoder_as_one_channel_ref_and_their_lengths():
@@ -103,3 +103,19 @@ async def test_code2wav_chunks_not_taken_are_freed_when_taking_fails():
         await ingress.code2wav(["job"] * 2)
     with pytest.raises(ChannelError, match="freed"):
         await take(waiting)
+
+
+async def test_media_go_on_the_channels_of_the_ingress_edges():
+    """The pipeline's ``ingress -> encoder`` and ``ingress -> thinker`` media edges pick their
+    backends, as every other edge does (before, the ingress always used ``auto``)."""
+    stream = types.SimpleNamespace(options=lambda **_: None)
+    encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_images=RecordingMethod())
+    handles = {"thinker": stream, "talker": stream, "code2wav": None, "encoder": encoder}
+    ingress = _HandleClients(handles, make_channel("shared_memory"), make_channel("inline"))
+    await ingress.encode_audio([torch.randn(128, 4)])  # 2 KB: auto would send it inline
+    await ingress.encode_images(torch.randn(4, 4), [[1, 2, 2]])
+    assert [call[0].backend for call in encoder.encode_audio.calls] == ["shared_memory"]
+    assert [call[0].backend for call in encoder.encode_images.calls] == ["shared_memory"]
+    ref = ingress.put({"audio.0": torch.randn(1 << 16)})  # 256 KB: auto would not inline it
+    assert ref.backend == "inline"
+    await take(ref)
