@@ -140,9 +140,8 @@ def find_edge(config: PipelineConfig, source: str, payload: str | None = None,
               target: str | None = None) -> EdgeConfig | None:  # fmt: skip
     """The first edge out of ``source`` (carrying ``payload``, toward ``target``, when given)."""
     for edge in config.edges:
-        if edge.source == source and payload in (None, edge.payload) and target in (
-            None, edge.target
-        ):  # fmt: skip
+        wanted = payload in (None, edge.payload) and target in (None, edge.target)
+        if edge.source == source and wanted:
             return edge
     return None
 

@@ -195,6 +195,20 @@ def audio_question() -> dict:
     return {"messages": [{"role": "user", "content": content}], "max_tokens": 4}
 
 
+def test_the_ingress_sends_audio_to_the_encoder_by_its_pipeline_edge(served):
+    """The ops pipeline pins ``ingress -> encoder`` to the object store (auto never picks it
+    on one host): /metrics shows the encoder read the audio question from there."""
+    pinned = 'omni_channel_taken_payloads{backend="object_store",stage="encoder"}'
+
+    def read() -> float:
+        lines = httpx.get(f"{URL}/metrics", timeout=30).text.splitlines()
+        return sum(float(line.split()[-1]) for line in lines if line.startswith(pinned))
+
+    before = read()
+    assert chat(audio_question()).status_code == 200
+    assert read() == before + 1
+
+
 def test_a_killed_encoder_replica_is_replaced_while_audio_requests_keep_succeeding(served):
     """Two clients send audio questions for 10 s; the encoder is killed 2 s in. Calls that hit
     the dead replica are sent again and wait for the replacement: no request fails."""
