@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import ReleasesSharedMemory, edge_channel, torch_stage
+from deployments.common import ReleasesSharedMemory, edge_channel, export_stage_metrics, torch_stage
 from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 from omni_serve.transport import TensorRef, channel_stats
@@ -38,6 +38,7 @@ class Code2WavDeployment(ReleasesSharedMemory):
         self.batches = 0
         self.max_batch = 0
         self.decode_s = 0.0  # time spent decoding (the rest of the replica's CPU is overhead)
+        self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
     def codec_info(self) -> dict[str, Any]:
         return {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +39,23 @@ class ReleasesSharedMemory:
     def __del__(self) -> None:
         if in_serve_replica():
             transport.close()
+
+
+def export_stage_metrics(stage: str, stats: Callable[[], Any]) -> asyncio.Task | None:
+    """In a Serve replica, starts exporting this replica's stage series (from ``stats()``)
+    through Ray's metrics export, where every replica of a stage shows, unlike on the
+    ingress's ``/metrics``. Keep the task: the loop holds the only reference. Elsewhere (a
+    stage built by hand in a test) it does nothing."""
+    from omni_serve.api.stage_metrics import export_stage_stats
+
+    if not in_serve_replica():
+        return None
+    return asyncio.get_running_loop().create_task(export_stage_stats(stage, stats))
+
+
+def ingress_stats() -> dict[str, Any]:
+    """An ingress's own ``stats()``: its channel counts (the audio and images it reads)."""
+    return {"channel": transport.channel_stats()}
 
 
 def in_serve_replica() -> bool:
@@ -183,6 +202,4 @@ class StageWorker:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
 
     async def run(self, fn, *args):
-        import asyncio
-
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

@@ -13,7 +13,13 @@ from typing import Any
 
 from ray import serve
 
-from deployments.common import ReleasesSharedMemory, StageWorker, edge_channel, torch_stage
+from deployments.common import (
+    ReleasesSharedMemory,
+    StageWorker,
+    edge_channel,
+    export_stage_metrics,
+    torch_stage,
+)
 from deployments.dit_workers import DenoiseWorkerGroup
 from omni_serve.engines.diffusion.step_batching import StepBatcher
 from omni_serve.models.qwen_image.denoise import DenoiseCancelled, DenoiseState, ImageJob
@@ -52,6 +58,7 @@ class DiTDeployment(ReleasesSharedMemory):
         self.batches = 0
         self.max_batch = 0
         self.running = 0
+        self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
     async def denoise(self, request: dict[str, Any]) -> list[TensorRef]:
         """Packed latents, one ref per seed of the request."""

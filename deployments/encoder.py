@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import ReleasesSharedMemory, edge_channel, torch_stage
+from deployments.common import ReleasesSharedMemory, edge_channel, export_stage_metrics, torch_stage
 from omni_serve.engines.encoders.base import TorchEncoderEngine
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
 from omni_serve.transport import TensorRef, channel_stats, take
@@ -36,6 +36,7 @@ class EncoderDeployment(ReleasesSharedMemory):
         self.vision = TorchEncoderEngine(encoders.encode_image)
         self.channel = edge_channel(setup.config, stage_name)
         self.clips = 0
+        self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
     async def encode_audio(self, features: TensorRef, frames: list[int]) -> TensorRef:
         """Rows for every clip, in prompt order, as one channel ref ([sum N_i, H]), from the

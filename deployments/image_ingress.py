@@ -16,7 +16,10 @@ from deployments import handle_calls
 from deployments.common import (
     ReleasesSharedMemory,
     configure_http_guards,
+    export_stage_metrics,
+    in_serve_replica,
     ingress_app,
+    ingress_stats,
     serve_problems,
 )
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
@@ -27,7 +30,7 @@ from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import ChatCompletionRequest, model_list, new_id
 from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
-from omni_serve.transport import announce, channel_stats, take
+from omni_serve.transport import announce, take
 
 app = ingress_app("omni-serve (text to image)")
 log = logging.getLogger("ray.serve")
@@ -80,7 +83,8 @@ class ImageIngress(ReleasesSharedMemory):
         configure_http_guards(self.config)
         self.handles = {"text_encoder": text_encoder, "dit": dit, "vae": vae}
         self.clients = _HandleClients(self.handles)
-        self.metrics = ApiMetrics()
+        self.metrics = ApiMetrics(to_ray=in_serve_replica())
+        self.metrics_export = export_stage_metrics("ingress", ingress_stats)
         self.created = int(time.time())
         dit_stage = next(stage for stage in self.config.stages if stage.kind == "dit")
         step_cache = dit_stage.engine.step_cache
@@ -98,7 +102,7 @@ class ImageIngress(ReleasesSharedMemory):
     @app.get("/metrics")
     async def metrics(self) -> Response:
         await self.metrics.poll_stages(self.handles)
-        self.metrics.observe_channel("ingress", {"channel": channel_stats()})
+        self.metrics.observe_channel("ingress", ingress_stats())
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/images/generations")

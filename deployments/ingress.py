@@ -22,7 +22,10 @@ from deployments.common import (
     ReleasesSharedMemory,
     configure_http_guards,
     edge_channel,
+    export_stage_metrics,
+    in_serve_replica,
     ingress_app,
+    ingress_stats,
     serve_problems,
 )
 from deployments.session_store import SessionStoreClient
@@ -57,7 +60,7 @@ from omni_serve.models.qwen3_omni.pipeline import (
     stream_chat,
 )
 from omni_serve.models.qwen3_omni.request import PreparedPrompt, prepare_prompt
-from omni_serve.transport import Channel, channel_stats, release, take
+from omni_serve.transport import Channel, release, take
 from omni_serve.transport.base import cat_into, put_in_place
 from omni_serve.transport.session_prefixes import free_prefix
 
@@ -201,7 +204,8 @@ class Ingress(ReleasesSharedMemory):
         thinker = self.config.stage("thinker").engine
         args = {**DEFAULT_ENGINE_ARGS, **(thinker.args if thinker else {})}
         self.context_tokens = int(args["max_model_len"])  # prompts this long get a 400
-        self.metrics = ApiMetrics()
+        self.metrics = ApiMetrics(to_ray=in_serve_replica())
+        self.metrics_export = export_stage_metrics("ingress", ingress_stats)
         self.created = int(time.time())
 
     async def _chat(
@@ -240,7 +244,7 @@ class Ingress(ReleasesSharedMemory):
     async def metrics(self) -> Response:
         stages = ("encoder", "thinker", "talker", "code2wav")
         await self.metrics.poll_stages({n: h for n, h in self.handles.items() if n in stages})
-        self.metrics.observe_channel("ingress", {"channel": channel_stats()})
+        self.metrics.observe_channel("ingress", ingress_stats())
         if self.sessions is not None:
             kept = await self.sessions.stats()
             self.metrics.session_kv.labels("prefixes").set(kept["prefixes"])

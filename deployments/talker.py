@@ -13,7 +13,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.common import ReleasesSharedMemory, torch_stage
+from deployments.common import ReleasesSharedMemory, export_stage_metrics, torch_stage
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
@@ -46,6 +46,7 @@ class TalkerDeployment(ReleasesSharedMemory):
         self.engine = TorchAREngine(runner, stop_token_ids=(runner.codec_eos_token_id,))
         await self.engine.start()
         self.thinker = thinker.options(stream=True)
+        self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
     async def speak(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         wanted = {**TALKER_DEFAULTS, **(request.get("sampling") or {})}

@@ -10,7 +10,13 @@ from typing import Any
 
 from ray import serve
 
-from deployments.common import ReleasesSharedMemory, StageWorker, edge_channel, torch_stage
+from deployments.common import (
+    ReleasesSharedMemory,
+    StageWorker,
+    edge_channel,
+    export_stage_metrics,
+    torch_stage,
+)
 from omni_serve.models.qwen_image.stages import PromptEncoder
 from omni_serve.transport import TensorRef, channel_stats
 
@@ -23,6 +29,7 @@ class TextEncoderDeployment(ReleasesSharedMemory):
         self.channel = edge_channel(setup.config, stage_name)
         self.worker = StageWorker("text-encoder")
         self.prompts = 0
+        self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
     async def encode(self, prompts: list[str]) -> list[TensorRef]:
         rows = await self.worker.run(self.encoder.encode, prompts)

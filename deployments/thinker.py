@@ -16,7 +16,13 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import ReleasesSharedMemory, edge_channel, find_edge, stage_setup
+from deployments.common import (
+    ReleasesSharedMemory,
+    edge_channel,
+    export_stage_metrics,
+    find_edge,
+    stage_setup,
+)
 from omni_serve.api.errors import StageRejectedInput
 from omni_serve.engines.ar.base import ARRequest, PromptRejected, SamplingConfig
 from omni_serve.engines.ar.vllm_engine import VLLMEngine, channel_kv_transfer_config
@@ -103,6 +109,7 @@ class ThinkerDeployment(ReleasesSharedMemory):
         await self.engine.start()
         self.eos = self.engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._watchdog = asyncio.get_running_loop().create_task(self._exit_when_engine_dies())
+        self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         sampling = SamplingConfig(**request["sampling"], stop_token_ids=[self.eos])

@@ -7,7 +7,13 @@ from typing import Any
 import torch
 from ray import serve
 
-from deployments.common import ReleasesSharedMemory, StageWorker, edge_channel, torch_stage
+from deployments.common import (
+    ReleasesSharedMemory,
+    StageWorker,
+    edge_channel,
+    export_stage_metrics,
+    torch_stage,
+)
 from omni_serve.models.qwen_image.stages import LatentDecoder
 from omni_serve.transport import TensorRef, channel_stats, take
 
@@ -20,6 +26,7 @@ class VAEDeployment(ReleasesSharedMemory):
         self.channel = edge_channel(setup.config, stage_name)
         self.worker = StageWorker("vae")
         self.images = 0
+        self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
     async def decode(self, latents: TensorRef, height: int, width: int) -> TensorRef:
         packed = await take(latents)

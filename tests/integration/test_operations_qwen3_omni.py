@@ -209,6 +209,44 @@ def test_the_ingress_sends_audio_to_the_encoder_by_its_pipeline_edge(served):
     assert read() == before + 1
 
 
+def ray_export(name: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of one series on Ray's metrics export, from every target in the file Ray
+    writes for Prometheus' file service discovery (what an operator points Prometheus at)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    groups = json.loads(Path("/tmp/ray/prom_metrics_service_discovery.json").read_text())
+    found = []
+    for target in (t for group in groups for t in group["targets"]):
+        try:
+            text = httpx.get(f"http://{target}/metrics", timeout=10).text
+        except httpx.HTTPError:
+            continue  # a target of another Ray process that is gone
+        for family in text_string_to_metric_families(text):
+            found += [(s.labels, s.value) for s in family.samples if s.name == name]
+    return found
+
+
+def test_rays_metrics_export_has_every_replicas_series_where_metrics_shows_one(served):
+    """User story: an operator running two ingress replicas scrapes Ray's metrics export: each
+    replica's series are there, tagged by deployment and replica, so that their sum counts
+    every request, and every stage's replica reports its own gauges."""
+
+    def ok_requests() -> float:
+        return sum(v for labels, v in ray_export("ray_omni_requests_total")
+                   if labels["deployment"] == "ingress" and labels["status"] == "ok")  # fmt: skip
+
+    before = ok_requests()
+    for i in range(6):
+        assert chat(ask(f"Count to {i}.", max_tokens=2)).status_code == 200
+    wait_for(lambda: ok_requests() == before + 6, 90, "Ray's export counts all six requests")
+    pools = ray_export("ray_omni_channel_pool_bytes")
+    ingresses = {labels["replica"] for labels, _ in pools if labels["deployment"] == "ingress"}
+    assert len(ingresses) == 2, pools
+    stages = {labels["deployment"] for labels, _ in pools}
+    assert stages >= {"ingress", "encoder", "thinker", "talker", "code2wav"}, stages
+    assert all(labels["stage"] == labels["deployment"] for labels, _ in pools)
+
+
 def test_a_killed_encoder_replica_is_replaced_while_audio_requests_keep_succeeding(served):
     """Two clients send audio questions for 10 s; the encoder is killed 2 s in. Calls that hit
     the dead replica are sent again and wait for the replacement: no request fails."""
