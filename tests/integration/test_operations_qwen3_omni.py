@@ -226,6 +226,17 @@ def ray_export(name: str) -> list[tuple[dict[str, str], float]]:
     return found
 
 
+def steady(read, quiet_s: float = 12, timeout_s: float = 120) -> float:
+    """A value once it stayed the same for ``quiet_s`` (longer than Ray's 10 s report)."""
+    last, deadline = read(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        if (now := read()) == last:
+            return now
+        last = now
+    raise AssertionError(f"still changing after {timeout_s} s: {last}")
+
+
 def test_rays_metrics_export_has_every_replicas_series_where_metrics_shows_one(served):
     """User story: an operator running two ingress replicas scrapes Ray's metrics export: each
     replica's series are there, tagged by deployment and replica, so that their sum counts
@@ -235,7 +246,7 @@ def test_rays_metrics_export_has_every_replicas_series_where_metrics_shows_one(s
         return sum(v for labels, v in ray_export("ray_omni_requests_total")
                    if labels["deployment"] == "ingress" and labels["status"] == "ok")  # fmt: skip
 
-    before = ok_requests()
+    before = steady(ok_requests)  # earlier tests' requests reach the export up to 10 s late
     for i in range(6):
         assert chat(ask(f"Count to {i}.", max_tokens=2)).status_code == 200
     wait_for(lambda: ok_requests() == before + 6, 90, "Ray's export counts all six requests")
