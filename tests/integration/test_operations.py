@@ -23,6 +23,7 @@ import pytest
 
 from omni_serve.testing.abuse import fuzz_without_server_errors, send_while_killing, wait_for
 from omni_serve.testing.leaks import object_store_usage, shm_usage
+from omni_serve.testing.ray_metrics import ray_export, steady
 from omni_serve.testing.serve_process import REPO, ServeProcess, replica_pids
 
 pytestmark = pytest.mark.integration
@@ -157,6 +158,25 @@ def test_requests_cancelled_while_queued_at_the_dit_free_their_prompt_rows_at_on
         assert busy.result().status_code == 200
     after = wait_for(lambda: (u := shm_usage()).in_use <= 3 and u, 10, "segments handed back")
     assert after.in_use <= 3  # at most each edge's last payload, held by its consumer
+
+
+def test_rays_metrics_export_has_each_vae_replicas_gauges_and_their_sum_counts_every_image(
+    served,
+):
+    """User story: an operator scaled the VAE to two replicas; on Ray's metrics export each
+    replica reports its own series (where /metrics shows whichever answered), and the sum of
+    their decoded images grows by exactly the images asked for."""
+
+    def vae_steps() -> dict[str, float]:
+        return {labels["replica"]: value for labels, value in ray_export("ray_omni_stage_steps")
+                if labels["deployment"] == "vae"}  # fmt: skip
+
+    before = steady(lambda: sum(vae_steps().values()))
+    for seed in range(6):
+        assert generate_retrying_503({**SMALL, "seed": seed}).status_code == 200
+    wait_for(lambda: sum(vae_steps().values()) == before + 6, 60,
+             "the VAE replicas' exported steps add up to the six images")  # fmt: skip
+    assert len(vae_steps()) == 2, vae_steps()
 
 
 def test_a_killed_vae_replica_is_replaced_while_requests_keep_succeeding(served):

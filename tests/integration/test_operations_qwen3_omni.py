@@ -25,6 +25,7 @@ import pytest
 import soundfile as sf
 
 from omni_serve.testing.abuse import fuzz_without_server_errors, send_while_killing, wait_for
+from omni_serve.testing.ray_metrics import ray_export, steady
 from omni_serve.testing.serve_process import ServeProcess, replica_pids
 
 pytestmark = pytest.mark.integration
@@ -207,34 +208,6 @@ def test_the_ingress_sends_audio_to_the_encoder_by_its_pipeline_edge(served):
     before = read()
     assert chat(audio_question()).status_code == 200
     assert read() == before + 1
-
-
-def ray_export(name: str) -> list[tuple[dict[str, str], float]]:
-    """The samples of one series on Ray's metrics export, from every target in the file Ray
-    writes for Prometheus' file service discovery (what an operator points Prometheus at)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    groups = json.loads(Path("/tmp/ray/prom_metrics_service_discovery.json").read_text())
-    found = []
-    for target in (t for group in groups for t in group["targets"]):
-        try:
-            text = httpx.get(f"http://{target}/metrics", timeout=10).text
-        except httpx.HTTPError:
-            continue  # a target of another Ray process that is gone
-        for family in text_string_to_metric_families(text):
-            found += [(s.labels, s.value) for s in family.samples if s.name == name]
-    return found
-
-
-def steady(read, quiet_s: float = 12, timeout_s: float = 120) -> float:
-    """A value once it stayed the same for ``quiet_s`` (longer than Ray's 10 s report)."""
-    last, deadline = read(), time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(quiet_s)
-        if (now := read()) == last:
-            return now
-        last = now
-    raise AssertionError(f"still changing after {timeout_s} s: {last}")
 
 
 def test_rays_metrics_export_has_every_replicas_series_where_metrics_shows_one(served):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,10 +17,8 @@ async def _run_for(coro, seconds: float) -> None:
     task = asyncio.create_task(coro)
     await asyncio.sleep(seconds)
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        pass
 
 
 async def test_the_export_loop_keeps_a_replicas_gauges_current():

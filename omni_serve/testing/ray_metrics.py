@@ -1,0 +1,41 @@
+"""Reading Ray's metrics export the way an operator's Prometheus does, for the tests that
+check every replica's series are there (docs/operations.md, "Metrics")."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# Where Ray writes its nodes' metrics ports for Prometheus' file service discovery.
+DISCOVERY_FILE = Path("/tmp/ray/prom_metrics_service_discovery.json")
+
+
+def ray_export(name: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of one series on Ray's metrics export, from every target in the file Ray
+    writes for Prometheus' file service discovery (what an operator points Prometheus at)."""
+    groups = json.loads(DISCOVERY_FILE.read_text())
+    found = []
+    for target in (t for group in groups for t in group["targets"]):
+        try:
+            text = httpx.get(f"http://{target}/metrics", timeout=10).text
+        except httpx.HTTPError:
+            continue  # a target of another Ray process that is gone
+        for family in text_string_to_metric_families(text):
+            found += [(s.labels, s.value) for s in family.samples if s.name == name]
+    return found
+
+
+def steady(read: Callable[[], float], quiet_s: float = 12, timeout_s: float = 120) -> float:
+    """A value once it stayed the same for ``quiet_s`` (longer than Ray's 10 s report)."""
+    last, deadline = read(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        if (now := read()) == last:
+            return now
+        last = now
+    raise AssertionError(f"still changing after {timeout_s} s: {last}")
