@@ -138,8 +138,12 @@ def kept_prefixes() -> float:
 
 def test_a_thinker_killed_mid_stream_ends_it_with_an_error_naming_the_thinker(served):
     """The client has part of the text when the Thinker dies: the stream ends with an error
-    event saying the Thinker died (and to send again) and [DONE], at once, not after a hang."""
-    [pid] = replica_pids("thinker")
+    event saying the Thinker died (and to send again) and [DONE], at once, not after a hang.
+    Its engine's processes die with it and leave their queues in /dev/shm (vLLM removes them
+    only when it stops cleanly): the replacement's engine removes them as it starts."""
+    pid, engine = the_thinker_and_its_engine(served)
+    queues = {q for q in shm_files_mapped(engine) if "/psm_" in q}
+    assert queues  # else there is nothing to check
     body = {**MODEL, **ask("Tell a long story.", max_tokens=256, stream=True)}
     events = []
     began = time.monotonic()
@@ -159,6 +163,8 @@ def test_a_thinker_killed_mid_stream_ends_it_with_an_error_naming_the_thinker(se
     )
     healthy_again("thinker", pid)
     assert chat(ask("Hi again", max_tokens=4)).status_code == 200
+    assert not [q for q in queues if os.path.exists(q)]
+    assert "files killed vLLM engines left in /dev/shm" in served.tail(400_000)
 
 
 def test_a_talker_killed_mid_request_is_rerun_and_the_client_gets_the_whole_answer(served):
@@ -245,8 +251,11 @@ def test_a_killed_encoder_replica_is_replaced_while_audio_requests_keep_succeedi
 def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(served):
     """vLLM's engine process dies under the Thinker (as an OOM kill would do it): the log says
     so, /health is 503 naming the Thinker, and a request sent meanwhile waits for the
-    replacement replica and succeeds instead of failing with EngineDeadError."""
+    replacement replica and succeeds instead of failing with EngineDeadError. The queues the
+    dead engine left in /dev/shm go when the replacement starts its engine."""
     pid, engine = the_thinker_and_its_engine(served)
+    queues = {q for q in shm_files_mapped(engine) if "/psm_" in q}
+    assert queues  # else there is nothing to check
     os.kill(engine, signal.SIGKILL)
     unhealthy = wait_for(lambda: (r := httpx.get(f"{URL}/health", timeout=10)).status_code == 503
                          and r, 30, "/health reports the Thinker")  # fmt: skip
@@ -254,6 +263,7 @@ def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(serve
     assert chat(ask("Still there?", max_tokens=4)).status_code == 200
     assert "the Thinker's vLLM engine died" in served.tail(200_000)
     healthy_again("thinker", pid)
+    assert not [q for q in queues if os.path.exists(q)]
 
 
 def test_stopping_the_server_removes_its_shared_memory(served):
@@ -294,12 +304,24 @@ def the_thinker_and_its_engine(served: ServeProcess) -> tuple[int, int]:
 
 def thinker_with_engine() -> tuple[int, int] | None:
     """(replica pid, engine pid) once the Thinker has one replica and it has its engine: an
-    earlier test's replacement may still be starting (its engine is spawned late in init).
-    Engines whose parent is no replica are not the app's: the integration session's own
-    (tests/integration/conftest.py) runs under pytest."""
+    earlier test's replacement may still be starting (its engine is spawned late in init)."""
     pids = replica_pids("thinker")
-    engines = [p for p in engine_core_pids() if parent_pid(p) in pids]
-    return (pids.pop(), engines[0]) if len(pids) == 1 and len(engines) == 1 else None
+    if len(pids) != 1:
+        return None
+    [pid] = pids
+    engines = [child for child, args in children(pid) if "resource_tracker" not in args]
+    return (pid, engines[0]) if len(engines) == 1 else None
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of each child process of ``pid``. A Thinker replica has two: its
+    vLLM engine core and multiprocessing's resource tracker. The engine is not found by the
+    title vLLM gives it (VLLM::EngineCore): in one run of several it served requests under its
+    spawn command line, and a check by title waited 240 s for an engine that was running."""
+    out = subprocess.run(["ps", "--ppid", str(pid), "-o", "pid=,args="],
+                         capture_output=True, text=True)  # fmt: skip
+    return [(int(child), args) for child, _, args in
+            (line.strip().partition(" ") for line in out.stdout.splitlines())]  # fmt: skip
 
 
 def thinker_log(served: ServeProcess) -> str:
@@ -313,36 +335,8 @@ def thinker_log(served: ServeProcess) -> str:
 
 
 def engine_view() -> str:
-    """What a failure needs to name its cause: the replicas and their child processes (an
-    engine whose title is not VLLM::EngineCore shows there), and each engine's parent."""
-    engines = [(p, parent, process_args(parent)) for p in engine_core_pids()
-               for parent in [parent_pid(p)]]  # fmt: skip
-    children = {pid: child_processes(pid) for pid in replica_pids("thinker")}
-    return f"Thinker replicas and their children {children}, engines and their parents {engines}"
-
-
-def child_processes(pid: int) -> list[str]:
-    """Each child of ``pid`` as 'pid state args' (args cut to 80 characters)."""
-    out = subprocess.run(["ps", "--ppid", str(pid), "-o", "pid=,stat=,args="],
-                         capture_output=True, text=True)  # fmt: skip
-    return [line.strip()[:100] for line in out.stdout.splitlines()]
-
-
-def process_args(pid: int) -> str:
-    """The command line (title) of a process and its state letter, '' once it has exited."""
-    out = subprocess.run(["ps", "-o", "stat=,args=", "-p", str(pid)], capture_output=True,
-                         text=True)  # fmt: skip
-    return out.stdout.strip()[:120]
-
-
-def engine_core_pids() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "VLLM::EngineCore"], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
-
-
-def parent_pid(pid: int) -> int:
-    """0 for a process that has exited since it was listed."""
-    try:
-        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-    except FileNotFoundError:
-        return 0
+    """What a failure needs to name its cause: the Thinker replicas and their child processes
+    (the engine among them)."""
+    found = {pid: [(child, args[:80]) for child, args in children(pid)]
+             for pid in replica_pids("thinker")}  # fmt: skip
+    return f"Thinker replicas and their children {found}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
+from omni_serve.engines.ar.stale_engine_files import SHM_DIR, sweep_stale_engine_files
 from omni_serve.engines.ar.vllm_capture import CAPTURE_KEY, decode_rows
 from omni_serve.transport.kv_blocks import PREFIX_KEY
 
@@ -110,6 +112,8 @@ class VLLMEngine:
         ):
             os.environ.setdefault(key, value)
         pin_cpu_cores(self.cpu_cores)
+        if SHM_DIR.is_dir():  # what engines killed on this host left (stale_engine_files.py)
+            await asyncio.to_thread(sweep_stale_engine_files)
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
