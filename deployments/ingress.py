@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-import torch
 from fastapi import WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
@@ -28,6 +27,7 @@ from deployments.common import (
     ingress_stats,
     serve_problems,
 )
+from deployments.omni_stage_clients import HandleStageClients
 from deployments.session_store import SessionStoreClient
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
@@ -49,7 +49,6 @@ from omni_serve.api.sse import DONE, ChunkWriter, sse
 from omni_serve.api.websocket import IdleTimeout, receive_request
 from omni_serve.config import PipelineConfig
 from omni_serve.engines.ar.vllm_engine import DEFAULT_ENGINE_ARGS
-from omni_serve.engines.codec.chunked import DecodeJob
 from omni_serve.models import resolve_model
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.pipeline import (
@@ -60,8 +59,6 @@ from omni_serve.models.qwen3_omni.pipeline import (
     stream_chat,
 )
 from omni_serve.models.qwen3_omni.request import PreparedPrompt, prepare_prompt
-from omni_serve.transport import Channel, release, take
-from omni_serve.transport.base import cat_into, put_in_place
 from omni_serve.transport.session_prefixes import free_prefix
 
 app = ingress_app("omni-serve")
@@ -112,62 +109,6 @@ def _talker_overrides(body: ChatCompletionRequest | SpeechRequest) -> dict[str, 
     return overrides.model_dump(exclude_none=True)
 
 
-class _HandleClients:
-    """``StageClients`` over Serve handles."""
-
-    def __init__(self, handles: dict[str, DeploymentHandle], to_encoder: Channel,
-                 to_thinker: Channel) -> None:  # fmt: skip
-        """``to_encoder``, ``to_thinker``: the channels of the ingress's media edges (audio
-        features and image patches for the encoder stage; the clips and images of a prompt
-        the Thinker encodes itself)."""
-        self._thinker = handles["thinker"].options(stream=True)
-        self._talker = handles["talker"].options(stream=True)
-        self._code2wav = handles["code2wav"]
-        self._encoder = handles.get("encoder")
-        self._to_encoder, self._to_thinker = to_encoder, to_thinker
-        self._codec_info: dict[str, Any] | None = None
-
-    def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return handle_calls.stream(self._thinker.generate, request)
-
-    def speak(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return handle_calls.stream(self._talker.speak, request)
-
-    async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
-        refs = await handle_calls.call(self._code2wav.decode, jobs)
-        try:
-            # Copied out (188 KB: ~2 us from cache): a view would hold Code2wav's segment (1 MiB
-            # at least) until the whole reply is sent, one per chunk of every reply in flight.
-            return [(await take(ref)).numpy().copy() for ref in refs]
-        finally:  # cancelled between takes: the rest are freed now, not by the lease
-            release(*refs)
-
-    async def encode_audio(self, features: list[torch.Tensor]) -> Any | None:
-        """The clips' [mel, frames] features go side by side in one tensor on the channel (a
-        30 s clip is 1.5 MB); their lengths ride the call."""
-        if self._encoder is None:
-            return None
-        frames = [int(f.shape[1]) for f in features]
-        like = torch.empty((features[0].shape[0], sum(frames)), dtype=features[0].dtype,
-                           device="meta")  # fmt: skip
-        ref = put_in_place(self._to_encoder, like, lambda out: cat_into(out, features, dim=1))
-        return await handle_calls.call(self._encoder.encode_audio, ref, frames)
-
-    async def encode_images(self, pixels: Any, grid_thw: Any) -> Any | None:
-        if self._encoder is None:
-            return None
-        ref = self._to_encoder.put(pixels)
-        return await handle_calls.call(self._encoder.encode_images, ref, grid_thw)
-
-    def put(self, payload: dict[str, torch.Tensor]) -> Any:
-        return self._to_thinker.put(payload)
-
-    async def codec_info(self) -> dict[str, Any]:
-        if self._codec_info is None:
-            self._codec_info = await self._code2wav.codec_info.remote()
-        return self._codec_info
-
-
 # Keep module-level helpers ABOVE this class: Serve pickles the class by value when the
 # decorator runs, so a global defined below it is missing in the replica (NameError).
 @serve.deployment
@@ -194,7 +135,7 @@ class Ingress(ReleasesSharedMemory):
         self.handles = {"thinker": thinker, "talker": talker, "code2wav": code2wav}
         if encoder is not None:
             self.handles["encoder"] = encoder
-        self.clients = _HandleClients(
+        self.clients = HandleStageClients(
             self.handles,
             edge_channel(self.config, "ingress", "media", target="encoder"),
             edge_channel(self.config, "ingress", "media", target="thinker"),
@@ -308,7 +249,8 @@ class Ingress(ReleasesSharedMemory):
         media_type = SPEECH_MEDIA_TYPES[body.response_format]
         if body.stream_format == "audio":
             events = self._speech_events(body)
-            return StreamingResponse(self._speech_bytes(events, fmt), media_type=media_type)
+            first = await self._until_audio(events)
+            return StreamingResponse(self._speech_bytes(first, events, fmt), media_type=media_type)
         if body.stream_format == "sse":
             events = self._speech_events(body)
             return StreamingResponse(self._speech_sse(events), media_type="text/event-stream")
@@ -405,12 +347,37 @@ class Ingress(ReleasesSharedMemory):
             log.exception("websocket request failed in a stage")
             await ws.send_json(_ws_error(exc))
 
-    async def _speech_bytes(self, events, fmt: str) -> AsyncIterator[bytes]:
+    async def _until_audio(self, events) -> list[ChatEvent]:
+        """The events up to the first audio chunk, before any byte is sent: a deadline or a
+        stage failure before it is an error response (504, 503) instead of a 200 whose body
+        breaks off (raw audio has no way to say why)."""
+        taken = []
+        try:
+            async for event in events:  # leaving the loop leaves the generator open
+                taken.append(event)
+                if event.kind in ("audio", "done"):
+                    break
+        except RequestTimeout as exc:
+            raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
+        except Exception as exc:
+            log.exception("streamed speech request failed in a stage")
+            raise stage_failure(exc) from None
+        return taken
+
+    async def _speech_bytes(self, first: list[ChatEvent], events, fmt: str) -> AsyncIterator[bytes]:
+        """The audio as it comes. Past the deadline the stream ends with the audio so far
+        (the client's own limit; ``stream_format: sse`` says so in an event)."""
         if fmt == "wav":
             yield wav_stream_header(SAMPLE_RATE)
-        async for event in events:
+        for event in first:
             if event.kind == "audio":
                 yield encode_audio(event.audio, SAMPLE_RATE, "pcm16")
+        try:
+            async for event in events:
+                if event.kind == "audio":
+                    yield encode_audio(event.audio, SAMPLE_RATE, "pcm16")
+        except RequestTimeout as exc:
+            log.info("streamed speech ended at its deadline: %s", exc)
 
     async def _speech_sse(self, events) -> AsyncIterator[str]:
         try:
