@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from deployments.ingress import _HandleClients
+from deployments.omni_stage_clients import HandleStageClients
 from omni_serve.transport import ChannelError, SharedMemoryChannel, TensorRef, make_channel, take
 
 
@@ -49,7 +49,7 @@ def clients(code2wav_refs: list[TensorRef] | None = None):
     encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_images=RecordingMethod())
     code2wav = types.SimpleNamespace(decode=Answering(code2wav_refs))
     handles = {"thinker": stream, "talker": stream, "code2wav": code2wav, "encoder": encoder}
-    return _HandleClients(handles, make_channel(), make_channel()), encoder
+    return HandleStageClients(handles, make_channel(), make_channel()), encoder
 
 
 async def test_audio_features_reach_the_encoder_as_one_channel_ref_and_their_lengths():
@@ -111,7 +111,7 @@ async def test_media_go_on_the_channels_of_the_ingress_edges():
     stream = types.SimpleNamespace(options=lambda **_: None)
     encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_images=RecordingMethod())
     handles = {"thinker": stream, "talker": stream, "code2wav": None, "encoder": encoder}
-    ingress = _HandleClients(handles, make_channel("shared_memory"), make_channel("inline"))
+    ingress = HandleStageClients(handles, make_channel("shared_memory"), make_channel("inline"))
     await ingress.encode_audio([torch.randn(128, 4)])  # 2 KB: auto would send it inline
     await ingress.encode_images(torch.randn(4, 4), [[1, 2, 2]])
     assert [call[0].backend for call in encoder.encode_audio.calls] == ["shared_memory"]

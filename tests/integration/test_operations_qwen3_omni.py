@@ -140,7 +140,8 @@ def test_a_thinker_killed_mid_stream_ends_it_with_an_error_naming_the_thinker(se
     """The client has part of the text when the Thinker dies: the stream ends with an error
     event saying the Thinker died (and to send again) and [DONE], at once, not after a hang.
     Its engine's processes die with it and leave their queues in /dev/shm (vLLM removes them
-    only when it stops cleanly): the replacement's engine removes them as it starts."""
+    only when it stops cleanly): the replacement's engine removes them (it sweeps as it starts,
+    and every 30 s: the dead engine's processes can outlive their replica for a while)."""
     pid, engine = the_thinker_and_its_engine(served)
     queues = {q for q in shm_files_mapped(engine) if "/psm_" in q}
     assert queues  # else there is nothing to check
@@ -163,7 +164,7 @@ def test_a_thinker_killed_mid_stream_ends_it_with_an_error_naming_the_thinker(se
     )
     healthy_again("thinker", pid)
     assert chat(ask("Hi again", max_tokens=4)).status_code == 200
-    assert not [q for q in queues if os.path.exists(q)]
+    gone_within(queues, 90)  # the dead engine can outlive its replica; sweeps every 30 s
     assert "files killed vLLM engines left in /dev/shm" in served.tail(400_000)
 
 
@@ -263,7 +264,7 @@ def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(serve
     assert chat(ask("Still there?", max_tokens=4)).status_code == 200
     assert "the Thinker's vLLM engine died" in served.tail(200_000)
     healthy_again("thinker", pid)
-    assert not [q for q in queues if os.path.exists(q)]
+    gone_within(queues, 90)
 
 
 def test_stopping_the_server_removes_its_shared_memory(served):
@@ -280,6 +281,11 @@ def test_stopping_the_server_removes_its_shared_memory(served):
     assert segments  # the stages' pools
     served.stop()
     assert not [f for f in queues | segments if os.path.exists(f)]
+
+
+def gone_within(files: set[str], timeout_s: float) -> None:
+    wait_for(lambda: not [f for f in files if os.path.exists(f)], timeout_s,
+             f"the dead engine's files {sorted(files)} are removed")  # fmt: skip
 
 
 def shm_files_mapped(pid: int) -> set[str]:

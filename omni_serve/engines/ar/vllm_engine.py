@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
-from omni_serve.engines.ar.stale_engine_files import SHM_DIR, sweep_stale_engine_files
+from omni_serve.engines.ar.stale_engine_files import SHM_DIR, sweep_every
 from omni_serve.engines.ar.vllm_capture import CAPTURE_KEY, decode_rows
 from omni_serve.transport.kv_blocks import PREFIX_KEY
 
@@ -101,6 +101,7 @@ class VLLMEngine:
                 "omni_serve.engines.ar.vllm_capture.HiddenStateCaptureExtension"
             )
         self._llm = None
+        self._sweeper: asyncio.Task | None = None  # stale_engine_files.sweep_every
         self.num_layers: int | None = None
 
     async def start(self) -> None:
@@ -112,8 +113,8 @@ class VLLMEngine:
         ):
             os.environ.setdefault(key, value)
         pin_cpu_cores(self.cpu_cores)
-        if SHM_DIR.is_dir():  # what engines killed on this host left (stale_engine_files.py)
-            await asyncio.to_thread(sweep_stale_engine_files)
+        if SHM_DIR.is_dir() and self._sweeper is None:  # what killed engines left on this host
+            self._sweeper = asyncio.get_running_loop().create_task(sweep_every())
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -248,6 +249,9 @@ class VLLMEngine:
     def close(self) -> None:
         """Stop the engine's processes (they remove their shared-memory queues as they go).
         Synchronous, for a replica's ``__del__``; a second call does nothing."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import time
 
-from omni_serve.engines.ar.stale_engine_files import sweep_stale_engine_files
+from omni_serve.engines.ar.stale_engine_files import sweep_every, sweep_stale_engine_files
 
 
 def _file(directory, name: str, age_s: float = 3600, data: bytes = b"") -> str:
@@ -44,3 +45,19 @@ def test_only_old_files_of_killed_engines_that_nobody_maps_or_holds_go(tmp_path)
     assert all(os.path.exists(p) for p in (mapped, held, young, other))
     # Once their process is gone (or closed them), they are stale too.
     assert sorted(sweep_stale_engine_files(tmp_path).files) == ["psm_held", "psm_mapped"]
+
+
+async def test_a_running_engine_sweeps_again_what_dies_after_it_started(tmp_path):
+    """A dead engine can outlive its replica for a while (still mapping its queues) when the
+    replacement's engine starts: the later sweeps remove its files."""
+    sweeper = asyncio.create_task(sweep_every(0.05, tmp_path))
+    try:
+        await asyncio.sleep(0.1)
+        late = _file(tmp_path, "psm_died_later")
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if not os.path.exists(late):
+                break
+        assert not os.path.exists(late)
+    finally:
+        sweeper.cancel()
