@@ -359,6 +359,8 @@ class Ingress(ReleasesSharedMemory):
                     break
         except RequestTimeout as exc:
             raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
+        except ApiError:
+            raise
         except Exception as exc:
             log.exception("streamed speech request failed in a stage")
             raise stage_failure(exc) from None

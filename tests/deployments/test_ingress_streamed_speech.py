@@ -48,3 +48,13 @@ async def test_a_deadline_mid_stream_ends_the_audio_with_what_was_spoken():
 
 async def test_without_a_deadline_every_chunk_arrives():
     assert len(await stream([0.0, 0.01, 0.0], deadline_s=None)) == 3
+
+
+async def test_an_error_meant_for_the_client_before_the_first_audio_keeps_its_status():
+    async def refused():
+        raise ApiError(400, "prompt too long", "input")
+        yield  # an async generator
+
+    with pytest.raises(ApiError) as caught:
+        await object.__new__(IngressClass)._until_audio(refused())
+    assert caught.value.status == 400 and caught.value.message == "prompt too long"

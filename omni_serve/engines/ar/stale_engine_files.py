@@ -55,8 +55,8 @@ def _mapped(process: Path) -> set[str]:
     except OSError:
         return set()
     # "address perms offset dev inode path": a path may hold spaces; anonymous maps have none
-    return {line.split(maxsplit=5)[5].removesuffix(" (deleted)")
-            for line in lines if len(line.split(maxsplit=5)) == 6}  # fmt: skip
+    fields = (line.split(maxsplit=5) for line in lines)
+    return {f[5].removesuffix(" (deleted)") for f in fields if len(f) == 6}
 
 
 def _held_open(process: Path) -> set[str]:
