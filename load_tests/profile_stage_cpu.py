@@ -29,7 +29,8 @@ PIPELINE = os.environ.get("OMNI_PIPELINE", "configs/pipelines/qwen3_omni_small.y
 
 
 def cpu_seconds() -> dict[str, tuple[int, str]]:
-    out = subprocess.run(["ps", "-eo", "pid,times,args"], capture_output=True, text=True).stdout
+    ps = ["ps", "-ww", "-eo", "pid,times,args"]
+    out = subprocess.run(ps, capture_output=True, text=True).stdout
     table = {}
     for line in out.splitlines()[1:]:
         pid, seconds, *args = line.split(None, 2)

@@ -22,7 +22,8 @@ REPO = Path(__file__).parents[2]  # the repo root (editable install)
 
 
 def _pids_titled(title: str) -> set[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    ps = ["ps", "-ww", "-eo", "pid=,args="]  # -ww: whole lines, whatever COLUMNS says
+    out = subprocess.run(ps, capture_output=True, text=True).stdout
     pattern = re.compile(rf"^\s*(\d+) ray::{title}(\.|\s|$)")
     return {int(m.group(1)) for line in out.splitlines() if (m := pattern.match(line))}
 

@@ -323,11 +323,18 @@ def children(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of each child process of ``pid``. A Thinker replica has two: its
     vLLM engine core and multiprocessing's resource tracker. The engine is not found by the
     title vLLM gives it (VLLM::EngineCore): in one run of several it served requests under its
-    spawn command line, and a check by title waited 240 s for an engine that was running."""
-    out = subprocess.run(["ps", "--ppid", str(pid), "-o", "pid=,args="],
-                         capture_output=True, text=True)  # fmt: skip
-    return [(int(child), args) for child, _, args in
-            (line.strip().partition(" ") for line in out.stdout.splitlines())]  # fmt: skip
+    spawn command line. The command line is read whole from /proc: ``ps`` cuts it to the
+    terminal's width, which in CI (a longer checkout path) cut "resource_tracker" off and the
+    tracker counted as a second engine."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    found = []
+    for child in map(int, out.stdout.split()):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:  # it exited meanwhile
+            continue
+        found.append((child, cmdline.replace(b"\0", b" ").decode(errors="replace").strip()))
+    return found
 
 
 def thinker_log(served: ServeProcess) -> str:
