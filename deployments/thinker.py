@@ -150,6 +150,7 @@ class ThinkerDeployment(ReleasesSharedMemory):
                 request["request_id"],
                 **prompt,
                 multi_modal_data=media or None,
+                mm_processor_kwargs=request.get("mm_processor_kwargs"),
                 sampling=sampling,
                 capture_layers=layers,
                 kv_transfer_params=self._kv_params(request, turn.capturing and not reuse, spliced),

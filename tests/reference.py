@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 THINKER_MAX_TOKENS = 16
+VIDEO_FPS = 2.0  # not the processor's default (1.0): a path that drops the rate shows
 TALKER_MAX_TOKENS = 40
 SPEAKER = "ethan"
 
@@ -20,6 +21,8 @@ def prompt_messages(kind: str) -> list[dict]:
         content = [{"type": "audio"}, {"type": "text", "text": "What is this?"}]
     elif kind == "image":
         content = [{"type": "image"}, {"type": "text", "text": "Describe it."}]
+    elif kind == "video":
+        content = [{"type": "video"}, {"type": "text", "text": "What happens?"}]
     elif kind == "mixed":
         content = [{"type": "image"}, {"type": "audio"}, {"type": "text", "text": "Both?"}]
     else:
@@ -37,6 +40,11 @@ def sample_image() -> Image.Image:
     return Image.fromarray(pixels)
 
 
+def sample_video() -> np.ndarray:
+    """Five frames (an odd count: the processor repeats the last to fill a temporal patch)."""
+    return (np.random.RandomState(1).rand(5, 64, 96, 3) * 255).astype(np.uint8)
+
+
 def processor_inputs(processor, kind: str) -> dict:
     text = processor.apply_chat_template(
         prompt_messages(kind), add_generation_prompt=True, tokenize=False
@@ -46,6 +54,8 @@ def processor_inputs(processor, kind: str) -> dict:
         kwargs["audio"] = [sample_audio()]
     if kind in ("image", "mixed"):
         kwargs["images"] = [sample_image()]
+    if kind == "video":
+        kwargs.update(videos=[sample_video()], fps=VIDEO_FPS)
     return dict(processor(text=text, return_tensors="pt", **kwargs))
 
 

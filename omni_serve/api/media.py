@@ -1,4 +1,4 @@
-"""Turning request content parts into media: base64 audio, data-URL images."""
+"""Turning request content parts into media: base64 audio, data-URL images (video: video.py)."""
 
 from __future__ import annotations
 
@@ -44,16 +44,21 @@ def load_audio(data_b64: str, sample_rate: int, max_bytes: int, max_seconds: flo
     return samples
 
 
-def load_image(url: str, allow_remote: bool, param: str) -> Image.Image:
+def data_url_bytes(url: str, allow_remote: bool, kind: str, param: str) -> bytes:
+    """The bytes of a base64 ``data:`` URL (what image and video parts carry)."""
     if not url.startswith("data:"):
         if not allow_remote:
-            raise MediaError("only data: URLs are accepted for images", param)
-        raise MediaError("remote image URLs are not supported yet", param)
+            raise MediaError(f"only data: URLs are accepted for {kind}s", param)
+        raise MediaError(f"remote {kind} URLs are not supported yet", param)
     header, _, payload = url.partition(",")
     if ";base64" not in header:
-        raise MediaError("image data URL must be base64", param)
+        raise MediaError(f"{kind} data URL must be base64", param)
+    return _b64(payload, param)
+
+
+def load_image(url: str, allow_remote: bool, param: str) -> Image.Image:
     try:
-        image = Image.open(io.BytesIO(_b64(payload, param)))
+        image = Image.open(io.BytesIO(data_url_bytes(url, allow_remote, "image", param)))
         image.load()
     except (UnidentifiedImageError, OSError):
         raise MediaError("could not decode image", param) from None

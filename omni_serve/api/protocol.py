@@ -33,7 +33,19 @@ class ImagePart(BaseModel):
     image_url: ImageUrl = Field(description="The image.")
 
 
-ContentPart = TextPart | AudioPart | ImagePart
+class VideoUrl(BaseModel):
+    url: str = Field(
+        description="A data: URL of a video file (mp4, webm, ...); remote URLs only if the "
+        "config allows them."
+    )
+
+
+class VideoPart(BaseModel):
+    type: Literal["video_url"] = Field(description="Content part type.")
+    video_url: VideoUrl = Field(description="The video (its frames; its audio track unused).")
+
+
+ContentPart = TextPart | AudioPart | ImagePart | VideoPart
 
 
 class ChatMessage(BaseModel):

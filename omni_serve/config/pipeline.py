@@ -140,8 +140,22 @@ class ApiSettings(_Strict):
         10 * 1024 * 1024, ge=1, description="Largest decoded input audio file accepted."
     )
     max_audio_seconds: float = Field(60.0, gt=0, description="Longest input audio accepted.")
+    max_video_bytes: int = Field(
+        16 * 1024 * 1024, ge=1, description="Largest decoded input video file accepted."
+    )
+    max_video_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Longest input video accepted (its frames are decoded in the ingress).",
+    )
+    video_fps: float = Field(
+        2.0,
+        gt=0,
+        description="Frames taken per second of input video; the Thinker's positions place "
+        "them in time at this rate.",
+    )
     allow_remote_urls: bool = Field(
-        False, description="Whether image/audio URLs other than data: URLs may be fetched."
+        False, description="Whether media URLs other than data: URLs may be fetched."
     )
     api_key: str | None = Field(
         None, description="If set, requests must send 'Authorization: Bearer <api_key>'."

@@ -17,24 +17,29 @@ from tests.reference import (
     SPEAKER,
     TALKER_MAX_TOKENS,
     THINKER_MAX_TOKENS,
+    VIDEO_FPS,
     prompt_messages,
     sample_audio,
     sample_image,
+    sample_video,
 )
 
 pytestmark = pytest.mark.integration
-KINDS = ("text", "audio", "image")
+KINDS = ("text", "audio", "image", "video")
 
 
 async def run_thinker(engine, processor, kind: str, layers=(0, 1)):
     media = {"audios": [sample_audio()]} if kind == "audio" else {}
     if kind == "image":
         media = {"images": [sample_image()]}
+    if kind == "video":  # at the reference's rate: vLLM's default would place frames elsewhere
+        media = {"videos": [sample_video()]}
     ids, mm = thinker_prompt(processor, prompt_messages(kind), **media)
     sampling = SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[302])
     request = ARRequest(
         f"golden-{kind}-{len(layers)}", prompt_token_ids=ids, multi_modal_data=mm or None,
         sampling=sampling, capture_layers=layers,
+        mm_processor_kwargs={"fps": VIDEO_FPS} if kind == "video" else None,
     )  # fmt: skip
     tokens, rows = [], {k: [] for k in layers}
     async for chunk in engine.generate(request):

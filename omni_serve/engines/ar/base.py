@@ -41,6 +41,8 @@ class ARRequest:
     prompt_token_ids: list[int] | None = None
     prompt_embeds: torch.Tensor | None = None  # [T, H]
     multi_modal_data: dict[str, Any] | None = None
+    # Per-request settings of the model's multimodal processor (a video's ``fps``, say).
+    mm_processor_kwargs: dict[str, Any] | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     # Decoder layers whose per-token hidden states the caller wants back (0 = input embeddings).
     capture_layers: tuple[int, ...] = ()

@@ -24,7 +24,7 @@ DEFAULT_ENGINE_ARGS: dict[str, Any] = {
     "max_model_len": 4096,
     "max_num_seqs": 16,
     "enable_prompt_embeds": True,
-    "limit_mm_per_prompt": {"image": 4, "audio": 4, "video": 0},
+    "limit_mm_per_prompt": {"image": 4, "audio": 4, "video": 2},
     "enable_mm_embeds": True,  # image embeddings from an encoder stage
 }
 
@@ -164,6 +164,8 @@ class VLLMEngine:
             prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
         if request.multi_modal_data:
             prompt["multi_modal_data"] = request.multi_modal_data
+        if request.mm_processor_kwargs:
+            prompt["mm_processor_kwargs"] = request.mm_processor_kwargs
         return prompt
 
     async def generate(self, request: ARRequest) -> AsyncIterator[ARChunk]:

@@ -1,6 +1,6 @@
-"""A prompt's raw media (audio clips, images) as one tensor-channel payload, for prompts the
-Thinker encodes itself: audio with images (vLLM 0.32 takes no raw audio next to image
-embeddings), or a graph without an encoder stage.
+"""A prompt's raw media (audio clips, images, video frames) as one tensor-channel payload, for
+prompts the Thinker encodes itself: videos, audio with images (vLLM 0.32 takes no raw audio
+next to image embeddings), or a graph without an encoder stage.
 
 Why: vLLM wants numpy clips and PIL images, and as handle arguments they are pickled on every
 hop (ingress → Talker → Thinker for a spoken reply; a 1024² image is 3 MB, a 30 s clip 1.9 MB).
@@ -24,8 +24,9 @@ def _items(entry: Any) -> tuple[list, bool]:
 
 def media_payload(media: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """``multi_modal_data`` (``audio``: ``(clip, rate)`` or a list of them; ``image``: a PIL
-    image or a list) as named tensors for the channel, and the layout that rebuilds it."""
-    unknown = set(media) - {"audio", "image"}
+    image or a list; ``video``: uint8 frames [T, H, W, 3] or a list) as named tensors for the
+    channel, and the layout that rebuilds it."""
+    unknown = set(media) - {"audio", "image", "video"}
     if unknown:
         raise ValueError(f"no channel layout for media kinds {sorted(unknown)}")
     tensors: dict[str, torch.Tensor] = {}
@@ -42,6 +43,11 @@ def media_payload(media: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
             # RGB, as the API decodes every image (omni_serve.api.media.load_image).
             rgb = image if image.mode == "RGB" else image.convert("RGB")
             tensors[f"image.{i}"] = torch.from_numpy(np.array(rgb))
+    if "video" in media:
+        videos, many = _items(media["video"])
+        layout["video"] = {"count": len(videos), "many": many}
+        for i, frames in enumerate(videos):
+            tensors[f"video.{i}"] = torch.from_numpy(np.ascontiguousarray(frames, np.uint8))
     return tensors, layout
 
 
@@ -56,4 +62,7 @@ def media_from_payload(tensors: dict[str, torch.Tensor], layout: dict[str, Any])
         count = layout["image"]["count"]
         images = [Image.fromarray(tensors[f"image.{i}"].numpy()) for i in range(count)]
         media["image"] = images if layout["image"]["many"] else images[0]
+    if "video" in layout:
+        videos = [tensors[f"video.{i}"].numpy() for i in range(layout["video"]["count"])]
+        media["video"] = videos if layout["video"]["many"] else videos[0]
     return media

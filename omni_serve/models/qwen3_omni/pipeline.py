@@ -108,10 +108,14 @@ async def stream_chat(
     expanded_ids = prompt.prompt_ids  # media placeholders expanded by the Thinker's processor
     timings: dict[str, float] = {}
     raw_media = prompt.multi_modal_data  # what the Thinker encodes itself
-    if prompt.image_pixels is not None and not prompt.counts.get("audio"):
-        # Image-only prompts: images by the encoder stage. Prompts with audio AND images stay
-        # with the Thinker: vLLM 0.32 cannot mix raw audio with image embeddings in one
-        # request, and an embeddings prompt cannot carry image inputs.
+    if prompt.mm_processor_kwargs:
+        thinker_request["mm_processor_kwargs"] = prompt.mm_processor_kwargs
+    alone = not prompt.counts.get("audio") and not prompt.counts.get("video")
+    if prompt.image_pixels is not None and alone:
+        # Image-only prompts: images by the encoder stage. Prompts with audio or video AND
+        # images stay with the Thinker: vLLM 0.32 cannot mix raw audio with image embeddings
+        # in one request, an embeddings prompt cannot carry image inputs, and videos are
+        # encoded by the Thinker's vLLM.
         grid = _listed(prompt.image_grid_thw)
         image_rows = await clients.encode_images(prompt.image_pixels, grid)
         if image_rows is not None:
@@ -140,6 +144,8 @@ async def stream_chat(
                 "voice": options.voice,
                 "sampling": options.talker_sampling,
                 "image_grid_thw": _listed(prompt.image_grid_thw),
+                "video_grid_thw": _listed(prompt.video_grid_thw),
+                "video_second_per_grid": prompt.video_second_per_grid,
                 "audio_seqlens": _listed(prompt.audio_seqlens),
                 "reply_ids": options.reply_ids,
             }

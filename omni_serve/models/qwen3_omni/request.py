@@ -8,9 +8,10 @@ from typing import Any
 import torch
 
 from omni_serve.api.media import load_audio, load_image
-from omni_serve.api.protocol import AudioPart, ChatMessage, ImagePart, TextPart
+from omni_serve.api.protocol import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
+from omni_serve.api.video import load_video
 from omni_serve.config import ApiSettings
-from omni_serve.models.qwen3_omni.thinker_inputs import thinker_prompt
+from omni_serve.models.qwen3_omni.thinker_inputs import thinker_prompt, video_grids
 
 
 @dataclass
@@ -27,11 +28,16 @@ class PreparedPrompt:
     expanded_ids: list[int] | None = None
     # Images go through the encoder stage as patches ([P, C*T*p*p], all images) + grids.
     image_pixels: torch.Tensor | None = None
+    # Videos go to the Thinker as frames (vLLM encodes them); the Talker's positions need
+    # their grids and the seconds each temporal patch spans, and vLLM the frame rate.
+    video_grid_thw: torch.Tensor | None = None
+    video_second_per_grid: list[float] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
 
 
 def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> PreparedPrompt:
     rate = processor.feature_extractor.sampling_rate
-    audios, images, template_messages = [], [], []
+    audios, images, videos, template_messages = [], [], [], []
     for m_idx, message in enumerate(messages):
         if isinstance(message.content, str):
             template_messages.append({"role": message.role, "content": message.content})
@@ -55,9 +61,30 @@ def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> 
             elif isinstance(part, ImagePart):
                 images.append(load_image(part.image_url.url, api.allow_remote_urls, param))
                 parts.append({"type": "image"})
+            elif isinstance(part, VideoPart):
+                videos.append(
+                    load_video(
+                        part.video_url.url,
+                        api.allow_remote_urls,
+                        param,
+                        max_bytes=api.max_video_bytes,
+                        max_seconds=api.max_video_seconds,
+                        fps=api.video_fps,
+                        max_pixels=processor.video_processor.size["longest_edge"],
+                    )  # fmt: skip
+                )
+                parts.append({"type": "video"})
         template_messages.append({"role": message.role, "content": parts})
-    ids, mm = thinker_prompt(processor, template_messages, audios=audios, images=images)
-    prepared = PreparedPrompt(ids, mm, counts={"audio": len(audios), "image": len(images)})
+    ids, mm = thinker_prompt(
+        processor, template_messages, audios=audios, images=images, videos=videos
+    )
+    counts = {"audio": len(audios), "image": len(images), "video": len(videos)}
+    prepared = PreparedPrompt(ids, mm, counts=counts)
+    if videos:
+        prepared.video_grid_thw = video_grids(processor.video_processor, videos)
+        step = processor.video_processor.temporal_patch_size / api.video_fps
+        prepared.video_second_per_grid = [step] * len(videos)
+        prepared.mm_processor_kwargs = {"fps": api.video_fps}
     if images:
         patches = processor.image_processor(images=images, return_tensors="pt")
         prepared.image_grid_thw = patches["image_grid_thw"]
@@ -68,7 +95,7 @@ def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> 
             truncation=False, return_tensors="pt",
         )  # fmt: skip
         prepared.audio_seqlens = features["attention_mask"].sum(-1)
-        if not images:
+        if not images and not videos:  # audio alone: through the encoder stage
             text = processor.tokenizer.decode(ids)
             expanded = processor(text=text, audio=audios, return_tensors="pt")
             prepared.expanded_ids = expanded["input_ids"][0].tolist()

@@ -106,6 +106,8 @@ async def speak(
         prompt = builder.build_prompt(
             prompt_ids, embed_rows, accept_rows, tokens[0], request["voice"],
             image_grid_thw=_tensor(request.get("image_grid_thw")),
+            video_grid_thw=_tensor(request.get("video_grid_thw")),
+            video_second_per_grid=_tensor(request.get("video_second_per_grid")),
             audio_seqlens=_tensor(request.get("audio_seqlens")),
         )  # fmt: skip
         ar = ARRequest(

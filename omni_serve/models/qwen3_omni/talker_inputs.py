@@ -87,6 +87,7 @@ class TalkerInputBuilder:
         image_grid_thw: torch.Tensor | None = None,
         video_grid_thw: torch.Tensor | None = None,
         audio_seqlens: torch.Tensor | None = None,
+        video_second_per_grid: torch.Tensor | None = None,
     ) -> TalkerPrompt:
         """``embed_rows``/``accept_rows``: Thinker layer-0 and ``accept_hidden_layer`` rows of
         the prompt positions ([T, H_thinker]); the prompt must end with the generation prompt
@@ -143,7 +144,8 @@ class TalkerInputBuilder:
         if has_mm:
             positions, delta = self.talker.get_rope_index(
                 talker_ids[None], image_grid_thw, video_grid_thw,
-                torch.ones(1, len(talker_ids), dtype=torch.long), False, audio_seqlens, None,
+                torch.ones(1, len(talker_ids), dtype=torch.long), False, audio_seqlens,
+                video_second_per_grid,
             )  # fmt: skip
             return TalkerPrompt(embeds, positions[:, 0], int(delta.flatten()[0]))
         positions = torch.arange(len(talker_ids)).expand(3, -1)

@@ -5,13 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
 
 from omni_serve.models.qwen3_omni.session_rows import digest
 
 
-def thinker_prompt(processor, messages: list[dict], audios=(), images=()) -> tuple[list[int], dict]:
+def thinker_prompt(
+    processor, messages: list[dict], audios=(), images=(), videos=()
+) -> tuple[list[int], dict]:
     """Token ids of the chat template (one placeholder per media item; vLLM expands them) and
-    vLLM's ``multi_modal_data``. Audio is 16 kHz float32 mono; images are PIL images."""
+    vLLM's ``multi_modal_data``. Audio is 16 kHz float32 mono; images are PIL images; videos
+    are uint8 frames [T, H, W, 3]."""
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = processor.tokenizer(text)["input_ids"]
     mm: dict[str, Any] = {}
@@ -20,7 +24,24 @@ def thinker_prompt(processor, messages: list[dict], audios=(), images=()) -> tup
         mm["audio"] = [(a, rate) for a in audios] if len(audios) > 1 else (audios[0], rate)
     if images:
         mm["image"] = list(images) if len(images) > 1 else images[0]
+    if len(videos):
+        mm["video"] = list(videos) if len(videos) > 1 else videos[0]
     return ids, mm
+
+
+def video_grids(video_processor, videos) -> torch.Tensor:
+    """Each video's (t, h, w) patch grid, as the video processor makes it (transformers'
+    ``smart_resize`` and ``get_num_of_video_patches`` rules), without resizing and
+    normalising every frame just to count patches."""
+    size, patch = video_processor.size, video_processor.patch_size
+    temporal = video_processor.temporal_patch_size
+    grids = []
+    for frames in videos:
+        n, height, width = frames.shape[:3]
+        height, width = smart_resize(height, width, patch * video_processor.merge_size,
+                                     size["shortest_edge"], size["longest_edge"])  # fmt: skip
+        grids.append([-(-n // temporal), height // patch, width // patch])
+    return torch.tensor(grids)
 
 
 def splice_rows(

@@ -1,5 +1,5 @@
 """Raw media for the Thinker round-trips the tensor channel into what vLLM takes (numpy clips
-with their rates, RGB PIL images), one item or a list as it was given."""
+with their rates, RGB PIL images, uint8 video frames), one item or a list as it was given."""
 
 from __future__ import annotations
 
@@ -21,6 +21,10 @@ def picture(size: tuple[int, int], seed: int) -> Image.Image:
     return Image.fromarray(pixels)
 
 
+def frames(count: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (count, 24, 40, 3), np.uint8)
+
+
 def same_media(got: dict, sent: dict) -> bool:
     """Equal content in vLLM's form: digests match (they cover dtypes, shapes, modes, pixels)."""
     return got.keys() == sent.keys() and all(digest(got[k]) == digest(sent[k]) for k in sent)
@@ -37,6 +41,12 @@ MEDIA = {
         "image": [picture((64, 48), 3), picture((32, 32), 4)],
     },
     "one image with a clip": {"audio": (clip(0.01, 5), 16000), "image": picture((640, 480), 6)},
+    "one video": {"video": frames(5, 7)},
+    "videos, an image and a clip": {
+        "video": [frames(3, 8), frames(1, 9)],
+        "image": picture((32, 32), 10),
+        "audio": (clip(0.5, 11), 16000),
+    },
 }
 
 
@@ -54,6 +64,8 @@ async def test_media_round_trips_the_channel_in_vllms_form(name, backend):
         assert isinstance(array, np.ndarray) and array.dtype == np.float32 and type(rate) is int
     for image in listed(got.get("image")):
         assert isinstance(image, Image.Image) and image.mode == "RGB"
+    for video in listed(got.get("video")):
+        assert isinstance(video, np.ndarray) and video.dtype == np.uint8 and video.ndim == 4
 
 
 def test_an_image_in_another_mode_arrives_as_rgb():
@@ -73,5 +85,5 @@ def test_the_layout_is_small_and_plain():
 
 
 def test_a_media_kind_without_a_layout_is_refused():
-    with pytest.raises(ValueError, match="video"):
-        media_payload({"video": np.zeros((2, 8, 8, 3), np.uint8)})
+    with pytest.raises(ValueError, match="point_cloud"):
+        media_payload({"point_cloud": np.zeros((2, 3), np.float32)})

@@ -51,6 +51,8 @@ def session_request(run):
         "prompt_ids": run.prompt_ids,
         "voice": SPEAKER,
         "image_grid_thw": run.inputs.get("image_grid_thw"),
+        "video_grid_thw": run.inputs.get("video_grid_thw"),
+        "video_second_per_grid": run.inputs.get("video_second_per_grid"),
         "audio_seqlens": mask.sum(-1) if mask is not None else None,
     }
 
@@ -75,6 +77,7 @@ def kept(rows):
         ("text", [3, 5, 100], False),
         ("audio", [2] * 64, True),
         ("image", [100], False),
+        ("video", [5] * 4, False),
     ],
 )
 async def test_codes_match_transformers(talker_parts, reference_runs, kind, sizes, empty_final):

@@ -15,11 +15,13 @@ def _prompt(builder, run, embed_rows, accept_rows):
     return builder.build_prompt(
         run.prompt_ids, embed_rows, accept_rows, run.generated[0], SPEAKER,
         image_grid_thw=run.inputs.get("image_grid_thw"),
+        video_grid_thw=run.inputs.get("video_grid_thw"),
         audio_seqlens=mask.sum(-1) if mask is not None else None,
+        video_second_per_grid=run.inputs.get("video_second_per_grid"),
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["text", "audio", "image"])
+@pytest.mark.parametrize("kind", ["text", "audio", "image", "video"])
 def test_layer_zero_rows_can_come_from_the_embedding_table(talker_parts, reference_runs, kind):
     run = reference_runs[kind]
     n = len(run.prompt_ids)
@@ -30,7 +32,7 @@ def test_layer_zero_rows_can_come_from_the_embedding_table(talker_parts, referen
     assert torch.equal(looked_up.position_ids, captured.position_ids)
 
 
-@pytest.mark.parametrize("kind", ["audio", "image"])
+@pytest.mark.parametrize("kind", ["audio", "image", "video"])
 def test_a_prompt_with_media_needs_the_captured_rows(talker_parts, reference_runs, kind):
     run = reference_runs[kind]
     assert needs_captured_rows(run.prompt_ids, talker_parts[1].config)

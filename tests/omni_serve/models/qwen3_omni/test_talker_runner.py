@@ -14,7 +14,7 @@ from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from tests.omni_serve.models.qwen3_omni.conftest import new_engine
 from tests.reference import SPEAKER, TALKER_MAX_TOKENS
 
-KINDS = ("text", "audio", "image", "mixed")
+KINDS = ("text", "audio", "image", "mixed", "video")
 
 
 def talker_request(builder, run, request_id: str, stream: bool = False) -> tuple[ARRequest, list]:
@@ -27,7 +27,9 @@ def talker_request(builder, run, request_id: str, stream: bool = False) -> tuple
         run.generated[0],
         SPEAKER,
         image_grid_thw=run.inputs.get("image_grid_thw"),
+        video_grid_thw=run.inputs.get("video_grid_thw"),
         audio_seqlens=mask.sum(-1) if mask is not None else None,
+        video_second_per_grid=run.inputs.get("video_second_per_grid"),
     )
     last = len(run.generated) - 1
     trailing = [builder.trailing_row(t, i == last) for i, t in enumerate(run.generated) if i > 0]
@@ -56,7 +58,7 @@ async def test_talker_codes_equal_transformers(talker_parts, reference_runs, kin
 
 async def test_concurrent_requests_batch_and_stay_exact(talker_parts, reference_runs):
     """Requests of different prompt lengths decode in one batch, each at its own position."""
-    engine = new_engine(talker_parts)
+    engine = new_engine(talker_parts, max_batch_size=len(KINDS))
     await engine.start()
     requests = [talker_request(talker_parts[1], reference_runs[k], k)[0] for k in KINDS]
     results = await asyncio.gather(*(collect_codes(engine, r) for r in requests))

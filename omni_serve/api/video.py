@@ -1,0 +1,64 @@
+"""Video content parts: a base64 data: URL → RGB frames sampled at a fixed rate.
+
+Why a fixed rate: Qwen3-Omni places a video's frames in time (M-RoPE positions from the
+seconds each temporal patch covers), and transformers' processor and vLLM's take one ``fps``
+per request, so every video is sampled at the API's ``video_fps`` and that rate goes with the
+prompt. Why the limits: decoding runs in the ingress and every frame held is W x H x 3 bytes,
+so the file size, the duration and each frame's pixels are bounded before the frames exist.
+"""
+
+from __future__ import annotations
+
+import io
+
+import av
+import numpy as np
+
+from omni_serve.api.media import MediaError, data_url_bytes
+
+
+def _scaled(width: int, height: int, max_pixels: int) -> tuple[int, int]:
+    """The frame size within ``max_pixels``, aspect kept (even sides, as codecs want)."""
+    if width * height <= max_pixels:
+        return width, height
+    scale = (max_pixels / (width * height)) ** 0.5
+    return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
+
+
+def load_video(
+    url: str,
+    allow_remote: bool,
+    param: str,
+    *,
+    max_bytes: int,
+    max_seconds: float,
+    fps: float,
+    max_pixels: int,
+) -> np.ndarray:
+    """Frames [T, H, W, 3] uint8: the first frame at or after each multiple of 1/``fps`` s."""
+    raw = data_url_bytes(url, allow_remote, "video", param)
+    if len(raw) > max_bytes:
+        raise MediaError(f"video is {len(raw)} bytes; the limit is {max_bytes}", param)
+    frames: list[np.ndarray] = []
+    try:
+        with av.open(io.BytesIO(raw)) as container:
+            if not container.streams.video:
+                raise MediaError("the file has no video stream", param)
+            stream = container.streams.video[0]
+            for frame in container.decode(stream):
+                at = frame.time or 0.0
+                if at > max_seconds:
+                    raise MediaError(f"video is longer than the limit of {max_seconds} s", param)
+                if at + 1e-6 < len(frames) / fps:
+                    continue
+                width, height = _scaled(frame.width, frame.height, max_pixels)
+                frames.append(frame.to_ndarray(format="rgb24", width=width, height=height))
+    except MediaError:
+        raise
+    except (av.error.FFmpegError, ValueError):
+        raise MediaError("could not decode video", param) from None
+    if not frames:
+        raise MediaError("video has no frames", param)
+    if len({f.shape for f in frames}) > 1:
+        raise MediaError("video frames change size mid-stream", param)
+    return np.stack(frames)

@@ -1,0 +1,45 @@
+"""A chat with a video part becomes the Thinker's prompt: one video placeholder, the sampled
+frames for vLLM, the frame rate for its processor, and the grids the Talker's positions need,
+counted as transformers' processor counts them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omni_serve.api.protocol import ChatMessage
+from omni_serve.config import ApiSettings
+from omni_serve.models.qwen3_omni.request import prepare_prompt
+from omni_serve.models.qwen3_omni.thinker_inputs import video_grids
+from omni_serve.testing.media import gray_frames, mp4_data_url
+
+
+def video_message(url: str) -> ChatMessage:
+    return ChatMessage.model_validate({"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": url}},
+        {"type": "text", "text": "What happens?"},
+    ]})  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", [(5, 64, 96), (4, 32, 32), (1, 240, 320), (3, 700, 1100)])
+def test_video_grids_are_the_processors(omni_processor, shape):
+    frames = np.zeros((*shape, 3), np.uint8)
+    expected = omni_processor.video_processor(videos=[frames], return_tensors="pt")
+    assert video_grids(omni_processor.video_processor, [frames]).tolist() == (
+        expected["video_grid_thw"].tolist()
+    )
+
+
+def test_a_video_part_becomes_frames_a_rate_and_grids(omni_processor):
+    api = ApiSettings(video_fps=4.0)
+    prompt = prepare_prompt(omni_processor, [video_message(mp4_data_url(gray_frames(10)))], api)
+    video_token = omni_processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert prompt.prompt_ids.count(video_token) == 1  # vLLM expands it
+    frames = prompt.multi_modal_data["video"]
+    assert frames.shape == (4, 64, 96, 3)  # 1 s of video at 4 fps
+    assert prompt.counts == {"audio": 0, "image": 0, "video": 1}
+    assert prompt.mm_processor_kwargs == {"fps": 4.0}
+    assert prompt.video_second_per_grid == [0.5]  # 2 frames per temporal patch at 4 fps
+    assert prompt.video_grid_thw.tolist() == video_grids(omni_processor.video_processor,
+                                                         [frames]).tolist()  # fmt: skip
+    assert prompt.audio_features == [] and prompt.image_pixels is None
