@@ -9,22 +9,29 @@ import av
 import numpy as np
 
 
-def mp4_bytes(frames: np.ndarray, rate: int = 10) -> bytes:
-    """An MPEG-4 video of ``frames`` (uint8 [T, H, W, 3], even sides) at ``rate`` frames/s."""
+def video_file(frames: np.ndarray, rate: int = 10, lossless: bool = False) -> bytes:
+    """A video of ``frames`` (uint8 [T, H, W, 3], even sides) at ``rate`` frames/s: MPEG-4 in
+    mp4 as users send, or PNG frames in QuickTime (``lossless``: decodes to the same pixels,
+    for comparing the served model with a reference run on the frames themselves)."""
     out = io.BytesIO()
-    with av.open(out, "w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=rate)
+    container_format, codec, pix_fmt = ("mov", "png", "rgb24") if lossless else (
+        "mp4", "mpeg4", "yuv420p")  # fmt: skip
+    with av.open(out, "w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=rate)
         stream.height, stream.width = frames.shape[1:3]
-        stream.pix_fmt = "yuv420p"
+        stream.pix_fmt = pix_fmt
         for frame in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())
     return out.getvalue()
 
 
-def mp4_data_url(frames: np.ndarray, rate: int = 10) -> str:
-    """``mp4_bytes`` as the data: URL a ``video_url`` content part carries."""
-    return "data:video/mp4;base64," + base64.b64encode(mp4_bytes(frames, rate)).decode()
+def video_data_url(frames: np.ndarray, rate: int = 10, lossless: bool = False) -> str:
+    """``video_file`` as the data: URL a ``video_url`` content part carries."""
+    kind = "quicktime" if lossless else "mp4"
+    return (
+        f"data:video/{kind};base64," + base64.b64encode(video_file(frames, rate, lossless)).decode()
+    )
 
 
 def gray_frames(count: int, height: int = 64, width: int = 96, step: int = 10) -> np.ndarray:

@@ -95,6 +95,9 @@ def test_a_sessions_next_turn_reuses_its_prefix_also_when_spoken(client):
         ({"model": "qwen3-omni", "messages": [{"role": "user", "content": [
             {"type": "input_audio", "input_audio": {"data": "bm90IGF1ZGlv", "format": "wav"}}]}]},
          400, "could not decode audio"),
+        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,bm90IHZpZGVv"}}]}]},
+         400, "could not decode video"),
         ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "x"}],
           "modalities": ["text", "audio"], "audio": {"voice": "nobody"}}, 400, "unknown voice"),
         ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "word " * 5000}]},
@@ -114,7 +117,8 @@ def test_bad_input_gets_a_4xx_with_a_reason(served, body, status, fragment):
 
 def _data_urls(kind: str) -> list[dict]:
     """Request content for a reference prompt, media encoded losslessly."""
-    from tests.reference import prompt_messages, sample_audio, sample_image
+    from omni_serve.testing.media import video_data_url
+    from tests.reference import VIDEO_FPS, prompt_messages, sample_audio, sample_image, sample_video
 
     parts = []
     for part in prompt_messages(kind)[0]["content"]:
@@ -128,12 +132,15 @@ def _data_urls(kind: str) -> list[dict]:
             sample_image().save(buf, format="PNG")
             url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
             parts.append({"type": "image_url", "image_url": {"url": url}})
+        elif part["type"] == "video":  # at the API's rate (2 fps): every frame is taken
+            url = video_data_url(sample_video(), rate=int(VIDEO_FPS), lossless=True)
+            parts.append({"type": "video_url", "video_url": {"url": url}})
         else:
             parts.append(part)
     return parts
 
 
-@pytest.mark.parametrize("kind", ["text", "audio", "image", "mixed"])
+@pytest.mark.parametrize("kind", ["text", "audio", "image", "mixed", "video"])
 def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_processor, kind):
     """Greedy through the whole graph == transformers' generate: same text, same waveform."""
     from tests.reference import TALKER_MAX_TOKENS, THINKER_MAX_TOKENS

@@ -11,7 +11,11 @@ from omni_serve.api.media import load_audio, load_image
 from omni_serve.api.protocol import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
 from omni_serve.api.video import load_video
 from omni_serve.config import ApiSettings
-from omni_serve.models.qwen3_omni.thinker_inputs import thinker_prompt, video_grids
+from omni_serve.models.qwen3_omni.thinker_inputs import (
+    thinker_prompt,
+    video_frame_size,
+    video_grids,
+)
 
 
 @dataclass
@@ -70,7 +74,7 @@ def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> 
                         max_bytes=api.max_video_bytes,
                         max_seconds=api.max_video_seconds,
                         fps=api.video_fps,
-                        max_pixels=processor.video_processor.size["longest_edge"],
+                        max_pixels=video_frame_size(processor)["longest_edge"],
                     )  # fmt: skip
                 )
                 parts.append({"type": "video"})
@@ -81,7 +85,7 @@ def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> 
     counts = {"audio": len(audios), "image": len(images), "video": len(videos)}
     prepared = PreparedPrompt(ids, mm, counts=counts)
     if videos:
-        prepared.video_grid_thw = video_grids(processor.video_processor, videos)
+        prepared.video_grid_thw = video_grids(processor, videos)
         step = processor.video_processor.temporal_patch_size / api.video_fps
         prepared.video_second_per_grid = [step] * len(videos)
         prepared.mm_processor_kwargs = {"fps": api.video_fps}

@@ -6,6 +6,9 @@ from typing import Any
 
 import torch
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
+from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
+    Qwen3OmniMoeProcessorKwargs,
+)
 
 from omni_serve.models.qwen3_omni.session_rows import digest
 
@@ -29,12 +32,23 @@ def thinker_prompt(
     return ids, mm
 
 
-def video_grids(video_processor, videos) -> torch.Tensor:
-    """Each video's (t, h, w) patch grid, as the video processor makes it (transformers'
+def video_frame_size(processor) -> dict[str, int]:
+    """The pixel bounds (``shortest_edge``, ``longest_edge``) the processor resizes video
+    frames to. Its call merges Qwen3-Omni's own video defaults over the video processor's
+    (768 x 32 x 32 pixels at most, not the video processor's 602,112), so read them as it
+    merges them."""
+    merged = processor._merge_kwargs(
+        Qwen3OmniMoeProcessorKwargs, tokenizer_init_kwargs=processor.tokenizer.init_kwargs
+    )
+    return dict(merged["videos_kwargs"]["size"])
+
+
+def video_grids(processor, videos) -> torch.Tensor:
+    """Each video's (t, h, w) patch grid, as the processor makes it (transformers'
     ``smart_resize`` and ``get_num_of_video_patches`` rules), without resizing and
     normalising every frame just to count patches."""
-    size, patch = video_processor.size, video_processor.patch_size
-    temporal = video_processor.temporal_patch_size
+    size, video_processor = video_frame_size(processor), processor.video_processor
+    patch, temporal = video_processor.patch_size, video_processor.temporal_patch_size
     grids = []
     for frames in videos:
         n, height, width = frames.shape[:3]

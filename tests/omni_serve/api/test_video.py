@@ -12,7 +12,7 @@ import soundfile as sf
 
 from omni_serve.api.media import MediaError
 from omni_serve.api.video import load_video
-from omni_serve.testing.media import gray_frames, mp4_bytes, mp4_data_url
+from omni_serve.testing.media import gray_frames, video_data_url, video_file
 
 LIMITS = {"max_bytes": 1 << 20, "max_seconds": 10.0, "fps": 2.0, "max_pixels": 1 << 20}
 PARAM = "messages[0].content[0]"
@@ -28,18 +28,18 @@ def data_url(raw: bytes) -> str:
 
 def test_frames_are_taken_at_the_api_rate():
     """25 frames at 10 fps (2.5 s) sampled at 2 fps: the frames at 0, 0.5, ... 2.0 s."""
-    frames = load(mp4_data_url(gray_frames(25, step=10), rate=10))
+    frames = load(video_data_url(gray_frames(25, step=10), rate=10))
     assert frames.shape == (5, 64, 96, 3) and frames.dtype == np.uint8
     means = frames.reshape(5, -1).mean(axis=1)
     assert np.allclose(means, [0, 50, 100, 150, 200], atol=4), means
 
 
 def test_a_rate_above_the_videos_takes_every_frame():
-    assert load(mp4_data_url(gray_frames(6), rate=5), fps=10.0).shape[0] == 6
+    assert load(video_data_url(gray_frames(6), rate=5), fps=10.0).shape[0] == 6
 
 
 def test_large_frames_are_scaled_to_the_pixel_limit_keeping_the_aspect():
-    frames = load(mp4_data_url(gray_frames(2, height=240, width=320)), max_pixels=100 * 100)
+    frames = load(video_data_url(gray_frames(2, height=240, width=320)), max_pixels=100 * 100)
     _, height, width, _ = frames.shape
     assert height * width <= 100 * 100 and abs(width / height - 320 / 240) < 0.05
 
@@ -47,8 +47,8 @@ def test_large_frames_are_scaled_to_the_pixel_limit_keeping_the_aspect():
 @pytest.mark.parametrize(
     ("url", "limits", "reason"),
     [
-        (mp4_data_url(gray_frames(30), rate=10), {"max_seconds": 2.0}, "longer than the limit"),
-        (mp4_data_url(gray_frames(4)), {"max_bytes": 100}, "the limit is 100"),
+        (video_data_url(gray_frames(30), rate=10), {"max_seconds": 2.0}, "longer than the limit"),
+        (video_data_url(gray_frames(4)), {"max_bytes": 100}, "the limit is 100"),
         (data_url(b"\x00not a video" * 50), {}, "could not decode video"),
         ("data:video/mp4;base64,@@@", {}, "not valid base64"),
         ("data:video/mp4,raw", {}, "must be base64"),
@@ -69,4 +69,9 @@ def test_a_file_without_a_video_stream_is_refused():
 
 
 def test_the_test_encoder_makes_a_real_mp4():
-    assert mp4_bytes(gray_frames(2))[4:8] == b"ftyp"
+    assert video_file(gray_frames(2))[4:8] == b"ftyp"
+
+
+def test_a_lossless_file_decodes_to_the_same_frames():
+    frames = np.random.default_rng(0).integers(0, 256, (5, 64, 96, 3), np.uint8)
+    assert np.array_equal(load(video_data_url(frames, rate=2, lossless=True)), frames)

@@ -11,7 +11,7 @@ from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.request import prepare_prompt
 from omni_serve.models.qwen3_omni.thinker_inputs import video_grids
-from omni_serve.testing.media import gray_frames, mp4_data_url
+from omni_serve.testing.media import gray_frames, video_data_url
 
 
 def video_message(url: str) -> ChatMessage:
@@ -23,16 +23,16 @@ def video_message(url: str) -> ChatMessage:
 
 @pytest.mark.parametrize("shape", [(5, 64, 96), (4, 32, 32), (1, 240, 320), (3, 700, 1100)])
 def test_video_grids_are_the_processors(omni_processor, shape):
+    """As the whole processor counts them (its defaults for videos are Qwen3-Omni's)."""
     frames = np.zeros((*shape, 3), np.uint8)
-    expected = omni_processor.video_processor(videos=[frames], return_tensors="pt")
-    assert video_grids(omni_processor.video_processor, [frames]).tolist() == (
-        expected["video_grid_thw"].tolist()
-    )
+    text = "<|vision_start|><|video_pad|><|vision_end|>"
+    expected = omni_processor(text=text, videos=[frames], return_tensors="pt")
+    assert video_grids(omni_processor, [frames]).tolist() == expected["video_grid_thw"].tolist()
 
 
 def test_a_video_part_becomes_frames_a_rate_and_grids(omni_processor):
     api = ApiSettings(video_fps=4.0)
-    prompt = prepare_prompt(omni_processor, [video_message(mp4_data_url(gray_frames(10)))], api)
+    prompt = prepare_prompt(omni_processor, [video_message(video_data_url(gray_frames(10)))], api)
     video_token = omni_processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
     assert prompt.prompt_ids.count(video_token) == 1  # vLLM expands it
     frames = prompt.multi_modal_data["video"]
@@ -40,6 +40,5 @@ def test_a_video_part_becomes_frames_a_rate_and_grids(omni_processor):
     assert prompt.counts == {"audio": 0, "image": 0, "video": 1}
     assert prompt.mm_processor_kwargs == {"fps": 4.0}
     assert prompt.video_second_per_grid == [0.5]  # 2 frames per temporal patch at 4 fps
-    assert prompt.video_grid_thw.tolist() == video_grids(omni_processor.video_processor,
-                                                         [frames]).tolist()  # fmt: skip
+    assert prompt.video_grid_thw.tolist() == video_grids(omni_processor, [frames]).tolist()
     assert prompt.audio_features == [] and prompt.image_pixels is None
