@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import time
@@ -58,7 +59,12 @@ from omni_serve.models.qwen3_omni.pipeline import (
     collect,
     stream_chat,
 )
-from omni_serve.models.qwen3_omni.request import PreparedPrompt, prepare_prompt
+from omni_serve.models.qwen3_omni.request import (
+    PreparedPrompt,
+    decode_videos,
+    has_video_parts,
+    prepare_prompt,
+)
 from omni_serve.transport.session_prefixes import free_prefix
 
 app = ingress_app("omni-serve")
@@ -194,7 +200,7 @@ class Ingress(ReleasesSharedMemory):
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest) -> Response:
-        prompt, options = self._validate(body)
+        prompt, options = self._validate(body, await self._decoded_videos(body))
         request_id = uuid.uuid4().hex
         if body.stream:
             return StreamingResponse(
@@ -293,7 +299,7 @@ class Ingress(ReleasesSharedMemory):
             while True:
                 try:
                     message = await receive_request(ws, self.config.api.ws_idle_timeout_s)
-                    events = self._ws_events(message)
+                    events = await self._ws_events(message)
                 except (WebSocketDisconnect, IdleTimeout):
                     raise
                 except Exception as exc:  # bad input: say why, keep the socket
@@ -303,7 +309,7 @@ class Ingress(ReleasesSharedMemory):
         except (WebSocketDisconnect, IdleTimeout):
             return
 
-    def _ws_events(self, message: Any):
+    async def _ws_events(self, message: Any):
         if not isinstance(message, dict) or message.get("type") not in ("chat", "speech"):
             raise ValueError('send {"type": "chat", "messages": [...]} or {"type": "speech", '
                              '"input": "..."}')  # fmt: skip
@@ -320,7 +326,7 @@ class Ingress(ReleasesSharedMemory):
             **fields, "stream": True, "modalities": ["text", "audio"],
             "audio": {"voice": voice, "format": "pcm16"},
         })  # fmt: skip
-        prompt, options = self._validate(body)
+        prompt, options = self._validate(body, await self._decoded_videos(body))
         events = self._chat(prompt, options, uuid.uuid4().hex)
         return iterate_within(events, self._deadline(body))
 
@@ -405,7 +411,18 @@ class Ingress(ReleasesSharedMemory):
             message = f"model {model!r} does not exist; this server serves {served!r}"
             raise ApiError(404, message, "model", code="model_not_found")
 
-    def _validate(self, body: ChatCompletionRequest):
+    async def _decoded_videos(self, body: ChatCompletionRequest) -> dict[str, Any]:
+        """The request's video frames, decoded off the event loop (seconds of CPU for a long
+        video, while other requests' streams wait on this loop)."""
+        messages, api = body.messages, self.config.api
+        if not has_video_parts(messages):
+            return {}
+        try:
+            return await asyncio.to_thread(decode_videos, self.processor, messages, api)
+        except MediaError as exc:
+            raise ApiError(400, str(exc), exc.param) from None
+
+    def _validate(self, body: ChatCompletionRequest, videos: dict[str, Any]):
         api = self.config.api
         self._check_model(body.model)
         max_tokens = body.max_completion_tokens or body.max_tokens or api.default_max_tokens
@@ -425,7 +442,7 @@ class Ingress(ReleasesSharedMemory):
             message = f"streamed audio must be one of {list(STREAMABLE_FORMATS)}"
             raise ApiError(400, message, "audio.format")
         try:
-            prompt = prepare_prompt(self.processor, body.messages, api)
+            prompt = prepare_prompt(self.processor, body.messages, api, videos)
         except MediaError as exc:
             raise ApiError(400, str(exc), exc.param) from None
         n_prompt = len(prompt.expanded_ids or prompt.prompt_ids)

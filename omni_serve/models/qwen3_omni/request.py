@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from omni_serve.api.media import load_audio, load_image
@@ -39,7 +40,45 @@ class PreparedPrompt:
     mm_processor_kwargs: dict[str, Any] | None = None
 
 
-def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> PreparedPrompt:
+def _frames(processor, part: VideoPart, api: ApiSettings, param: str) -> np.ndarray:
+    return load_video(
+        part.video_url.url, api.allow_remote_urls, param,
+        max_bytes=api.max_video_bytes, max_seconds=api.max_video_seconds, fps=api.video_fps,
+        max_pixels=video_frame_size(processor)["longest_edge"],
+    )  # fmt: skip
+
+
+def has_video_parts(messages: list[ChatMessage]) -> bool:
+    return any(
+        isinstance(part, VideoPart)
+        for message in messages
+        if not isinstance(message.content, str)
+        for part in message.content
+    )
+
+
+def decode_videos(
+    processor, messages: list[ChatMessage], api: ApiSettings
+) -> dict[str, np.ndarray]:
+    """Each video part's frames, by the part's path (``messages[i].content[j]``). Decoding is
+    the slow step of a request with video (up to seconds of CPU), so the ingress runs this off
+    its event loop and hands the frames to ``prepare_prompt``."""
+    found = {}
+    for m, message in enumerate(messages):
+        for p, part in enumerate([] if isinstance(message.content, str) else message.content):
+            if isinstance(part, VideoPart):
+                param = f"messages[{m}].content[{p}]"
+                found[param] = _frames(processor, part, api, param)
+    return found
+
+
+def prepare_prompt(
+    processor,
+    messages: list[ChatMessage],
+    api: ApiSettings,
+    videos_by_part: dict[str, np.ndarray] | None = None,
+) -> PreparedPrompt:
+    """``videos_by_part``: frames ``decode_videos`` made (else video parts are decoded here)."""
     rate = processor.feature_extractor.sampling_rate
     audios, images, videos, template_messages = [], [], [], []
     for m_idx, message in enumerate(messages):
@@ -66,16 +105,9 @@ def prepare_prompt(processor, messages: list[ChatMessage], api: ApiSettings) -> 
                 images.append(load_image(part.image_url.url, api.allow_remote_urls, param))
                 parts.append({"type": "image"})
             elif isinstance(part, VideoPart):
+                decoded = (videos_by_part or {}).get(param)
                 videos.append(
-                    load_video(
-                        part.video_url.url,
-                        api.allow_remote_urls,
-                        param,
-                        max_bytes=api.max_video_bytes,
-                        max_seconds=api.max_video_seconds,
-                        fps=api.video_fps,
-                        max_pixels=video_frame_size(processor)["longest_edge"],
-                    )  # fmt: skip
+                    decoded if decoded is not None else _frames(processor, part, api, param)
                 )
                 parts.append({"type": "video"})
         template_messages.append({"role": message.role, "content": parts})

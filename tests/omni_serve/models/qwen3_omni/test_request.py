@@ -9,7 +9,7 @@ import pytest
 
 from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
-from omni_serve.models.qwen3_omni.request import prepare_prompt
+from omni_serve.models.qwen3_omni.request import decode_videos, has_video_parts, prepare_prompt
 from omni_serve.models.qwen3_omni.thinker_inputs import video_grids
 from omni_serve.testing.media import gray_frames, video_data_url
 
@@ -42,3 +42,27 @@ def test_a_video_part_becomes_frames_a_rate_and_grids(omni_processor):
     assert prompt.video_second_per_grid == [0.5]  # 2 frames per temporal patch at 4 fps
     assert prompt.video_grid_thw.tolist() == video_grids(omni_processor, [frames]).tolist()
     assert prompt.audio_features == [] and prompt.image_pixels is None
+
+
+def test_videos_decoded_ahead_are_named_by_their_part_and_used(omni_processor):
+    """The ingress decodes videos off its event loop first; the prompt takes those frames."""
+    api = ApiSettings()
+    messages = [
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage.model_validate(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Look:"},
+                    {"type": "video_url", "video_url": {"url": video_data_url(gray_frames(10))}},
+                ],
+            }
+        ),  # fmt: skip
+    ]
+    assert has_video_parts(messages) and not has_video_parts(messages[:1])
+    decoded = decode_videos(omni_processor, messages, api)
+    part = "messages[1].content[1]"
+    assert list(decoded) == [part] and decoded[part].shape[0] == 2  # 1 s at 2 fps
+    ahead = {part: gray_frames(3, step=70)}
+    prompt = prepare_prompt(omni_processor, messages, api, ahead)
+    assert prompt.multi_modal_data["video"] is ahead[part]
