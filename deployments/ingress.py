@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import time
@@ -38,7 +37,6 @@ from omni_serve.api.media import MediaError
 from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import (
     ChatCompletionRequest,
-    ChatMessage,
     SpeechRequest,
     chat_completion_response,
     error_body,
@@ -59,12 +57,8 @@ from omni_serve.models.qwen3_omni.pipeline import (
     collect,
     stream_chat,
 )
-from omni_serve.models.qwen3_omni.request import (
-    PreparedPrompt,
-    decode_videos,
-    has_video_parts,
-    prepare_prompt,
-)
+from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
+from omni_serve.models.qwen3_omni.request import PreparedPrompt
 from omni_serve.transport.session_prefixes import free_prefix
 
 app = ingress_app("omni-serve")
@@ -136,7 +130,7 @@ class Ingress(ReleasesSharedMemory):
         self.config = PipelineConfig.model_validate(pipeline)
         configure_http_guards(self.config)
         model_path = resolve_model(self.config.model)
-        self.processor = AutoProcessor.from_pretrained(model_path)
+        self.prompts = PromptWorker(AutoProcessor.from_pretrained(model_path), self.config.api)
         self.voices = set(load_config(model_path).talker_config.speaker_id)
         self.handles = {"thinker": thinker, "talker": talker, "code2wav": code2wav}
         if encoder is not None:
@@ -200,7 +194,7 @@ class Ingress(ReleasesSharedMemory):
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest) -> Response:
-        prompt, options = self._validate(body, await self._decoded_videos(body))
+        prompt, options = await self._prepare(body)
         request_id = uuid.uuid4().hex
         if body.stream:
             return StreamingResponse(
@@ -254,15 +248,15 @@ class Ingress(ReleasesSharedMemory):
             raise ApiError(400, "speed other than 1.0 is not supported when streaming", "speed")
         media_type = SPEECH_MEDIA_TYPES[body.response_format]
         if body.stream_format == "audio":
-            events = self._speech_events(body)
+            events = await self._speech_events(body)
             first = await self._until_audio(events)
             return StreamingResponse(self._speech_bytes(first, events, fmt), media_type=media_type)
         if body.stream_format == "sse":
-            events = self._speech_events(body)
+            events = await self._speech_events(body)
             return StreamingResponse(self._speech_sse(events), media_type="text/event-stream")
 
         async def spoken() -> np.ndarray:
-            async for event in self._speech_events(body, deadline=False):
+            async for event in await self._speech_events(body, deadline=False):
                 if event.kind == "done":
                     return event.result.audio
             return np.zeros(0, dtype=np.float32)
@@ -279,12 +273,8 @@ class Ingress(ReleasesSharedMemory):
         data = encode_audio(_change_speed(audio, body.speed), SAMPLE_RATE, fmt)
         return Response(data, media_type=media_type)
 
-    def _speech_events(self, body: SpeechRequest, deadline: bool = True):
-        messages = [ChatMessage(role="user", content=body.input)]
-        prompt = prepare_prompt(self.processor, messages, self.config.api)
-        tokenizer = self.processor.tokenizer
-        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        reply = tokenizer(body.input)["input_ids"] + [im_end]
+    async def _speech_events(self, body: SpeechRequest, deadline: bool = True):
+        prompt, reply = await self.prompts.speech(body.input)
         sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
         options = ChatOptions(sampling, True, body.voice, _talker_overrides(body), reply_ids=reply,
                               session_id=body.session_id)  # fmt: skip
@@ -321,12 +311,12 @@ class Ingress(ReleasesSharedMemory):
             if body.voice.lower() not in self.voices:
                 raise ApiError(400, f"unknown voice {body.voice!r}", "voice")
             self._check_model(body.model)
-            return self._speech_events(body)
+            return await self._speech_events(body)
         body = ChatCompletionRequest.model_validate({
             **fields, "stream": True, "modalities": ["text", "audio"],
             "audio": {"voice": voice, "format": "pcm16"},
         })  # fmt: skip
-        prompt, options = self._validate(body, await self._decoded_videos(body))
+        prompt, options = await self._prepare(body)
         events = self._chat(prompt, options, uuid.uuid4().hex)
         return iterate_within(events, self._deadline(body))
 
@@ -411,18 +401,9 @@ class Ingress(ReleasesSharedMemory):
             message = f"model {model!r} does not exist; this server serves {served!r}"
             raise ApiError(404, message, "model", code="model_not_found")
 
-    async def _decoded_videos(self, body: ChatCompletionRequest) -> dict[str, Any]:
-        """The request's video frames, decoded off the event loop (seconds of CPU for a long
-        video, while other requests' streams wait on this loop)."""
-        messages, api = body.messages, self.config.api
-        if not has_video_parts(messages):
-            return {}
-        try:
-            return await asyncio.to_thread(decode_videos, self.processor, messages, api)
-        except MediaError as exc:
-            raise ApiError(400, str(exc), exc.param) from None
-
-    def _validate(self, body: ChatCompletionRequest, videos: dict[str, Any]):
+    async def _prepare(self, body: ChatCompletionRequest) -> tuple[PreparedPrompt, ChatOptions]:
+        """The request's options checked, then its prompt built (off the event loop: see
+        ``PromptWorker``), so a request with bad options is refused before its media decode."""
         api = self.config.api
         self._check_model(body.model)
         max_tokens = body.max_completion_tokens or body.max_tokens or api.default_max_tokens
@@ -442,7 +423,7 @@ class Ingress(ReleasesSharedMemory):
             message = f"streamed audio must be one of {list(STREAMABLE_FORMATS)}"
             raise ApiError(400, message, "audio.format")
         try:
-            prompt = prepare_prompt(self.processor, body.messages, api, videos)
+            prompt = await self.prompts.chat(body.messages)
         except MediaError as exc:
             raise ApiError(400, str(exc), exc.param) from None
         n_prompt = len(prompt.expanded_ids or prompt.prompt_ids)

@@ -38,3 +38,20 @@ def gray_frames(count: int, height: int = 64, width: int = 96, step: int = 10) -
     """Frame i is uniform gray ``i * step``: a sampled frame's mean names which it was."""
     levels = (np.arange(count) * step).clip(0, 255).astype(np.uint8)
     return np.broadcast_to(levels[:, None, None, None], (count, height, width, 3)).copy()
+
+
+def wav_b64(samples: np.ndarray, rate: int, subtype: str | None = None) -> str:
+    """``samples`` as the base64 WAV an ``input_audio`` part carries (``subtype="FLOAT"``:
+    lossless for float samples)."""
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, samples, rate, format="WAV", subtype=subtype)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def png_data_url(image) -> str:
+    """A PIL image as the (lossless) data: URL an ``image_url`` part carries."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()

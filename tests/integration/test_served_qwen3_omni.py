@@ -117,20 +117,16 @@ def test_bad_input_gets_a_4xx_with_a_reason(served, body, status, fragment):
 
 def _data_urls(kind: str) -> list[dict]:
     """Request content for a reference prompt, media encoded losslessly."""
-    from omni_serve.testing.media import video_data_url
+    from omni_serve.testing.media import png_data_url, video_data_url, wav_b64
     from tests.reference import VIDEO_FPS, prompt_messages, sample_audio, sample_image, sample_video
 
     parts = []
     for part in prompt_messages(kind)[0]["content"]:
         if part["type"] == "audio":
-            buf = io.BytesIO()
-            sf.write(buf, sample_audio(), 16000, format="WAV", subtype="FLOAT")
-            data = base64.b64encode(buf.getvalue()).decode()
+            data = wav_b64(sample_audio(), 16000, subtype="FLOAT")
             parts.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
         elif part["type"] == "image":
-            buf = io.BytesIO()
-            sample_image().save(buf, format="PNG")
-            url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+            url = png_data_url(sample_image())
             parts.append({"type": "image_url", "image_url": {"url": url}})
         elif part["type"] == "video":  # at the API's rate (2 fps): every frame is taken
             url = video_data_url(sample_video(), rate=int(VIDEO_FPS), lossless=True)

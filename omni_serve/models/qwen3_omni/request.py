@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from omni_serve.api.media import load_audio, load_image
@@ -40,7 +39,31 @@ class PreparedPrompt:
     mm_processor_kwargs: dict[str, Any] | None = None
 
 
-def _frames(processor, part: VideoPart, api: ApiSettings, param: str) -> np.ndarray:
+MediaPart = AudioPart | ImagePart | VideoPart
+
+
+def _media_parts(messages: list[ChatMessage]) -> list[tuple[str, MediaPart]]:
+    """Each audio, image and video part with its path (``messages[i].content[j]``), the name
+    a 400 about it gives."""
+    return [
+        (f"messages[{m}].content[{p}]", part)
+        for m, message in enumerate(messages)
+        if not isinstance(message.content, str)
+        for p, part in enumerate(message.content)
+        if isinstance(part, AudioPart | ImagePart | VideoPart)
+    ]
+
+
+def _decode(processor, part: MediaPart, api: ApiSettings, param: str) -> Any:
+    """A part's samples (audio), image or frames (video). Reads the processor's settings and
+    never encodes with it, so it may run on any thread."""
+    if isinstance(part, AudioPart):
+        rate = processor.feature_extractor.sampling_rate
+        return load_audio(
+            part.input_audio.data, rate, api.max_audio_bytes, api.max_audio_seconds, param
+        )
+    if isinstance(part, ImagePart):
+        return load_image(part.image_url.url, api.allow_remote_urls, param)
     return load_video(
         part.video_url.url, api.allow_remote_urls, param,
         max_bytes=api.max_video_bytes, max_seconds=api.max_video_seconds, fps=api.video_fps,
@@ -48,37 +71,25 @@ def _frames(processor, part: VideoPart, api: ApiSettings, param: str) -> np.ndar
     )  # fmt: skip
 
 
-def has_video_parts(messages: list[ChatMessage]) -> bool:
-    return any(
-        isinstance(part, VideoPart)
-        for message in messages
-        if not isinstance(message.content, str)
-        for part in message.content
-    )
+def has_media_parts(messages: list[ChatMessage]) -> bool:
+    return bool(_media_parts(messages))
 
 
-def decode_videos(
-    processor, messages: list[ChatMessage], api: ApiSettings
-) -> dict[str, np.ndarray]:
-    """Each video part's frames, by the part's path (``messages[i].content[j]``). Decoding is
-    the slow step of a request with video (up to seconds of CPU), so the ingress runs this off
-    its event loop and hands the frames to ``prepare_prompt``."""
-    found = {}
-    for m, message in enumerate(messages):
-        for p, part in enumerate([] if isinstance(message.content, str) else message.content):
-            if isinstance(part, VideoPart):
-                param = f"messages[{m}].content[{p}]"
-                found[param] = _frames(processor, part, api, param)
-    return found
+def decode_media(processor, messages: list[ChatMessage], api: ApiSettings) -> dict[str, Any]:
+    """Each media part decoded, by its path. Decoding is most of a media request's CPU (a
+    1080p PNG ~50 ms, a video seconds), so the ingress runs this off its event loop, several
+    requests at once, and hands the result to ``prepare_prompt``."""
+    return {param: _decode(processor, part, api, param) for param, part in _media_parts(messages)}
 
 
 def prepare_prompt(
     processor,
     messages: list[ChatMessage],
     api: ApiSettings,
-    videos_by_part: dict[str, np.ndarray] | None = None,
+    decoded: dict[str, Any] | None = None,
 ) -> PreparedPrompt:
-    """``videos_by_part``: frames ``decode_videos`` made (else video parts are decoded here)."""
+    """``decoded``: what ``decode_media`` made (parts missing from it are decoded here)."""
+    decoded = decoded or {}
     rate = processor.feature_extractor.sampling_rate
     audios, images, videos, template_messages = [], [], [], []
     for m_idx, message in enumerate(messages):
@@ -90,25 +101,17 @@ def prepare_prompt(
             param = f"messages[{m_idx}].content[{p_idx}]"
             if isinstance(part, TextPart):
                 parts.append({"type": "text", "text": part.text})
-            elif isinstance(part, AudioPart):
-                audios.append(
-                    load_audio(
-                        part.input_audio.data,
-                        rate,
-                        api.max_audio_bytes,
-                        api.max_audio_seconds,
-                        param,
-                    )  # fmt: skip
-                )
+                continue
+            item = decoded.get(param)
+            item = _decode(processor, part, api, param) if item is None else item
+            if isinstance(part, AudioPart):
+                audios.append(item)
                 parts.append({"type": "audio"})
             elif isinstance(part, ImagePart):
-                images.append(load_image(part.image_url.url, api.allow_remote_urls, param))
+                images.append(item)
                 parts.append({"type": "image"})
-            elif isinstance(part, VideoPart):
-                decoded = (videos_by_part or {}).get(param)
-                videos.append(
-                    decoded if decoded is not None else _frames(processor, part, api, param)
-                )
+            else:
+                videos.append(item)
                 parts.append({"type": "video"})
         template_messages.append({"role": message.role, "content": parts})
     ids, mm = thinker_prompt(

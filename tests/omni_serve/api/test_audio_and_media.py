@@ -12,6 +12,7 @@ from PIL import Image
 
 from omni_serve.api.audio_codec import decode_audio, encode_audio
 from omni_serve.api.media import MediaError, load_audio, load_image
+from omni_serve.testing.media import wav_b64
 
 RATE = 24000
 
@@ -38,12 +39,6 @@ def test_pcm16_is_raw_little_endian_samples():
     assert len(raw) == 2 * len(samples)
     back = np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32767
     assert np.abs(back - samples).max() < 1e-4
-
-
-def wav_b64(samples: np.ndarray, rate: int) -> str:
-    buf = io.BytesIO()
-    sf.write(buf, samples, rate, format="WAV")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def test_uploaded_audio_is_resampled_to_the_model_rate():

@@ -1,6 +1,7 @@
-"""A chat with a video part becomes the Thinker's prompt: one video placeholder, the sampled
-frames for vLLM, the frame rate for its processor, and the grids the Talker's positions need,
-counted as transformers' processor counts them."""
+"""A chat's media parts decode by their path, ahead of the prompt. A chat with a video part
+becomes the Thinker's prompt: one video placeholder, the sampled frames for vLLM, the frame
+rate for its processor, and the grids the Talker's positions need, counted as transformers'
+processor counts them."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 
 from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
-from omni_serve.models.qwen3_omni.request import decode_videos, has_video_parts, prepare_prompt
+from omni_serve.models.qwen3_omni.request import decode_media, has_media_parts, prepare_prompt
 from omni_serve.models.qwen3_omni.thinker_inputs import video_grids
-from omni_serve.testing.media import gray_frames, video_data_url
+from omni_serve.testing.media import gray_frames, png_data_url, video_data_url, wav_b64
 
 
 def video_message(url: str) -> ChatMessage:
@@ -44,9 +45,13 @@ def test_a_video_part_becomes_frames_a_rate_and_grids(omni_processor):
     assert prompt.audio_features == [] and prompt.image_pixels is None
 
 
-def test_videos_decoded_ahead_are_named_by_their_part_and_used(omni_processor):
-    """The ingress decodes videos off its event loop first; the prompt takes those frames."""
+def test_media_decoded_ahead_are_named_by_their_part_and_used(omni_processor):
+    """The ingress decodes media off its event loop first; the prompt takes what it decoded."""
+    from PIL import Image
+
     api = ApiSettings()
+    tone = np.sin(np.arange(8000) / 5).astype(np.float32) * 0.3
+    image = Image.fromarray(np.full((56, 84, 3), 120, np.uint8))
     messages = [
         ChatMessage(role="system", content="Be brief."),
         ChatMessage.model_validate(
@@ -55,14 +60,21 @@ def test_videos_decoded_ahead_are_named_by_their_part_and_used(omni_processor):
                 "content": [
                     {"type": "text", "text": "Look:"},
                     {"type": "video_url", "video_url": {"url": video_data_url(gray_frames(10))}},
+                    {"type": "input_audio", "input_audio": {"data": wav_b64(tone, 16000)}},
+                    {"type": "image_url", "image_url": {"url": png_data_url(image)}},
                 ],
             }
         ),  # fmt: skip
     ]
-    assert has_video_parts(messages) and not has_video_parts(messages[:1])
-    decoded = decode_videos(omni_processor, messages, api)
-    part = "messages[1].content[1]"
-    assert list(decoded) == [part] and decoded[part].shape[0] == 2  # 1 s at 2 fps
-    ahead = {part: gray_frames(3, step=70)}
+    assert has_media_parts(messages) and not has_media_parts(messages[:1])
+    decoded = decode_media(omni_processor, messages, api)
+    video, audio, picture = (f"messages[1].content[{i}]" for i in (1, 2, 3))
+    assert list(decoded) == [video, audio, picture]
+    assert decoded[video].shape[0] == 2  # 1 s at 2 fps
+    assert decoded[audio].shape == (8000,) and decoded[picture].size == (84, 56)
+    ahead = {video: gray_frames(3, step=70), audio: tone[:4000], picture: image.resize((28, 28))}
     prompt = prepare_prompt(omni_processor, messages, api, ahead)
-    assert prompt.multi_modal_data["video"] is ahead[part]
+    assert prompt.multi_modal_data["video"] is ahead[video]
+    assert prompt.multi_modal_data["audio"][0] is ahead[audio]  # (samples, rate)
+    assert prompt.multi_modal_data["image"] is ahead[picture]
+    assert prompt.counts == {"audio": 1, "image": 1, "video": 1}

@@ -1,0 +1,57 @@
+"""Prompts built off the serving event loop.
+
+An ingress streams every request's tokens and audio from one asyncio loop, so anything slow it
+runs inline stalls them all: building the prompt of a 1080p image takes ~50 ms of CPU here, a
+30 s clip ~20 ms, a video seconds. Decoding media touches nothing shared, so requests decode in
+the default thread pool side by side. Everything that uses the processor runs on ONE thread:
+its calls set the fast tokenizer's padding and truncation state before encoding
+(``set_truncation_and_padding`` in transformers 5), state two threads would share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from omni_serve.api.protocol import ChatMessage
+from omni_serve.config import ApiSettings
+from omni_serve.models.qwen3_omni.request import (
+    PreparedPrompt,
+    decode_media,
+    has_media_parts,
+    prepare_prompt,
+)
+
+
+class PromptWorker:
+    def __init__(self, processor: Any, api: ApiSettings) -> None:
+        self.processor = processor
+        self.api = api
+        self._processor_thread = ThreadPoolExecutor(1, thread_name_prefix="omni-prompt")
+
+    async def chat(self, messages: list[ChatMessage]) -> PreparedPrompt:
+        """Raises ``MediaError`` for a part that does not decode or is over a limit."""
+        decoded: dict[str, Any] = {}
+        if has_media_parts(messages):
+            decoded = await asyncio.to_thread(decode_media, self.processor, messages, self.api)
+        return await self._on_processor_thread(
+            prepare_prompt, self.processor, messages, self.api, decoded
+        )
+
+    async def speech(self, text: str) -> tuple[PreparedPrompt, list[int]]:
+        """The prompt of a text-to-speech request and the reply the Talker speaks: ``text``'s
+        tokens and ``<|im_end|>``."""
+        return await self._on_processor_thread(self._speech, text)
+
+    def _speech(self, text: str) -> tuple[PreparedPrompt, list[int]]:
+        prompt = prepare_prompt(self.processor, [ChatMessage(role="user", content=text)], self.api)
+        tokenizer = self.processor.tokenizer
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        return prompt, tokenizer(text)["input_ids"] + [im_end]
+
+    async def _on_processor_thread(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._processor_thread, fn, *args)
+
+    def close(self) -> None:
+        self._processor_thread.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,70 @@
+"""The ingress checks a chat's options before building its prompt (off the event loop, in its
+``PromptWorker``), and answers bad media or an over-long prompt with a 400 naming why."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from deployments.ingress import Ingress
+from omni_serve.api.errors import ApiError
+from omni_serve.api.protocol import ChatCompletionRequest
+from omni_serve.config import ApiSettings
+from omni_serve.models.qwen3_omni import prompt_worker
+from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
+
+IngressClass = next(k for k in Ingress.func_or_class.__mro__[1:] if k.__name__ == "Ingress")
+
+
+@pytest.fixture
+def ingress(omni_processor):
+    api = ApiSettings()
+    found = object.__new__(IngressClass)
+    found.config = types.SimpleNamespace(api=api, served_model_name="qwen3-omni")
+    found.prompts = PromptWorker(omni_processor, api)
+    found.voices = {"ethan"}
+    found.context_tokens = 4096
+    yield found
+    found.prompts.close()
+
+
+def request(*parts: dict, **fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {"model": "qwen3-omni", "messages": [{"role": "user", "content": list(parts)}], **fields}
+    )
+
+
+VIDEO = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
+TEXT = {"type": "text", "text": "hi"}
+
+
+async def test_a_corrupt_video_is_a_400_naming_the_part(ingress):
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(request(TEXT, VIDEO))
+    error = caught.value
+    assert error.status == 400 and "could not decode video" in error.message
+    assert error.body["error"]["param"] == "messages[0].content[1]"
+
+
+async def test_bad_options_are_refused_before_any_media_decodes(ingress, monkeypatch):
+    def decode(*_):
+        raise AssertionError("decoded a request that was refused")
+
+    monkeypatch.setattr(prompt_worker, "decode_media", decode)
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(request(VIDEO, modalities=["text", "audio"]))
+    assert caught.value.status == 400 and caught.value.body["error"]["param"] == "audio"
+
+
+async def test_a_prompt_over_the_context_is_a_400(ingress):
+    ingress.context_tokens = 8
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(request({"type": "text", "text": "hello " * 20}))
+    assert caught.value.status == 400 and "context is 8 tokens" in caught.value.message
+
+
+async def test_a_valid_chat_gets_its_prompt_and_options(ingress):
+    prompt, options = await ingress._prepare(request(TEXT, max_tokens=7))
+    assert prompt.counts == {"audio": 0, "image": 0, "video": 0}
+    assert options.sampling["max_tokens"] == 7 and not options.want_audio
