@@ -1,8 +1,9 @@
 """Encoder stage: Qwen3-Omni's audio and vision towers on their own replicas.
 
 Audio rows: the Thinker takes the prompt as embeddings with them in the audio positions.
-Image rows (deepstack features concatenated on the last dim): the Thinker passes them to vLLM
-as ``image_embeds`` with their grids (see ``omni_serve.compat.vllm_image_embeds``).
+Image and video rows (deepstack features concatenated on the last dim): the Thinker passes them
+to vLLM as ``image_embeds`` / ``video_embeds`` with their grids (see
+``omni_serve.compat.vllm_vision_embeds``). Videos arrive as frames and are patched here.
 Rows leave on the CPU even from a GPU replica: vLLM takes prompt embeddings there (its engine
 process reads them from the request), and the inline and object-store backends would otherwise
 carry CUDA tensors to a consumer that may have no GPU.
@@ -16,8 +17,9 @@ import torch
 from ray import serve
 
 from deployments.common import ReleasesSharedMemory, edge_channel, export_stage_metrics, torch_stage
-from omni_serve.engines.encoders.base import TorchEncoderEngine
+from omni_serve.engines.encoders.base import EncoderOutput, TorchEncoderEngine
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+from omni_serve.models.qwen3_omni.media_payload import media_from_payload
 from omni_serve.transport import TensorRef, channel_stats, take
 from omni_serve.transport.base import cat_into, put_in_place
 
@@ -34,6 +36,7 @@ class EncoderDeployment(ReleasesSharedMemory):
         encoders = Qwen3OmniEncoders(setup.model_path, setup.dtype, setup.device)
         self.audio = TorchEncoderEngine(encoders.encode_audio)
         self.vision = TorchEncoderEngine(encoders.encode_image)
+        self.video = TorchEncoderEngine(encoders.encode_videos)
         self.channel = edge_channel(setup.config, stage_name)
         self.clips = 0
         self.metrics_export = export_stage_metrics(stage_name, self.stats)
@@ -52,6 +55,18 @@ class EncoderDeployment(ReleasesSharedMemory):
         patches = await take(pixels)
         out = await self.vision.encode(pixel_values=patches, grid_thw=torch.tensor(grid_thw))
         self.clips += len(grid_thw)
+        return self._vision_rows(out)
+
+    async def encode_videos(self, frames: TensorRef, layout: dict[str, Any]) -> TensorRef:
+        """Rows of every video, in prompt order, as ``encode_images`` gives them; ``frames``:
+        a ``media_payload`` of the videos (uint8 [T, H, W, 3] each)."""
+        videos = media_from_payload(await take(frames), layout)["video"]
+        videos = videos if isinstance(videos, list) else [videos]
+        out = await self.video.encode(videos=videos)
+        self.clips += len(videos)
+        return self._vision_rows(out)
+
+    def _vision_rows(self, out: EncoderOutput) -> TensorRef:
         parts = [out.embeds, *out.deepstack]
         width = sum(p.shape[-1] for p in parts)
         return put_in_place(

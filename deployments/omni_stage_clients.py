@@ -13,6 +13,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
 from omni_serve.engines.codec.chunked import DecodeJob
+from omni_serve.models.qwen3_omni.media_payload import media_payload
 from omni_serve.transport import Channel, release, take
 from omni_serve.transport.base import cat_into, put_in_place
 
@@ -64,8 +65,20 @@ class HandleStageClients:
         ref = self._to_encoder.put(pixels)
         return await handle_calls.call(self._encoder.encode_images, ref, grid_thw)
 
+    async def encode_videos(self, videos: list[np.ndarray]) -> Any | None:
+        """The videos' frames go on the channel as they are (uint8): their patches would be
+        ~3x the bytes, and are made in the encoder stage."""
+        if self._encoder is None:
+            return None
+        tensors, layout = media_payload({"video": list(videos)})
+        ref = self._to_encoder.put(tensors)
+        return await handle_calls.call(self._encoder.encode_videos, ref, layout)
+
     def put(self, payload: dict[str, torch.Tensor]) -> Any:
         return self._to_thinker.put(payload)
+
+    def release(self, *refs: Any) -> None:
+        release(*refs)
 
     async def codec_info(self) -> dict[str, Any]:
         if self._codec_info is None:

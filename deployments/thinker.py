@@ -40,7 +40,7 @@ from omni_serve.models.qwen3_omni.talker_inputs import (
     media_token_ids,
     needs_captured_rows,
 )
-from omni_serve.models.qwen3_omni.thinker_inputs import splice_rows
+from omni_serve.models.qwen3_omni.thinker_inputs import splice_rows, video_embeds_input
 from omni_serve.transport import ChannelError, TensorRef, channel_stats, release, take
 from omni_serve.transport.base import cat_into, put_in_place
 from omni_serve.transport.kv_blocks import (
@@ -132,18 +132,20 @@ class ThinkerDeployment(ReleasesSharedMemory):
                     self.embed_tokens, request["prompt_ids"], rows, self.audio_token_id
                 )
                 prompt = {"prompt_embeds": embeds}
-            image_rows = None
+            encoded: dict[str, tuple[torch.Tensor, Any]] = {}  # by the encoder stage
             if request.get("image_rows") is not None:
-                image_rows = await take(request["image_rows"])
-                media["image"] = {
-                    "image_embeds": image_rows,
-                    "image_grid_thw": torch.as_tensor(request["image_grid_thw"]),
-                }
+                grid = request["image_grid_thw"]
+                encoded["image"] = (await take(request["image_rows"]), grid)
+                media["image"] = {"image_embeds": encoded["image"][0],
+                                  "image_grid_thw": torch.as_tensor(grid)}  # fmt: skip
+            if request.get("video_rows") is not None:
+                grid = request["video_grid_thw"]
+                encoded["video"] = (await take(request["video_rows"]), grid)
+                media["video"] = video_embeds_input(
+                    encoded["video"][0], torch.as_tensor(grid), request["video_second_per_grid"]
+                )
             if layers and self.session_kv and request.get("session_id"):
-                turn.media = media_digests(
-                    raw, spliced, image_rows,
-                    request.get("image_grid_thw"), self.merge_size,
-                )  # fmt: skip
+                turn.media = media_digests(raw, spliced, encoded, self.merge_size)
             # A spoken turn reads caches only where the previous one's rows can stand in.
             reuse = turn.capturing and turn.kept is not None
             ar = ARRequest(

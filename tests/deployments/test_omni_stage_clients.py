@@ -46,7 +46,8 @@ class Answering:
 
 def clients(code2wav_refs: list[TensorRef] | None = None):
     stream = types.SimpleNamespace(options=lambda **_: None)
-    encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_images=RecordingMethod())
+    encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_images=RecordingMethod(),
+                                    encode_videos=RecordingMethod())  # fmt: skip
     code2wav = types.SimpleNamespace(decode=Answering(code2wav_refs))
     handles = {"thinker": stream, "talker": stream, "code2wav": code2wav, "encoder": encoder}
     return HandleStageClients(handles, make_channel(), make_channel()), encoder
@@ -68,6 +69,20 @@ async def test_image_patches_go_on_the_channel_and_the_grid_as_a_list():
     [(ref, grid)] = encoder.encode_images.calls
     assert isinstance(ref, TensorRef) and grid == [[1, 8, 8]]
     assert torch.equal(encoder.encode_images.taken[0], pixels)
+
+
+async def test_videos_go_on_the_channel_as_their_uint8_frames():
+    from omni_serve.models.qwen3_omni.media_payload import media_from_payload
+
+    ingress, encoder = clients()
+    videos = [np.full((4, 16, 16, 3), 9, np.uint8), np.full((2, 8, 8, 3), 3, np.uint8)]
+    assert await ingress.encode_videos(videos) == "rows-ref"
+    [(ref, layout)] = encoder.encode_videos.calls
+    assert isinstance(ref, TensorRef)
+    taken = encoder.encode_videos.taken[0]
+    assert all(t.dtype == torch.uint8 for t in taken.values())
+    rebuilt = media_from_payload(taken, layout)["video"]
+    assert [np.array_equal(a, b) for a, b in zip(rebuilt, videos, strict=True)] == [True, True]
 
 
 async def test_put_puts_a_payload_on_the_ingress_channel():

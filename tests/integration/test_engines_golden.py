@@ -175,3 +175,29 @@ async def test_encoder_stage_outputs_give_the_monolithic_result(
     tokens, rows = await collect(vllm_thinker, request)
     assert tokens == reference_runs["audio"].generated
     torch.testing.assert_close(rows, reference_runs["audio"].hidden[1], atol=1e-4, rtol=0)
+
+
+async def test_encoder_stage_video_rows_give_the_monolithic_result(
+    vllm_thinker, omni_processor, reference_runs, tiny_omni_path
+):
+    """A video's rows from the encoder stage's tower as video_embeds (with its grid and seconds
+    per temporal patch): the Thinker's tokens and hidden rows equal transformers'."""
+    from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+    from omni_serve.models.qwen3_omni.thinker_inputs import video_embeds_input
+    from tests.reference import processor_inputs
+
+    inputs = processor_inputs(omni_processor, "video")
+    with torch.no_grad():
+        video = Qwen3OmniEncoders(tiny_omni_path).encode_image(
+            inputs["pixel_values_videos"], inputs["video_grid_thw"]
+        )
+    rows = torch.cat([video.embeds, *video.deepstack], dim=-1)
+    ids, _ = thinker_prompt(omni_processor, prompt_messages("video"), videos=[sample_video()])
+    media = {"video": video_embeds_input(rows, inputs["video_grid_thw"], [1.0])}
+    sampling = SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[302])
+    request = ARRequest("enc-video", prompt_token_ids=ids, multi_modal_data=media,
+                        sampling=sampling, capture_layers=(1,))  # fmt: skip
+    tokens, rows = await collect(vllm_thinker, request)
+    assert inputs["video_second_per_grid"].tolist() == [1.0]
+    assert tokens == reference_runs["video"].generated
+    torch.testing.assert_close(rows, reference_runs["video"].hidden[1], atol=1e-4, rtol=0)

@@ -154,8 +154,9 @@ def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_p
     r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     message = r.json()["choices"][0]["message"]
-    # single-modality media is encoded by the encoder stage, then fed to vLLM as embeddings
-    assert ("encoder_s" in r.json()["timings"]) == (kind in ("audio", "image"))
+    # audio alone, or images and videos without audio, are encoded by the encoder stage, then
+    # fed to vLLM as embeddings; a mix with audio is encoded by the Thinker's vLLM
+    assert ("encoder_s" in r.json()["timings"]) == (kind in ("audio", "image", "video"))
     expected_text = omni_processor.tokenizer.decode(ref.generated, skip_special_tokens=True)
     # vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 sequence, which
     # transformers' one-shot decode renders as U+FFFD; the tokens themselves are identical.

@@ -9,6 +9,7 @@ Heavy tensors (the Thinker's prompt rows) travel as opaque references the Talker
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -46,9 +47,15 @@ class StageClients(Protocol):
         """A channel ref to the vision tower's rows (deepstack features concatenated on the
         last dim), or None without an encoder stage."""
 
+    async def encode_videos(self, videos: list[Any]) -> Any | None:
+        """As ``encode_images``, for videos given as frames (uint8 [T, H, W, 3] each)."""
+
     def put(self, payload: dict[str, torch.Tensor]) -> Any:
         """A channel ref to ``payload`` for a stage to take (the caller of the call that
         carries it frees it if the stage never reads it)."""
+
+    def release(self, *refs: Any) -> None:
+        """Frees refs no call will carry (what the encoder made for a request that failed)."""
 
 
 @dataclass
@@ -90,6 +97,33 @@ def _listed(small: torch.Tensor | None) -> list | None:
     return None if small is None else small.tolist()
 
 
+async def _encode_vision(clients: StageClients, prompt: PreparedPrompt) -> dict[str, Any]:
+    """The Thinker request's fields for the prompt's images and videos encoded by the encoder
+    stage (both kinds at once), or nothing without an encoder stage."""
+    calls: dict[str, Any] = {}
+    if prompt.image_pixels is not None:
+        calls["image"] = clients.encode_images(prompt.image_pixels, _listed(prompt.image_grid_thw))
+    if prompt.counts.get("video"):
+        videos = prompt.multi_modal_data["video"]
+        calls["video"] = clients.encode_videos(videos if isinstance(videos, list) else [videos])
+    results = await asyncio.gather(*calls.values(), return_exceptions=True)
+    made = [r for r in results if r is not None and not isinstance(r, BaseException)]
+    failure = next((r for r in results if isinstance(r, BaseException)), None)
+    if failure is not None or len(made) < len(results):
+        clients.release(*made)
+        if failure is not None:
+            raise failure
+        return {}
+    rows = dict(zip(calls, results, strict=True))
+    fields: dict[str, Any] = {}
+    if "image" in rows:
+        fields.update(image_rows=rows["image"], image_grid_thw=_listed(prompt.image_grid_thw))
+    if "video" in rows:
+        fields.update(video_rows=rows["video"], video_grid_thw=_listed(prompt.video_grid_thw),
+                      video_second_per_grid=prompt.video_second_per_grid)  # fmt: skip
+    return fields
+
+
 async def stream_chat(
     clients: StageClients, prompt: PreparedPrompt, options: ChatOptions, request_id: str
 ) -> AsyncIterator[ChatEvent]:
@@ -110,17 +144,16 @@ async def stream_chat(
     raw_media = prompt.multi_modal_data  # what the Thinker encodes itself
     if prompt.mm_processor_kwargs:
         thinker_request["mm_processor_kwargs"] = prompt.mm_processor_kwargs
-    alone = not prompt.counts.get("audio") and not prompt.counts.get("video")
-    if prompt.image_pixels is not None and alone:
-        # Image-only prompts: images by the encoder stage. Prompts with audio or video AND
-        # images stay with the Thinker: vLLM 0.32 cannot mix raw audio with image embeddings
-        # in one request, an embeddings prompt cannot carry image inputs, and videos are
-        # encoded by the Thinker's vLLM.
-        grid = _listed(prompt.image_grid_thw)
-        image_rows = await clients.encode_images(prompt.image_pixels, grid)
-        if image_rows is not None:
-            raw_media = {k: v for k, v in raw_media.items() if k != "image"}
-            thinker_request.update(image_rows=image_rows, image_grid_thw=grid)
+    vision = prompt.counts.get("image") or prompt.counts.get("video")
+    if vision and not prompt.counts.get("audio"):
+        # Images and videos by the encoder stage. Prompts with audio AND images or videos
+        # stay with the Thinker: vLLM 0.32 cannot mix raw audio with vision embeddings in one
+        # request, and an embeddings prompt (how encoded audio goes in) cannot carry them.
+        encoded = await _encode_vision(clients, prompt)
+        if encoded:
+            raw_media = {}
+            thinker_request.update(encoded)
+            thinker_request.pop("mm_processor_kwargs", None)  # for vLLM's own video processing
             timings["encoder_s"] = time.perf_counter() - start
     elif prompt.audio_features:
         audio_rows = await clients.encode_audio(prompt.audio_features)

@@ -107,13 +107,12 @@ def rows_to_keep(ids: list[int], rows: torch.Tensor, placeholders: dict[str, int
 def media_digests(
     multi_modal_data: dict[str, Any] | None,
     spliced: list[tuple[int, str]] | None = None,
-    image_rows: torch.Tensor | None = None,
-    image_grid_thw: Any = None,
+    encoded: dict[str, tuple[torch.Tensor, Any]] | None = None,
     merge_size: int = 2,
 ) -> dict[str, list[str]]:
     """Each media item's digest, per modality, in prompt order: raw media vLLM encodes, or an
-    encoder stage's rows (audio rows spliced into the prompt, image rows split per image by
-    their grids)."""
+    encoder stage's rows (audio rows spliced into the prompt; image and video rows, by
+    modality with their grids, split per item)."""
     out: dict[str, list[str]] = {}
     raw = multi_modal_data or {}
     for modality in ("audio", "image", "video"):
@@ -124,9 +123,8 @@ def media_digests(
             ]
     if spliced is not None:
         out["audio"] = [identity for _, identity in spliced]
-    if image_rows is not None and image_grid_thw is not None:
-        sizes = [
-            int(t * h * w) // merge_size**2 for t, h, w in torch.as_tensor(image_grid_thw).tolist()
-        ]
-        out["image"] = [digest(rows) for rows in image_rows.split(sizes)]
+    for modality, (rows, grid_thw) in (encoded or {}).items():
+        grids = torch.as_tensor(grid_thw).tolist()
+        sizes = [int(t * h * w) // merge_size**2 for t, h, w in grids]
+        out[modality] = [digest(item_rows) for item_rows in rows.split(sizes)]
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -80,3 +81,17 @@ def splice_rows(
             items.append((start, f"rows:{digest(rows[used : used + i - start])}"))
             used, start = used + i - start, None
     return embeds, items
+
+
+def video_embeds_input(
+    rows: torch.Tensor, grid_thw: torch.Tensor, second_per_grid: Sequence[float]
+) -> dict[str, torch.Tensor]:
+    """``multi_modal_data["video"]`` for a prompt's videos encoded elsewhere: their rows
+    (all videos, deepstack features concatenated on the last dim), grids, and seconds per
+    temporal patch."""
+    return {
+        "video_embeds": rows,
+        "video_grid_thw": grid_thw,
+        "second_per_grid_ts": torch.as_tensor(second_per_grid, dtype=torch.float32),
+        "use_audio_in_video": torch.tensor(False),
+    }

@@ -45,3 +45,24 @@ def test_vision_encoder_matches_thinker(encoders, hf_omni, omni_processor):
     assert len(out.deepstack) == len(ref.deepstack_features) > 0
     for mine, theirs in zip(out.deepstack, ref.deepstack_features, strict=True):
         torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_video_frames_encode_as_the_thinker_encodes_the_processors_patches(
+    encoders, hf_omni, omni_processor
+):
+    """Frames patched in the encoder (with the whole processor's video bounds) give the rows
+    the thinker computes from the processor's own video patches."""
+    from tests.reference import sample_video
+
+    inputs = processor_inputs(omni_processor, "video")
+    ref = hf_omni.thinker.get_video_features(
+        inputs["pixel_values_videos"], video_grid_thw=inputs["video_grid_thw"]
+    )
+    out = TorchEncoderEngine(encoders.encode_videos).encode_sync(
+        videos=[torch.from_numpy(sample_video())]
+    )
+    assert out.meta["grid_thw"].tolist() == inputs["video_grid_thw"].tolist()
+    torch.testing.assert_close(out.embeds, ref.pooler_output[0], atol=1e-5, rtol=0)
+    for mine, theirs in zip(out.deepstack, ref.deepstack_features, strict=True):
+        torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)

@@ -64,9 +64,16 @@ class RecordingClients:
         self.sent["encode_images"] = grid_thw
         return "image-rows-ref" if self.encoder else None
 
+    async def encode_videos(self, videos):
+        self.sent["encode_videos"] = videos
+        return "video-rows-ref" if self.encoder else None
+
     def put(self, payload):
         self.put_payloads.append(payload)
         return f"ref-{len(self.put_payloads)}"
+
+    def release(self, *refs):
+        self.sent.setdefault("released", []).extend(refs)
 
 
 async def test_a_spoken_image_turn_sends_the_stages_no_torch_tensors():
@@ -135,3 +142,53 @@ async def test_no_ref_is_made_before_the_codec_is_known():
     with pytest.raises(RuntimeError, match="code2wav"):
         await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
     assert clients.put_payloads == [] and "encode_images" not in clients.sent
+
+
+def frames() -> np.ndarray:
+    return np.zeros((4, 8, 8, 3), np.uint8)
+
+
+def video_prompt(media: dict[str, Any]) -> PreparedPrompt:
+    counts = {"video": 1, "image": int("image" in media), "audio": int("audio" in media)}
+    return PreparedPrompt(
+        [1, 2, 3], media, image_grid_thw=torch.tensor([[1, 4, 4]]) if "image" in media else None,
+        counts=counts, image_pixels=torch.zeros(16, 8) if "image" in media else None,
+        video_grid_thw=torch.tensor([[2, 4, 4]]), video_second_per_grid=[1.0],
+        mm_processor_kwargs={"fps": 2.0},
+    )  # fmt: skip
+
+
+async def test_images_and_videos_go_to_the_encoder_stage_together():
+    video = frames()
+    clients = RecordingClients()
+    prompt = video_prompt({"image": image(), "video": video})
+    await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    thinker = clients.sent["speak"]["thinker"]
+    assert clients.sent["encode_videos"][0] is video and clients.sent["encode_images"]
+    assert thinker["image_rows"] == "image-rows-ref" and thinker["image_grid_thw"] == [[1, 4, 4]]
+    assert thinker["video_rows"] == "video-rows-ref" and thinker["video_grid_thw"] == [[2, 4, 4]]
+    assert thinker["video_second_per_grid"] == [1.0]
+    # nothing raw for vLLM, so none of its processor's video settings either
+    assert "media" not in thinker and "mm_processor_kwargs" not in thinker
+    assert clients.put_payloads == [] and "released" not in clients.sent
+
+
+async def test_a_video_with_audio_stays_with_the_thinker():
+    clients = RecordingClients()
+    prompt = video_prompt({"audio": (clip(), 16000), "video": frames()})
+    await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    thinker = clients.sent["speak"]["thinker"]
+    assert "encode_videos" not in clients.sent and "video_rows" not in thinker
+    assert thinker["mm_processor_kwargs"] == {"fps": 2.0} and thinker["media"]["ref"] == "ref-1"
+
+
+async def test_a_failed_video_encode_frees_the_image_rows_already_made():
+    class VideoFails(RecordingClients):
+        async def encode_videos(self, videos):
+            raise RuntimeError("encoder replica died")
+
+    clients = VideoFails()
+    prompt = video_prompt({"image": image(), "video": frames()})
+    with pytest.raises(RuntimeError, match="encoder replica died"):
+        await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    assert clients.sent["released"] == ["image-rows-ref"] and "speak" not in clients.sent

@@ -76,5 +76,7 @@ def test_media_digests_follow_the_content_per_item():
     assert spliced == {"audio": ["rows:x"]}
     grid = torch.tensor([[1, 2, 4], [1, 4, 4]])  # 2 and 4 rows after a 2x2 merge
     rows = torch.randn(6, 3)
-    images = media_digests({"image": {"image_embeds": rows}}, None, rows, grid, merge_size=2)
-    assert images["image"] == [digest(rows[:2]), digest(rows[2:])]
+    encoded = {"image": (rows, grid), "video": (rows[:4], [[2, 2, 4]])}  # video: 2x(2x4) / 4
+    found = media_digests({"image": {"image_embeds": rows}}, None, encoded, merge_size=2)
+    assert found["image"] == [digest(rows[:2]), digest(rows[2:])]
+    assert found["video"] == [digest(rows[:4])]
