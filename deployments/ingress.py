@@ -58,7 +58,7 @@ from omni_serve.models.qwen3_omni.pipeline import (
     stream_chat,
 )
 from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
-from omni_serve.models.qwen3_omni.request import PreparedPrompt
+from omni_serve.models.qwen3_omni.request import PreparedPrompt, over_media_limits
 from omni_serve.transport.session_prefixes import free_prefix
 
 app = ingress_app("omni-serve")
@@ -145,6 +145,7 @@ class Ingress(ReleasesSharedMemory):
         thinker = self.config.stage("thinker").engine
         args = {**DEFAULT_ENGINE_ARGS, **(thinker.args if thinker else {})}
         self.context_tokens = int(args["max_model_len"])  # prompts this long get a 400
+        self.media_limits = dict(args.get("limit_mm_per_prompt") or {})  # more: a 400
         self.metrics = ApiMetrics(to_ray=in_serve_replica())
         self.metrics_export = export_stage_metrics("ingress", ingress_stats)
         self.created = int(time.time())
@@ -422,6 +423,9 @@ class Ingress(ReleasesSharedMemory):
         if want_audio and body.stream and body.audio.format not in STREAMABLE_FORMATS:
             message = f"streamed audio must be one of {list(STREAMABLE_FORMATS)}"
             raise ApiError(400, message, "audio.format")
+        too_many = over_media_limits(body.messages, self.media_limits)
+        if too_many:
+            raise ApiError(400, too_many, "messages")
         try:
             prompt = await self.prompts.chat(body.messages)
         except MediaError as exc:

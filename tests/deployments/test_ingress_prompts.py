@@ -25,6 +25,7 @@ def ingress(omni_processor):
     found.prompts = PromptWorker(omni_processor, api)
     found.voices = {"ethan"}
     found.context_tokens = 4096
+    found.media_limits = {"image": 4, "audio": 4, "video": {"count": 2}}
     yield found
     found.prompts.close()
 
@@ -68,3 +69,16 @@ async def test_a_valid_chat_gets_its_prompt_and_options(ingress):
     prompt, options = await ingress._prepare(request(TEXT, max_tokens=7))
     assert prompt.counts == {"audio": 0, "image": 0, "video": 0}
     assert options.sampling["max_tokens"] == 7 and not options.want_audio
+
+
+async def test_more_videos_than_the_engine_takes_are_refused_before_any_decodes(
+    ingress, monkeypatch
+):
+    def decode(*_):
+        raise AssertionError("decoded a request that was refused")
+
+    monkeypatch.setattr(prompt_worker, "decode_media", decode)
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(request(VIDEO, VIDEO, VIDEO, TEXT))
+    assert caught.value.status == 400 and caught.value.body["error"]["param"] == "messages"
+    assert "at most 2 video item(s) per request; this one has 3" in caught.value.message

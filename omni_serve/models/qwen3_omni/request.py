@@ -75,6 +75,23 @@ def has_media_parts(messages: list[ChatMessage]) -> bool:
     return bool(_media_parts(messages))
 
 
+def over_media_limits(messages: list[ChatMessage], limits: dict[str, Any]) -> str | None:
+    """Why the messages carry more items of a kind than the Thinker's vLLM takes in one prompt
+    (its ``limit_mm_per_prompt``: a count, or ``{"count": n, ...}``), else None. Checked
+    before anything decodes: vLLM would refuse the prompt only after the media were decoded,
+    sent and (by an encoder stage) encoded."""
+    kinds = {AudioPart: "audio", ImagePart: "image", VideoPart: "video"}
+    counts: dict[str, int] = {}
+    for _, part in _media_parts(messages):
+        counts[kinds[type(part)]] = counts.get(kinds[type(part)], 0) + 1
+    for kind, count in counts.items():
+        limit = limits.get(kind)
+        limit = limit.get("count") if isinstance(limit, dict) else limit
+        if limit is not None and count > int(limit):
+            return f"at most {int(limit)} {kind} item(s) per request; this one has {count}"
+    return None
+
+
 def decode_media(processor, messages: list[ChatMessage], api: ApiSettings) -> dict[str, Any]:
     """Each media part decoded, by its path. Decoding is most of a media request's CPU (a
     1080p PNG ~50 ms, a video seconds), so the ingress runs this off its event loop, several

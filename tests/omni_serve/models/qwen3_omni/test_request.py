@@ -10,7 +10,12 @@ import pytest
 
 from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
-from omni_serve.models.qwen3_omni.request import decode_media, has_media_parts, prepare_prompt
+from omni_serve.models.qwen3_omni.request import (
+    decode_media,
+    has_media_parts,
+    over_media_limits,
+    prepare_prompt,
+)
 from omni_serve.models.qwen3_omni.thinker_inputs import video_grids
 from omni_serve.testing.media import gray_frames, png_data_url, video_data_url, wav_b64
 
@@ -78,3 +83,17 @@ def test_media_decoded_ahead_are_named_by_their_part_and_used(omni_processor):
     assert prompt.multi_modal_data["audio"][0] is ahead[audio]  # (samples, rate)
     assert prompt.multi_modal_data["image"] is ahead[picture]
     assert prompt.counts == {"audio": 1, "image": 1, "video": 1}
+
+
+def test_media_limits_count_each_kind_over_all_messages():
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA"}}
+    messages = [
+        ChatMessage.model_validate({"role": "user", "content": [image, audio]}),
+        ChatMessage(role="assistant", content="Seen."),
+        ChatMessage.model_validate({"role": "user", "content": [image]}),
+    ]
+    assert over_media_limits(messages, {"image": 2, "audio": 1}) is None
+    assert over_media_limits(messages, {}) is None  # no limit given: none applied
+    found = over_media_limits(messages, {"image": {"count": 1, "width": 512}})
+    assert found == "at most 1 image item(s) per request; this one has 2"
