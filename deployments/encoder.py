@@ -4,6 +4,8 @@ Audio rows: the Thinker takes the prompt as embeddings with them in the audio po
 Image and video rows (deepstack features concatenated on the last dim): the Thinker passes them
 to vLLM as ``image_embeds`` / ``video_embeds`` with their grids (see
 ``omni_serve.compat.vllm_vision_embeds``). Videos arrive as frames and are patched here.
+Each item's rows are kept in a per-replica cache (``cache_mib`` engine arg, 256 by default),
+so the media a conversation resends every turn are encoded once.
 Rows leave on the CPU even from a GPU replica: vLLM takes prompt embeddings there (its engine
 process reads them from the request), and the inline and object-store backends would otherwise
 carry CUDA tensors to a consumer that may have no GPU.
@@ -17,16 +19,22 @@ import torch
 from ray import serve
 
 from deployments.common import ReleasesSharedMemory, edge_channel, export_stage_metrics, torch_stage
-from omni_serve.engines.encoders.base import EncoderOutput, TorchEncoderEngine
+from omni_serve.engines.encoders.base import TorchEncoderEngine
+from omni_serve.engines.encoders.item_cache import EncodedItemCache
+from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
 from omni_serve.models.qwen3_omni.media_payload import media_from_payload
 from omni_serve.transport import TensorRef, channel_stats, take
 from omni_serve.transport.base import cat_into, put_in_place
 
+DEFAULT_CACHE_MIB = 256
 
-def _like(rows: torch.Tensor, width: int | None = None) -> torch.Tensor:
-    """What the channel carries for ``rows`` ([N, H]): float32 on the host, ``width`` wide."""
-    return torch.empty((rows.shape[0], width or rows.shape[-1]), dtype=torch.float32, device="meta")
+
+def _like(items: list[torch.Tensor]) -> torch.Tensor:
+    """What the channel carries for ``items`` (rows [N_i, H] each): their concatenation, as
+    float32 on the host."""
+    rows = sum(item.shape[0] for item in items)
+    return torch.empty((rows, items[0].shape[-1]), dtype=torch.float32, device="meta")
 
 
 @serve.deployment
@@ -34,9 +42,11 @@ class EncoderDeployment(ReleasesSharedMemory):
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "encoder") -> None:
         setup = torch_stage(pipeline, stage_name)
         encoders = Qwen3OmniEncoders(setup.model_path, setup.dtype, setup.device)
-        self.audio = TorchEncoderEngine(encoders.encode_audio)
-        self.vision = TorchEncoderEngine(encoders.encode_image)
-        self.video = TorchEncoderEngine(encoders.encode_videos)
+        cache_mib = float(setup.stage.engine.args.get("cache_mib", DEFAULT_CACHE_MIB))
+        self.items = CachedEncoders(encoders, EncodedItemCache(int(cache_mib * 2**20)))
+        self.audio = TorchEncoderEngine(self.items.audio)
+        self.vision = TorchEncoderEngine(self.items.images)
+        self.video = TorchEncoderEngine(self.items.videos)
         self.channel = edge_channel(setup.config, stage_name)
         self.clips = 0
         self.metrics_export = export_stage_metrics(stage_name, self.stats)
@@ -44,37 +54,32 @@ class EncoderDeployment(ReleasesSharedMemory):
     async def encode_audio(self, features: TensorRef, frames: list[int]) -> TensorRef:
         """Rows for every clip, in prompt order, as one channel ref ([sum N_i, H]), from the
         clips' features side by side ([mel, sum of ``frames``])."""
-        out = await self.audio.encode(
-            input_features=await take(features), feature_lens=torch.tensor(frames)
-        )
+        items = await self.audio.encode(features=await take(features), frames=frames)
         self.clips += len(frames)
-        return put_in_place(self.channel, _like(out.embeds), lambda rows: rows.copy_(out.embeds))
+        return self._put(items)
 
     async def encode_images(self, pixels: TensorRef, grid_thw: list[list[int]]) -> TensorRef:
         """Rows of every image, in prompt order: [sum N_i, H * (1 + deepstack levels)]."""
-        patches = await take(pixels)
-        out = await self.vision.encode(pixel_values=patches, grid_thw=torch.tensor(grid_thw))
+        items = await self.vision.encode(pixels=await take(pixels), grid_thw=grid_thw)
         self.clips += len(grid_thw)
-        return self._vision_rows(out)
+        return self._put(items)
 
     async def encode_videos(self, frames: TensorRef, layout: dict[str, Any]) -> TensorRef:
         """Rows of every video, in prompt order, as ``encode_images`` gives them; ``frames``:
         a ``media_payload`` of the videos (uint8 [T, H, W, 3] each)."""
         videos = media_from_payload(await take(frames), layout)["video"]
         videos = videos if isinstance(videos, list) else [videos]
-        out = await self.video.encode(videos=videos)
+        items = await self.video.encode(videos=videos)
         self.clips += len(videos)
-        return self._vision_rows(out)
+        return self._put(items)
 
-    def _vision_rows(self, out: EncoderOutput) -> TensorRef:
-        parts = [out.embeds, *out.deepstack]
-        width = sum(p.shape[-1] for p in parts)
-        return put_in_place(
-            self.channel, _like(out.embeds, width), lambda rows: cat_into(rows, parts, dim=-1)
-        )
+    def _put(self, items: list[torch.Tensor]) -> TensorRef:
+        return put_in_place(self.channel, _like(items), lambda rows: cat_into(rows, items))
 
     async def ready(self) -> bool:
         return True
 
     def stats(self) -> dict[str, Any]:
-        return {"steps": self.clips, "max_batch": 0, "running": 0, "channel": channel_stats()}
+        cache = self.items.cache.stats()
+        return {"steps": self.clips, "max_batch": 0, "running": 0, "channel": channel_stats(),
+                "item_cache": cache}  # fmt: skip

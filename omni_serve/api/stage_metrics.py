@@ -63,6 +63,12 @@ class StageGauges:
             "omni_channel_pool_bytes",
             "Shared memory a stage's replica holds for its payloads (its pool's segments).",
         )
+        self.item_cache = gauge(
+            "omni_encoder_item_cache",
+            "An encoder replica's cache of media items' rows: items found there (hits) and "
+            "encoded (misses) since it started, and what it holds (items, bytes).",
+            ("stage", "field"),
+        )
 
     def observe(self, stage: str, stats: dict[str, Any]) -> None:
         for series, key in ((self.running, "running"), (self.max_batch, "max_batch"),
@@ -72,6 +78,8 @@ class StageGauges:
         for phase in ("prefill", "decode", "emit"):
             if f"{phase}_s" in stats:
                 self.busy.labels(stage, phase).set(stats[f"{phase}_s"])
+        for field, value in stats.get("item_cache", {}).items():
+            self.item_cache.labels(stage, field).set(value)
         self.observe_channel(stage, stats)
 
     def observe_channel(self, stage: str, stats: dict[str, Any]) -> None:

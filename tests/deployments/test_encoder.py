@@ -1,5 +1,5 @@
 """The encoder stage writes its rows into channel memory: the same rows torch.cat would give,
-as float32 on the host."""
+as float32 on the host; its items' rows are cached across requests."""
 
 from __future__ import annotations
 
@@ -12,13 +12,11 @@ from omni_serve.transport.base import cat_into, put_in_place
 
 async def test_image_rows_with_deepstack_levels_arrive_as_their_concatenation_in_float32():
     gen = torch.Generator().manual_seed(0)
-    parts = [torch.randn(5, 8, generator=gen).to(torch.bfloat16) for _ in range(4)]
-    like = _like(parts[0], width=32)
-    assert like.shape == (5, 32) and like.dtype == torch.float32
-    ref = put_in_place(
-        make_channel("shared_memory"), like, lambda rows: cat_into(rows, parts, dim=-1)
-    )
-    assert torch.equal(await take(ref), torch.cat(parts, dim=-1).float())
+    items = [torch.randn(n, 8, generator=gen).to(torch.bfloat16) for n in (5, 1, 3)]
+    like = _like(items)
+    assert like.shape == (9, 8) and like.dtype == torch.float32
+    ref = put_in_place(make_channel("shared_memory"), like, lambda rows: cat_into(rows, items))
+    assert torch.equal(await take(ref), torch.cat(items).float())
 
 
 async def test_videos_sent_as_frames_come_back_as_their_rows(tiny_omni_path):
@@ -28,13 +26,16 @@ async def test_videos_sent_as_frames_come_back_as_their_rows(tiny_omni_path):
 
     from deployments.encoder import EncoderDeployment
     from omni_serve.engines.encoders.base import TorchEncoderEngine
+    from omni_serve.engines.encoders.item_cache import EncodedItemCache
+    from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
     from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
     from omni_serve.models.qwen3_omni.media_payload import media_payload
 
     encoders = Qwen3OmniEncoders(tiny_omni_path)
     stage = object.__new__(EncoderDeployment.func_or_class)
+    stage.items = CachedEncoders(encoders, EncodedItemCache(64 << 20))
     stage.video, stage.channel, stage.clips = (
-        TorchEncoderEngine(encoders.encode_videos),
+        TorchEncoderEngine(stage.items.videos),
         make_channel(),
         0,
     )
@@ -48,4 +49,7 @@ async def test_videos_sent_as_frames_come_back_as_their_rows(tiny_omni_path):
     grids = expected.meta["grid_thw"]
     assert grids[:, 0].tolist() == [2, 1]  # 3 frames and 2 frames: temporal patches of 2
     assert stage.clips == 2 and rows.shape[0] == int(grids.prod(-1).sum()) // 4  # 2x2 merge
+    # the same videos again: the rows come from the stage's cache, not the tower
+    again = await take(await stage.encode_videos(make_channel().put(tensors), layout))
+    assert torch.equal(again, rows) and stage.stats()["item_cache"]["hits"] == 2
     stage.video.shutdown()

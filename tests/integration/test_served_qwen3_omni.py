@@ -306,6 +306,35 @@ def test_metrics_say_which_backend_each_stages_payloads_came_by(served):
     assert overflowed and all(float(line.split()[-1]) == 0 for line in overflowed), overflowed
 
 
+def test_a_conversation_resending_its_clip_gets_it_encoded_once(served):
+    """A voice chat's next turn resends the first turn's clip with a new one: the encoder
+    stage encodes only the new clip (its item cache counts one hit and one miss)."""
+    from omni_serve.testing.media import wav_b64
+    from tests.reference import sample_audio
+
+    first, second = sample_audio()[:12000], sample_audio()[4000:] * 0.5
+    hits = 'omni_encoder_item_cache{field="hits",stage="encoder"}'
+    misses = 'omni_encoder_item_cache{field="misses",stage="encoder"}'
+
+    def clip(samples) -> dict:
+        return {"type": "input_audio", "input_audio": {"data": wav_b64(samples, 16000)}}
+
+    def ask(messages: list[dict]) -> dict:
+        body = {"model": "qwen3-omni", "messages": messages, "max_tokens": 4, "temperature": 0}
+        r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    turn = [{"role": "user", "content": [clip(first)]}]
+    answer = ask(turn)["choices"][0]["message"]["content"]
+    before = httpx.get(f"{URL}/metrics", timeout=30).text
+    turn += [{"role": "assistant", "content": answer}, {"role": "user", "content": [clip(second)]}]
+    assert "encoder_s" in ask(turn)["timings"]  # the audio went by the encoder stage
+    after = httpx.get(f"{URL}/metrics", timeout=30).text
+    assert _metric(after, hits) - _metric(before, hits) == 1
+    assert _metric(after, misses) - _metric(before, misses) == 1
+
+
 def test_client_disconnect_stops_work_in_every_stage(served):
     """A streaming client that goes away mid-answer: the Talker and Thinker stop within ~1 s."""
     body = _chat_body(max_tokens=200)

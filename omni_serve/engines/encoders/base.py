@@ -10,7 +10,7 @@ import asyncio
 import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -23,18 +23,22 @@ class EncoderOutput:
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. grid_thw, feature lengths
 
 
-class TorchEncoderEngine:
-    """Runs ``encode_fn(**inputs) -> EncoderOutput`` on one worker thread under no_grad."""
+Output = TypeVar("Output")
 
-    def __init__(self, encode_fn: Callable[..., EncoderOutput]) -> None:
+
+class TorchEncoderEngine(Generic[Output]):
+    """Runs ``encode_fn(**inputs)`` (an ``EncoderOutput``, or rows per item) on one worker
+    thread under no_grad."""
+
+    def __init__(self, encode_fn: Callable[..., Output]) -> None:
         self._encode = encode_fn
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="encoder")
 
-    def encode_sync(self, **inputs: Any) -> EncoderOutput:
+    def encode_sync(self, **inputs: Any) -> Output:
         with torch.no_grad():
             return self._encode(**inputs)
 
-    async def encode(self, **inputs: Any) -> EncoderOutput:
+    async def encode(self, **inputs: Any) -> Output:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: self.encode_sync(**inputs))
 

@@ -146,18 +146,27 @@ def prepare_prompt(
         prepared.image_grid_thw = patches["image_grid_thw"]
         prepared.image_pixels = patches["pixel_values"]
     if audios:
-        features = processor.feature_extractor(
-            audios, sampling_rate=rate, return_attention_mask=True, padding=True,
-            truncation=False, return_tensors="pt",
-        )  # fmt: skip
-        prepared.audio_seqlens = features["attention_mask"].sum(-1)
+        # Each clip's features as if it came alone. Padded to the longest clip in a batch (as
+        # transformers' processor does), a shorter clip's last frame sees the padding in its
+        # STFT window instead of the reflected edge: the same clip would get other features,
+        # and other rows and KV, in a chat's next turn once a longer clip joins it.
+        clips = [
+            processor.feature_extractor(
+                [clip],
+                sampling_rate=rate,
+                return_attention_mask=True,
+                padding=True,
+                truncation=False,
+                return_tensors="pt",
+            )  # fmt: skip
+            for clip in audios
+        ]
+        prepared.audio_seqlens = torch.cat([clip["attention_mask"].sum(-1) for clip in clips])
         if not images and not videos:  # audio alone: through the encoder stage
             text = processor.tokenizer.decode(ids)
-            expanded = processor(text=text, audio=audios, return_tensors="pt")
+            expanded = processor(text=text, audio=audios, return_tensors="pt")  # for its ids
             prepared.expanded_ids = expanded["input_ids"][0].tolist()
-            mask = expanded["feature_attention_mask"].bool()
             prepared.audio_features = [
-                feats[:, valid]
-                for feats, valid in zip(expanded["input_features"], mask, strict=True)
+                clip["input_features"][0][:, clip["attention_mask"][0].bool()] for clip in clips
             ]
     return prepared

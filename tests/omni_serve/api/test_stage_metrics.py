@@ -50,3 +50,12 @@ async def test_a_failing_stats_is_logged_once_and_tried_again(caplog):
         await _run_for(export_stage_stats("vae", stats, 0.01, StageGauges(registry)), 0.2)
     assert len([r for r in caplog.records if "engine busy" in r.getMessage()]) == 1
     assert 'omni_stage_steps{stage="vae"} 7.0' in _text(registry)
+
+
+def test_an_encoders_item_cache_shows_by_field():
+    registry = CollectorRegistry()
+    cache = {"hits": 3, "misses": 5, "items": 4, "bytes": 4096}
+    StageGauges(registry).observe("encoder", {"steps": 8, "item_cache": cache})
+    text = _text(registry)
+    for field, value in cache.items():
+        assert f'omni_encoder_item_cache{{field="{field}",stage="encoder"}} {float(value)}' in text

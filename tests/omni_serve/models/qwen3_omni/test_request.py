@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
@@ -97,3 +98,28 @@ def test_media_limits_count_each_kind_over_all_messages():
     assert over_media_limits(messages, {}) is None  # no limit given: none applied
     found = over_media_limits(messages, {"image": {"count": 1, "width": 512}})
     assert found == "at most 1 image item(s) per request; this one has 2"
+
+
+def test_a_clips_features_do_not_depend_on_the_clips_beside_it(omni_processor):
+    """Each clip's features as if alone (transformers' processor pads a shorter clip to the
+    longest, which changes its last frame): the same clip, the same encoder input, in every
+    turn of a chat; alone, exactly the processor's features."""
+    from tests.reference import sample_audio
+
+    api = ApiSettings()
+    short, longer = sample_audio()[:12000], sample_audio()[4000:] * 0.5
+
+    def chat(*clips) -> list[ChatMessage]:
+        parts = [{"type": "input_audio", "input_audio": {"data": wav_b64(c, 16000, "FLOAT")}}
+                 for c in clips]  # fmt: skip
+        return [ChatMessage.model_validate({"role": "user", "content": parts})]
+
+    alone = prepare_prompt(omni_processor, chat(short), api)
+    beside = prepare_prompt(omni_processor, chat(short, longer), api)
+    assert torch.equal(beside.audio_features[0], alone.audio_features[0])
+    assert beside.audio_seqlens.tolist() == [75, 125]
+    text = "<|audio_start|><|audio_pad|><|audio_end|>"
+    theirs = omni_processor(text=text, audio=[short], return_tensors="pt")
+    assert torch.equal(alone.audio_features[0], theirs["input_features"][0])
+    batched = omni_processor(text=text * 2, audio=[short, longer], return_tensors="pt")
+    assert not torch.equal(beside.audio_features[0], batched["input_features"][0][:, :75])

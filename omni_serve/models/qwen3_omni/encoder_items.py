@@ -1,0 +1,74 @@
+"""The encoder stage's work for one request: every media item's rows, from the item cache
+where the conversation sent the item before, from the towers otherwise.
+
+Rows per item: audio, the audio tower's rows of one clip; images and videos, the vision
+tower's rows (deepstack features concatenated on the last dim) of one image or video. Items
+are keyed by their content (features, patches with their grid, frames), so the same clip or
+image in the next turn of a chat is found whatever else comes with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+# Private in transformers 5.19, and what the tower itself uses to size a clip's output.
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    _get_feat_extract_output_lengths,
+)
+
+from omni_serve.engines.encoders.base import EncoderOutput
+from omni_serve.engines.encoders.item_cache import EncodedItemCache, encode_with_cache
+from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+from omni_serve.models.qwen3_omni.session_rows import digest
+
+
+def _split_vision(out: EncoderOutput, grid_thw: torch.Tensor, merge: int) -> list[torch.Tensor]:
+    rows = torch.cat([out.embeds, *out.deepstack], dim=-1).cpu()
+    return list(rows.split((grid_thw.prod(-1) // merge**2).tolist()))
+
+
+class CachedEncoders:
+    """Runs on the encoder's worker threads (under ``no_grad``); rows come back on the host."""
+
+    def __init__(self, encoders: Qwen3OmniEncoders, cache: EncodedItemCache) -> None:
+        self.encoders = encoders
+        self.cache = cache
+        self.merge = encoders.visual.spatial_merge_size
+
+    def audio(self, features: torch.Tensor, frames: Sequence[int]) -> list[torch.Tensor]:
+        """``features``: the clips' mel features side by side ([mel, sum of ``frames``])."""
+        clips = list(features.split(list(frames), dim=1))
+        keys = [f"audio:{digest(clip)}" for clip in clips]
+
+        def encode(which: list[int]) -> list[torch.Tensor]:
+            lens = torch.tensor([frames[i] for i in which])
+            out = self.encoders.encode_audio(torch.cat([clips[i] for i in which], dim=1), lens)
+            sizes = _get_feat_extract_output_lengths(lens, self.encoders.audio.n_window)
+            return list(out.embeds.cpu().split(sizes.tolist()))
+
+        return encode_with_cache(self.cache, keys, encode)
+
+    def images(self, pixels: torch.Tensor, grid_thw: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """``pixels``: the images' patches ([sum of t*h*w, C*T*p*p]) in ``grid_thw`` order."""
+        grids = torch.as_tensor(grid_thw)
+        patches = list(pixels.split(grids.prod(-1).tolist()))
+        keys = [f"image:{digest((p, g))}" for p, g in zip(patches, grids, strict=True)]
+
+        def encode(which: list[int]) -> list[torch.Tensor]:
+            out = self.encoders.encode_image(torch.cat([patches[i] for i in which]), grids[which])
+            return _split_vision(out, grids[which], self.merge)
+
+        return encode_with_cache(self.cache, keys, encode)
+
+    def videos(self, videos: Sequence[np.ndarray | torch.Tensor]) -> list[torch.Tensor]:
+        """``videos``: uint8 frames [T, H, W, 3] each (patched in ``encode_videos``)."""
+        keys = [f"video:{digest(torch.as_tensor(v))}" for v in videos]
+
+        def encode(which: list[int]) -> list[torch.Tensor]:
+            out = self.encoders.encode_videos([videos[i] for i in which])
+            return _split_vision(out, out.meta["grid_thw"], self.merge)
+
+        return encode_with_cache(self.cache, keys, encode)

@@ -1,0 +1,87 @@
+"""Each media item's rows are the ones the towers give it, whether it is encoded with others,
+alone, or found in the cache; and an item a conversation sends again is not encoded again."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from omni_serve.engines.encoders.item_cache import EncodedItemCache
+from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
+from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+from tests.reference import sample_audio, sample_image, sample_video
+
+
+@pytest.fixture(scope="module")
+def encoders(tiny_omni_path):
+    return Qwen3OmniEncoders(tiny_omni_path)
+
+
+def cached(encoders) -> CachedEncoders:
+    return CachedEncoders(encoders, EncodedItemCache(64 << 20))
+
+
+def clip_features(processor, clips: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
+    out = processor.feature_extractor(clips, sampling_rate=16000, return_attention_mask=True,
+                                      padding=True, return_tensors="pt")  # fmt: skip
+    lens = out["attention_mask"].sum(-1).tolist()
+    feats = [f[:, :n] for f, n in zip(out["input_features"], lens, strict=True)]
+    return torch.cat(feats, dim=1), lens
+
+
+@torch.no_grad()
+def test_audio_clips_get_their_own_rows_and_a_resent_clip_is_not_encoded(encoders, omni_processor):
+    tone, other, third = sample_audio(), sample_audio()[::-1].copy() * 0.5, sample_audio()[:8000]
+    both, lens = clip_features(omni_processor, [tone, other])
+    together = encoders.encode_audio(both, torch.tensor(lens)).embeds
+    items = cached(encoders)
+    found = items.audio(both, lens)
+    assert [r.shape[0] for r in found] == [int(n) for n in _audio_rows(encoders, lens)]
+    assert torch.equal(torch.cat(found), together)  # split per clip, nothing lost
+    # The next turn: the second clip again, then a new one.
+    turn, turn_lens = clip_features(omni_processor, [other, third])
+    again = items.audio(turn, turn_lens)
+    assert torch.equal(again[0], found[1])
+    alone = encoders.encode_audio(turn[:, turn_lens[0] :], torch.tensor(turn_lens[1:])).embeds
+    assert torch.equal(again[1], alone)
+    assert items.cache.stats()["hits"] == 1 and items.cache.stats()["misses"] == 3
+
+
+def _audio_rows(encoders, lens: list[int]) -> list[int]:
+    """Rows per clip as the tower makes them, counted by encoding each clip alone."""
+    out = []
+    for n in lens:
+        out.append(encoders.encode_audio(torch.zeros(128, n), torch.tensor([n])).embeds.shape[0])
+    return out
+
+
+@torch.no_grad()
+def test_images_get_the_rows_they_get_alone(encoders, omni_processor):
+    second = Image.fromarray(np.full((96, 64, 3), 200, np.uint8))
+    patches = omni_processor.image_processor(images=[sample_image(), second], return_tensors="pt")
+    grid = patches["image_grid_thw"]
+    items = cached(encoders)
+    found = items.images(patches["pixel_values"], grid.tolist())
+    per_image = patches["pixel_values"].split(grid.prod(-1).tolist())
+    for rows, pixels, g in zip(found, per_image, grid, strict=True):
+        out = encoders.encode_image(pixels, g[None])
+        assert torch.equal(rows, torch.cat([out.embeds, *out.deepstack], -1))
+    # the same images again, in the other order: all from the cache
+    again = items.images(torch.cat(per_image[::-1]), grid.flip(0).tolist())
+    assert torch.equal(again[0], found[1]) and torch.equal(again[1], found[0])
+    assert items.cache.stats() == {"hits": 2, "misses": 2, "items": 2,
+                                   "bytes": sum(r.numel() * 4 for r in found)}  # fmt: skip
+
+
+@torch.no_grad()
+def test_videos_get_their_rows_and_a_resent_video_is_not_encoded(encoders):
+    first, second = sample_video(), sample_video()[:2] // 2
+    items = cached(encoders)
+    found = items.videos([first, second])
+    for rows, video in zip(found, [first, second], strict=True):
+        out = encoders.encode_videos([video])
+        assert torch.equal(rows, torch.cat([out.embeds, *out.deepstack], -1))
+    assert torch.equal(items.videos([torch.from_numpy(second)])[0], found[1])
+    assert items.cache.stats()["hits"] == 1
