@@ -24,8 +24,8 @@ class HandleStageClients:
     def __init__(self, handles: dict[str, DeploymentHandle], to_encoder: Channel,
                  to_thinker: Channel) -> None:  # fmt: skip
         """``to_encoder``, ``to_thinker``: the channels of the ingress's media edges (audio
-        features and image patches for the encoder stage; the clips and images of a prompt
-        the Thinker encodes itself)."""
+        features, image patches and video frames for the encoder stage; the media of a
+        prompt the Thinker encodes itself)."""
         self._thinker = handles["thinker"].options(stream=True)
         self._talker = handles["talker"].options(stream=True)
         self._code2wav = handles["code2wav"]

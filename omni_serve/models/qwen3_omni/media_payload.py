@@ -1,6 +1,7 @@
 """A prompt's raw media (audio clips, images, video frames) as one tensor-channel payload, for
-prompts the Thinker encodes itself: videos, audio with images (vLLM 0.32 takes no raw audio
-next to image embeddings), or a graph without an encoder stage.
+prompts the Thinker encodes itself (audio with images or videos: vLLM 0.32 takes no raw audio
+next to vision embeddings; or a graph without an encoder stage), and for videos on their way
+to the encoder stage.
 
 Why: vLLM wants numpy clips and PIL images, and as handle arguments they are pickled on every
 hop (ingress → Talker → Thinker for a spoken reply; a 1024² image is 3 MB, a 30 s clip 1.9 MB).

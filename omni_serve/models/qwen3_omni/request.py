@@ -32,8 +32,9 @@ class PreparedPrompt:
     expanded_ids: list[int] | None = None
     # Images go through the encoder stage as patches ([P, C*T*p*p], all images) + grids.
     image_pixels: torch.Tensor | None = None
-    # Videos go to the Thinker as frames (vLLM encodes them); the Talker's positions need
-    # their grids and the seconds each temporal patch spans, and vLLM the frame rate.
+    # Videos stay frames (in ``multi_modal_data``), for the encoder stage or the Thinker's
+    # vLLM; the Talker's positions need their grids and the seconds each temporal patch
+    # spans, and vLLM, when it encodes them, the frame rate.
     video_grid_thw: torch.Tensor | None = None
     video_second_per_grid: list[float] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
