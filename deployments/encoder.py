@@ -3,7 +3,8 @@
 Audio rows: the Thinker takes the prompt as embeddings with them in the audio positions.
 Image and video rows (deepstack features concatenated on the last dim): the Thinker passes them
 to vLLM as ``image_embeds`` / ``video_embeds`` with their grids (see
-``omni_serve.compat.vllm_vision_embeds``). Videos arrive as frames and are patched here.
+``omni_serve.compat.vllm_vision_embeds``). Images and videos arrive as pixels and are
+patched here.
 Each item's rows are kept in a per-replica cache (``cache_mib`` engine arg, 256 by default),
 so the media a conversation resends every turn are encoded once.
 Rows leave on the CPU even from a GPU replica: vLLM takes prompt embeddings there (its engine
@@ -37,6 +38,10 @@ def _like(items: list[torch.Tensor]) -> torch.Tensor:
     return torch.empty((rows, items[0].shape[-1]), dtype=torch.float32, device="meta")
 
 
+def _items(entry: Any) -> list[Any]:
+    return entry if isinstance(entry, list) else [entry]
+
+
 @serve.deployment
 class EncoderDeployment(ReleasesSharedMemory):
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "encoder") -> None:
@@ -58,17 +63,18 @@ class EncoderDeployment(ReleasesSharedMemory):
         self.clips += len(frames)
         return self._put(items)
 
-    async def encode_images(self, pixels: TensorRef, grid_thw: list[list[int]]) -> TensorRef:
-        """Rows of every image, in prompt order: [sum N_i, H * (1 + deepstack levels)]."""
-        items = await self.vision.encode(pixels=await take(pixels), grid_thw=grid_thw)
-        self.clips += len(grid_thw)
+    async def encode_images(self, pixels: TensorRef, layout: dict[str, Any]) -> TensorRef:
+        """Rows of every image, in prompt order: [sum N_i, H * (1 + deepstack levels)];
+        ``pixels``: a ``media_payload`` of the images (RGB)."""
+        images = _items(media_from_payload(await take(pixels), layout)["image"])
+        items = await self.vision.encode(images=images)
+        self.clips += len(images)
         return self._put(items)
 
     async def encode_videos(self, frames: TensorRef, layout: dict[str, Any]) -> TensorRef:
         """Rows of every video, in prompt order, as ``encode_images`` gives them; ``frames``:
         a ``media_payload`` of the videos (uint8 [T, H, W, 3] each)."""
-        videos = media_from_payload(await take(frames), layout)["video"]
-        videos = videos if isinstance(videos, list) else [videos]
+        videos = _items(media_from_payload(await take(frames), layout)["video"])
         items = await self.video.encode(videos=videos)
         self.clips += len(videos)
         return self._put(items)

@@ -24,7 +24,7 @@ class HandleStageClients:
     def __init__(self, handles: dict[str, DeploymentHandle], to_encoder: Channel,
                  to_thinker: Channel) -> None:  # fmt: skip
         """``to_encoder``, ``to_thinker``: the channels of the ingress's media edges (audio
-        features, image patches and video frames for the encoder stage; the media of a
+        features, image pixels and video frames for the encoder stage; the media of a
         prompt the Thinker encodes itself)."""
         self._thinker = handles["thinker"].options(stream=True)
         self._talker = handles["talker"].options(stream=True)
@@ -59,20 +59,21 @@ class HandleStageClients:
         ref = put_in_place(self._to_encoder, like, lambda out: cat_into(out, features, dim=1))
         return await handle_calls.call(self._encoder.encode_audio, ref, frames)
 
-    async def encode_images(self, pixels: Any, grid_thw: Any) -> Any | None:
-        if self._encoder is None:
-            return None
-        ref = self._to_encoder.put(pixels)
-        return await handle_calls.call(self._encoder.encode_images, ref, grid_thw)
+    async def encode_images(self, images: list[Any]) -> Any | None:
+        """The images go on the channel as their RGB pixels: their patches would be ~3x the
+        bytes, and are made in the encoder stage."""
+        return await self._encode_pixels("image", images)
 
     async def encode_videos(self, videos: list[np.ndarray]) -> Any | None:
-        """The videos' frames go on the channel as they are (uint8): their patches would be
-        ~3x the bytes, and are made in the encoder stage."""
+        """The videos' frames go on the channel as they are (uint8), as images do."""
+        return await self._encode_pixels("video", videos)
+
+    async def _encode_pixels(self, kind: str, items: list[Any]) -> Any | None:
         if self._encoder is None:
             return None
-        tensors, layout = media_payload({"video": list(videos)})
-        ref = self._to_encoder.put(tensors)
-        return await handle_calls.call(self._encoder.encode_videos, ref, layout)
+        tensors, layout = media_payload({kind: list(items)})
+        method = getattr(self._encoder, f"encode_{kind}s")
+        return await handle_calls.call(method, self._to_encoder.put(tensors), layout)
 
     def put(self, payload: dict[str, torch.Tensor]) -> Any:
         return self._to_thinker.put(payload)

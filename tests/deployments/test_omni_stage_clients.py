@@ -62,13 +62,18 @@ async def test_audio_features_reach_the_encoder_as_one_channel_ref_and_their_len
     assert torch.equal(encoder.encode_audio.taken[0], torch.cat(features, dim=1))
 
 
-async def test_image_patches_go_on_the_channel_and_the_grid_as_a_list():
+async def test_images_go_on_the_channel_as_their_rgb_pixels():
+    from PIL import Image
+
+    from omni_serve.models.qwen3_omni.media_payload import media_from_payload
+
     ingress, encoder = clients()
-    pixels = torch.randn(64, 32)
-    await ingress.encode_images(pixels, [[1, 8, 8]])
-    [(ref, grid)] = encoder.encode_images.calls
-    assert isinstance(ref, TensorRef) and grid == [[1, 8, 8]]
-    assert torch.equal(encoder.encode_images.taken[0], pixels)
+    images = [Image.fromarray(np.full((8, 12, 3), v, np.uint8)) for v in (5, 9)]
+    assert await ingress.encode_images(images) == "rows-ref"
+    [(ref, layout)] = encoder.encode_images.calls
+    assert isinstance(ref, TensorRef)
+    rebuilt = media_from_payload(encoder.encode_images.taken[0], layout)["image"]
+    assert [np.asarray(i).tolist() for i in rebuilt] == [np.asarray(i).tolist() for i in images]
 
 
 async def test_videos_go_on_the_channel_as_their_uint8_frames():
@@ -124,13 +129,13 @@ async def test_media_go_on_the_channels_of_the_ingress_edges():
     """The pipeline's ``ingress -> encoder`` and ``ingress -> thinker`` media edges pick their
     backends, as every other edge does (before, the ingress always used ``auto``)."""
     stream = types.SimpleNamespace(options=lambda **_: None)
-    encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_images=RecordingMethod())
+    encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_videos=RecordingMethod())
     handles = {"thinker": stream, "talker": stream, "code2wav": None, "encoder": encoder}
     ingress = HandleStageClients(handles, make_channel("shared_memory"), make_channel("inline"))
     await ingress.encode_audio([torch.randn(128, 4)])  # 2 KB: auto would send it inline
-    await ingress.encode_images(torch.randn(4, 4), [[1, 2, 2]])
+    await ingress.encode_videos([np.zeros((1, 4, 4, 3), np.uint8)])  # 48 bytes
     assert [call[0].backend for call in encoder.encode_audio.calls] == ["shared_memory"]
-    assert [call[0].backend for call in encoder.encode_images.calls] == ["shared_memory"]
+    assert [call[0].backend for call in encoder.encode_videos.calls] == ["shared_memory"]
     ref = ingress.put({"audio.0": torch.randn(1 << 16)})  # 256 KB: auto would not inline it
     assert ref.backend == "inline"
     await take(ref)

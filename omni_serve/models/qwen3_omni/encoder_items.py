@@ -3,8 +3,8 @@ where the conversation sent the item before, from the towers otherwise.
 
 Rows per item: audio, the audio tower's rows of one clip; images and videos, the vision
 tower's rows (deepstack features concatenated on the last dim) of one image or video. Items
-are keyed by their content (features, patches with their grid, frames), so the same clip or
-image in the next turn of a chat is found whatever else comes with it.
+are keyed by their content (a clip's features, an image's pixels, a video's frames), so the
+same clip or image in the next turn of a chat is found whatever else comes with it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 
 # Private in transformers 5.19, and what the tower itself uses to size a clip's output.
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
@@ -51,15 +52,13 @@ class CachedEncoders:
 
         return encode_with_cache(self.cache, keys, encode)
 
-    def images(self, pixels: torch.Tensor, grid_thw: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        """``pixels``: the images' patches ([sum of t*h*w, C*T*p*p]) in ``grid_thw`` order."""
-        grids = torch.as_tensor(grid_thw)
-        patches = list(pixels.split(grids.prod(-1).tolist()))
-        keys = [f"image:{digest((p, g))}" for p, g in zip(patches, grids, strict=True)]
+    def images(self, images: Sequence[Image.Image]) -> list[torch.Tensor]:
+        """``images``: RGB (patched in ``encode_images``)."""
+        keys = [f"image:{digest(np.asarray(image))}" for image in images]
 
         def encode(which: list[int]) -> list[torch.Tensor]:
-            out = self.encoders.encode_image(torch.cat([patches[i] for i in which]), grids[which])
-            return _split_vision(out, grids[which], self.merge)
+            out = self.encoders.encode_images([images[i] for i in which])
+            return _split_vision(out, out.meta["grid_thw"], self.merge)
 
         return encode_with_cache(self.cache, keys, encode)
 

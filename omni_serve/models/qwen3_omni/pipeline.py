@@ -43,9 +43,9 @@ class StageClients(Protocol):
         """A channel ref to the audio tower's rows for these clips, or None without an
         encoder stage (the Thinker then encodes the media itself)."""
 
-    async def encode_images(self, pixels: Any, grid_thw: Any) -> Any | None:
-        """A channel ref to the vision tower's rows (deepstack features concatenated on the
-        last dim), or None without an encoder stage."""
+    async def encode_images(self, images: list[Any]) -> Any | None:
+        """A channel ref to the vision tower's rows of these (RGB PIL) images (deepstack
+        features concatenated on the last dim), or None without an encoder stage."""
 
     async def encode_videos(self, videos: list[Any]) -> Any | None:
         """As ``encode_images``, for videos given as frames (uint8 [T, H, W, 3] each)."""
@@ -101,11 +101,12 @@ async def _encode_vision(clients: StageClients, prompt: PreparedPrompt) -> dict[
     """The Thinker request's fields for the prompt's images and videos encoded by the encoder
     stage (both kinds at once), or nothing without an encoder stage."""
     calls: dict[str, Any] = {}
-    if prompt.image_pixels is not None:
-        calls["image"] = clients.encode_images(prompt.image_pixels, _listed(prompt.image_grid_thw))
-    if prompt.counts.get("video"):
-        videos = prompt.multi_modal_data["video"]
-        calls["video"] = clients.encode_videos(videos if isinstance(videos, list) else [videos])
+    for kind in ("image", "video"):
+        if prompt.counts.get(kind):
+            items = prompt.multi_modal_data[kind]
+            items = items if isinstance(items, list) else [items]
+            encode = clients.encode_images if kind == "image" else clients.encode_videos
+            calls[kind] = encode(items)
     results = await asyncio.gather(*calls.values(), return_exceptions=True)
     made = [r for r in results if r is not None and not isinstance(r, BaseException)]
     failure = next((r for r in results if isinstance(r, BaseException)), None)

@@ -12,6 +12,7 @@ from omni_serve.api.protocol import AudioPart, ChatMessage, ImagePart, TextPart,
 from omni_serve.api.video import load_video
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.thinker_inputs import (
+    image_grids,
     thinker_prompt,
     video_frame_size,
     video_grids,
@@ -30,8 +31,6 @@ class PreparedPrompt:
     # ([128, frames], unpadded) and the prompt with audio placeholders already expanded.
     audio_features: list[torch.Tensor] = field(default_factory=list)
     expanded_ids: list[int] | None = None
-    # Images go through the encoder stage as patches ([P, C*T*p*p], all images) + grids.
-    image_pixels: torch.Tensor | None = None
     # Videos stay frames (in ``multi_modal_data``), for the encoder stage or the Thinker's
     # vLLM; the Talker's positions need their grids and the seconds each temporal patch
     # spans, and vLLM, when it encodes them, the frame rate.
@@ -143,9 +142,7 @@ def prepare_prompt(
         prepared.video_second_per_grid = [step] * len(videos)
         prepared.mm_processor_kwargs = {"fps": api.video_fps}
     if images:
-        patches = processor.image_processor(images=images, return_tensors="pt")
-        prepared.image_grid_thw = patches["image_grid_thw"]
-        prepared.image_pixels = patches["pixel_values"]
+        prepared.image_grid_thw = image_grids(processor, images)  # patched by the encoder
     if audios:
         # Each clip's features as if it came alone. Padded to the longest clip in a batch (as
         # transformers' processor does), a shorter clip's last frame sees the padding in its

@@ -6,6 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
+    smart_resize as image_smart_resize,
+)
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
     Qwen3OmniMoeProcessorKwargs,
@@ -56,6 +59,20 @@ def video_grids(processor, videos) -> torch.Tensor:
         height, width = smart_resize(height, width, patch * video_processor.merge_size,
                                      size["shortest_edge"], size["longest_edge"])  # fmt: skip
         grids.append([-(-n // temporal), height // patch, width // patch])
+    return torch.tensor(grids)
+
+
+def image_grids(processor, images) -> torch.Tensor:
+    """Each image's (1, h, w) patch grid, as the image processor makes it (its ``smart_resize``
+    rule), without resizing and normalising the image: the encoder stage patches images."""
+    image_processor = processor.image_processor
+    size, patch = image_processor.size, image_processor.patch_size
+    grids = []
+    for image in images:
+        width, height = image.size
+        height, width = image_smart_resize(height, width, patch * image_processor.merge_size,
+                                           size["shortest_edge"], size["longest_edge"])  # fmt: skip
+        grids.append([1, height // patch, width // patch])
     return torch.tensor(grids)
 
 

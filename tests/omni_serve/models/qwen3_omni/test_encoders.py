@@ -66,3 +66,18 @@ def test_video_frames_encode_as_the_thinker_encodes_the_processors_patches(
     torch.testing.assert_close(out.embeds, ref.pooler_output[0], atol=1e-5, rtol=0)
     for mine, theirs in zip(out.deepstack, ref.deepstack_features, strict=True):
         torch.testing.assert_close(mine, theirs[0], atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_images_patched_in_the_encoder_encode_as_the_thinker_encodes_the_processors_patches(
+    encoders, hf_omni, omni_processor
+):
+    from tests.reference import sample_image
+
+    inputs = processor_inputs(omni_processor, "image")
+    ref = hf_omni.thinker.get_image_features(
+        inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]
+    )
+    out = encoders.encode_images([sample_image()])
+    assert out.meta["grid_thw"].tolist() == inputs["image_grid_thw"].tolist()
+    torch.testing.assert_close(out.embeds, ref.pooler_output[0], atol=1e-5, rtol=0)

@@ -60,8 +60,8 @@ class RecordingClients:
     async def encode_audio(self, features):
         raise AssertionError("no audio in this prompt")
 
-    async def encode_images(self, pixels, grid_thw):
-        self.sent["encode_images"] = grid_thw
+    async def encode_images(self, images):
+        self.sent["encode_images"] = images
         return "image-rows-ref" if self.encoder else None
 
     async def encode_videos(self, videos):
@@ -79,7 +79,7 @@ class RecordingClients:
 async def test_a_spoken_image_turn_sends_the_stages_no_torch_tensors():
     prompt = PreparedPrompt(
         [1, 2, 3], {"image": ["an image"]}, image_grid_thw=torch.tensor([[1, 4, 4]]),
-        audio_seqlens=torch.tensor([7]), counts={"image": 1}, image_pixels=torch.zeros(16, 8),
+        audio_seqlens=torch.tensor([7]), counts={"image": 1},
     )  # fmt: skip
     clients = RecordingClients()
     result = await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
@@ -88,7 +88,7 @@ async def test_a_spoken_image_turn_sends_the_stages_no_torch_tensors():
     assert heavy_values_in(speak) == [], speak
     assert speak["image_grid_thw"] == [[1, 4, 4]] and speak["audio_seqlens"] == [7]
     assert speak["thinker"]["image_rows"] == "image-rows-ref"
-    assert clients.sent["encode_images"] == [[1, 4, 4]]
+    assert clients.sent["encode_images"] == ["an image"]  # as the prompt has them: a list
     [[job]] = clients.sent["code2wav"]
     assert torch.equal(job.codes, torch.arange(16)[:, None])  # the frame, as a tensor again
 
@@ -113,7 +113,6 @@ async def test_media_the_thinker_encodes_goes_on_the_channel(media, encoder):
     prompt = PreparedPrompt(
         [1, 2, 3], media, image_grid_thw=torch.tensor([[1, 4, 4]]),
         audio_seqlens=torch.tensor([7]), counts={"image": 1, "audio": int("audio" in media)},
-        image_pixels=torch.zeros(16, 8),
     )  # fmt: skip
     clients = RecordingClients(encoder=encoder)
     await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
@@ -136,9 +135,7 @@ async def test_no_ref_is_made_before_the_codec_is_known():
 
     clients = NoCodec()
     media = {"audio": (clip(), 16000), "image": image()}
-    prompt = PreparedPrompt(
-        [1], media, counts={"audio": 1, "image": 1}, image_pixels=torch.zeros(4, 2)
-    )
+    prompt = PreparedPrompt([1], media, counts={"audio": 1, "image": 1})
     with pytest.raises(RuntimeError, match="code2wav"):
         await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
     assert clients.put_payloads == [] and "encode_images" not in clients.sent
@@ -152,7 +149,7 @@ def video_prompt(media: dict[str, Any]) -> PreparedPrompt:
     counts = {"video": 1, "image": int("image" in media), "audio": int("audio" in media)}
     return PreparedPrompt(
         [1, 2, 3], media, image_grid_thw=torch.tensor([[1, 4, 4]]) if "image" in media else None,
-        counts=counts, image_pixels=torch.zeros(16, 8) if "image" in media else None,
+        counts=counts,
         video_grid_thw=torch.tensor([[2, 4, 4]]), video_second_per_grid=[1.0],
         mm_processor_kwargs={"fps": 2.0},
     )  # fmt: skip
@@ -164,7 +161,8 @@ async def test_images_and_videos_go_to_the_encoder_stage_together():
     prompt = video_prompt({"image": image(), "video": video})
     await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
     thinker = clients.sent["speak"]["thinker"]
-    assert clients.sent["encode_videos"][0] is video and clients.sent["encode_images"]
+    assert clients.sent["encode_videos"][0] is video
+    assert [i.size for i in clients.sent["encode_images"]] == [(8, 8)]
     assert thinker["image_rows"] == "image-rows-ref" and thinker["image_grid_thw"] == [[1, 4, 4]]
     assert thinker["video_rows"] == "video-rows-ref" and thinker["video_grid_thw"] == [[2, 4, 4]]
     assert thinker["video_second_per_grid"] == [1.0]

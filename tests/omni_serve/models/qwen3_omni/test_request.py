@@ -48,7 +48,7 @@ def test_a_video_part_becomes_frames_a_rate_and_grids(omni_processor):
     assert prompt.mm_processor_kwargs == {"fps": 4.0}
     assert prompt.video_second_per_grid == [0.5]  # 2 frames per temporal patch at 4 fps
     assert prompt.video_grid_thw.tolist() == video_grids(omni_processor, [frames]).tolist()
-    assert prompt.audio_features == [] and prompt.image_pixels is None
+    assert prompt.audio_features == [] and prompt.image_grid_thw is None
 
 
 def test_media_decoded_ahead_are_named_by_their_part_and_used(omni_processor):
@@ -123,3 +123,14 @@ def test_a_clips_features_do_not_depend_on_the_clips_beside_it(omni_processor):
     assert torch.equal(alone.audio_features[0], theirs["input_features"][0])
     batched = omni_processor(text=text * 2, audio=[short, longer], return_tensors="pt")
     assert not torch.equal(beside.audio_features[0], batched["input_features"][0][:, :75])
+
+
+@pytest.mark.parametrize("shape", [(64, 96), (28, 28), (1080, 1920), (3000, 200), (17, 900)])
+def test_image_grids_are_the_processors(omni_processor, shape):
+    from PIL import Image
+
+    from omni_serve.models.qwen3_omni.thinker_inputs import image_grids
+
+    image = Image.fromarray(np.zeros((*shape, 3), np.uint8))
+    expected = omni_processor.image_processor(images=[image], return_tensors="pt")
+    assert image_grids(omni_processor, [image]).tolist() == expected["image_grid_thw"].tolist()
