@@ -12,6 +12,7 @@ from omni_serve.api.protocol import AudioPart, ChatMessage, ImagePart, TextPart,
 from omni_serve.api.video import load_video
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.thinker_inputs import (
+    expand_audio_placeholders,
     image_grids,
     thinker_prompt,
     video_frame_size,
@@ -161,9 +162,9 @@ def prepare_prompt(
         ]
         prepared.audio_seqlens = torch.cat([clip["attention_mask"].sum(-1) for clip in clips])
         if not images and not videos:  # audio alone: through the encoder stage
-            text = processor.tokenizer.decode(ids)
-            expanded = processor(text=text, audio=audios, return_tensors="pt")  # for its ids
-            prepared.expanded_ids = expanded["input_ids"][0].tolist()
+            prepared.expanded_ids = expand_audio_placeholders(
+                processor, ids, prepared.audio_seqlens
+            )
             prepared.audio_features = [
                 clip["input_features"][0][:, clip["attention_mask"][0].bool()] for clip in clips
             ]

@@ -12,6 +12,7 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
     Qwen3OmniMoeProcessorKwargs,
+    _get_feat_extract_output_lengths,
 )
 
 from omni_serve.models.qwen3_omni.session_rows import digest
@@ -74,6 +75,22 @@ def image_grids(processor, images) -> torch.Tensor:
                                            size["shortest_edge"], size["longest_edge"])  # fmt: skip
         grids.append([1, height // patch, width // patch])
     return torch.tensor(grids)
+
+
+def expand_audio_placeholders(processor, ids: list[int], seqlens: torch.Tensor) -> list[int]:
+    """``ids`` with each clip's one audio placeholder repeated once per audio-tower row, as the
+    processor expands them (its rule, with its merged ``n_window``), given the clips' mel
+    frame counts: no second mel pass over the clips just to count."""
+    merged = processor._merge_kwargs(
+        Qwen3OmniMoeProcessorKwargs, tokenizer_init_kwargs=processor.tokenizer.init_kwargs
+    )
+    n_window = merged["audio_kwargs"].get("n_window", 50)
+    rows = iter(_get_feat_extract_output_lengths(seqlens, n_window).tolist())
+    audio = processor.tokenizer.convert_tokens_to_ids(processor.audio_token)
+    out: list[int] = []
+    for token in ids:
+        out.extend([token] * next(rows) if token == audio else [token])
+    return out
 
 
 def splice_rows(

@@ -134,3 +134,18 @@ def test_image_grids_are_the_processors(omni_processor, shape):
     image = Image.fromarray(np.zeros((*shape, 3), np.uint8))
     expected = omni_processor.image_processor(images=[image], return_tensors="pt")
     assert image_grids(omni_processor, [image]).tolist() == expected["image_grid_thw"].tolist()
+
+
+@pytest.mark.parametrize("seconds", [[1.5], [0.75, 2.5, 0.1], [31.0, 4.0]])
+def test_audio_placeholders_expand_as_the_processor_expands_them(omni_processor, seconds):
+    from tests.reference import sample_audio
+
+    clips = [np.resize(sample_audio(), int(16000 * s)) for s in seconds]
+    parts = [{"type": "input_audio", "input_audio": {"data": wav_b64(c, 16000, "FLOAT")}}
+             for c in clips]  # fmt: skip
+    text_part = {"type": "text", "text": "What is said?"}
+    messages = [ChatMessage.model_validate({"role": "user", "content": [*parts, text_part]})]
+    prompt = prepare_prompt(omni_processor, messages, ApiSettings(max_audio_seconds=60))
+    text = omni_processor.tokenizer.decode(prompt.prompt_ids)
+    theirs = omni_processor(text=text, audio=clips, return_tensors="pt")["input_ids"][0]
+    assert prompt.expanded_ids == theirs.tolist()
