@@ -97,17 +97,31 @@ def _listed(small: torch.Tensor | None) -> list | None:
     return None if small is None else small.tolist()
 
 
+def _finished_results(futures: Any) -> list[Any]:
+    """The results of the futures that finished with one (not None, not failed, not
+    cancelled)."""
+    return [f.result() for f in futures
+            if f.done() and not f.cancelled() and f.exception() is None
+            and f.result() is not None]  # fmt: skip
+
+
 async def _encode_vision(clients: StageClients, prompt: PreparedPrompt) -> dict[str, Any]:
     """The Thinker request's fields for the prompt's images and videos encoded by the encoder
     stage (both kinds at once), or nothing without an encoder stage."""
-    calls: dict[str, Any] = {}
+    calls: dict[str, asyncio.Future] = {}
     for kind in ("image", "video"):
         if prompt.counts.get(kind):
             items = prompt.multi_modal_data[kind]
             items = items if isinstance(items, list) else [items]
             encode = clients.encode_images if kind == "image" else clients.encode_videos
-            calls[kind] = encode(items)
-    results = await asyncio.gather(*calls.values(), return_exceptions=True)
+            calls[kind] = asyncio.ensure_future(encode(items))
+    try:
+        results = await asyncio.gather(*calls.values(), return_exceptions=True)
+    except asyncio.CancelledError:
+        # The request is gone (client left, deadline): gather has cancelled the encode still
+        # running, and rows one already made have no call to carry them.
+        clients.release(*_finished_results(calls.values()))
+        raise
     made = [r for r in results if r is not None and not isinstance(r, BaseException)]
     failure = next((r for r in results if isinstance(r, BaseException)), None)
     if failure is not None or len(made) < len(results):

@@ -4,6 +4,7 @@ or an audio clip is megabytes)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -189,4 +190,25 @@ async def test_a_failed_video_encode_frees_the_image_rows_already_made():
     prompt = video_prompt({"image": image(), "video": frames()})
     with pytest.raises(RuntimeError, match="encoder replica died"):
         await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    assert clients.sent["released"] == ["image-rows-ref"] and "speak" not in clients.sent
+
+
+async def test_a_request_cancelled_mid_encode_frees_the_rows_already_made():
+    video_started = asyncio.Event()
+
+    class VideoHangs(RecordingClients):
+        async def encode_videos(self, videos):
+            video_started.set()
+            await asyncio.Event().wait()  # an encoder that never answers
+
+    clients = VideoHangs()
+    prompt = video_prompt({"image": image(), "video": frames()})
+    chat = asyncio.ensure_future(
+        collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    )
+    await video_started.wait()
+    await asyncio.sleep(0)  # the image encode has answered by now
+    chat.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await chat
     assert clients.sent["released"] == ["image-rows-ref"] and "speak" not in clients.sent
