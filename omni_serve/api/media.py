@@ -1,10 +1,12 @@
-"""Turning request content parts into media: base64 audio, data-URL images (video: video.py)."""
+"""Turning request content parts into media: base64 audio, images (video: video.py; remote
+URLs: media_fetch.py)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import io
+from collections.abc import Mapping
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -44,22 +46,37 @@ def load_audio(data_b64: str, sample_rate: int, max_bytes: int, max_seconds: flo
     return samples
 
 
-def data_url_bytes(url: str, allow_remote: bool, kind: str, param: str) -> bytes:
-    """The bytes of a base64 ``data:`` URL (what image and video parts carry)."""
-    if not url.startswith("data:"):
-        if not allow_remote:
-            raise MediaError(f"only data: URLs are accepted for {kind}s", param)
-        raise MediaError(f"remote {kind} URLs are not supported yet", param)
-    header, _, payload = url.partition(",")
-    if ";base64" not in header:
-        raise MediaError(f"{kind} data URL must be base64", param)
-    return _b64(payload, param)
+def url_bytes(url: str, fetched: Mapping[str, bytes], kind: str, max_bytes: int,
+              param: str) -> bytes:  # fmt: skip
+    """The file an image or video part names: a base64 ``data:`` URL's bytes, or a remote
+    URL's as ``media_fetch`` fetched them (``fetched``: empty where the server fetches none)."""
+    if url.startswith("data:"):
+        header, _, payload = url.partition(",")
+        if ";base64" not in header:
+            raise MediaError(f"{kind} data URL must be base64", param)
+        raw = _b64(payload, param)
+    elif url in fetched:
+        raw = fetched[url]
+    else:
+        raise MediaError(f"only data: URLs are accepted for {kind}s: this server does not fetch "
+                         "remote URLs (api.allow_remote_urls)", param)  # fmt: skip
+    if len(raw) > max_bytes:
+        raise MediaError(f"{kind} is {len(raw)} bytes; the limit is {max_bytes}", param)
+    return raw
 
 
-def load_image(url: str, allow_remote: bool, param: str) -> Image.Image:
+def load_image(raw: bytes, max_pixels: int, param: str) -> Image.Image:
+    """The image in RGB. Its size is read from the header and checked before its pixels are
+    decoded: a few hundred KB of PNG can hold a gigabyte of pixels."""
     try:
-        image = Image.open(io.BytesIO(data_url_bytes(url, allow_remote, "image", param)))
+        image = Image.open(io.BytesIO(raw))
+        width, height = image.size
+        if width * height > max_pixels:
+            raise MediaError(f"image is {width}x{height} = {width * height} pixels; the limit "
+                             f"is {max_pixels}", param)  # fmt: skip
         image.load()
+    except Image.DecompressionBombError:  # PIL's own limit, past twice MAX_IMAGE_PIXELS
+        raise MediaError(f"image has more than {max_pixels} pixels", param) from None
     except (UnidentifiedImageError, OSError):
         raise MediaError("could not decode image", param) from None
     return image.convert("RGB")

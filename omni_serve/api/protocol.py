@@ -25,7 +25,10 @@ class AudioPart(BaseModel):
 
 
 class ImageUrl(BaseModel):
-    url: str = Field(description="A data: URL (remote URLs only if the config allows them).")
+    url: str = Field(
+        description="A data: URL, or an http(s) URL where the server fetches them "
+        "(api.allow_remote_urls)."
+    )
 
 
 class ImagePart(BaseModel):
@@ -35,8 +38,8 @@ class ImagePart(BaseModel):
 
 class VideoUrl(BaseModel):
     url: str = Field(
-        description="A data: URL of a video file (mp4, webm, ...); remote URLs only if the "
-        "config allows them."
+        description="A data: URL of a video file (mp4, webm, ...), or an http(s) URL where "
+        "the server fetches them (api.allow_remote_urls)."
     )
 
 

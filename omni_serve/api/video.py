@@ -1,4 +1,4 @@
-"""Video content parts: a base64 data: URL → RGB frames sampled at a fixed rate.
+"""Video content parts: the file (``media.url_bytes``) → RGB frames sampled at a fixed rate.
 
 Why a fixed rate: Qwen3-Omni places a video's frames in time (M-RoPE positions from the
 seconds each temporal patch covers), and transformers' processor and vLLM's take one ``fps``
@@ -14,7 +14,7 @@ import io
 import av
 import numpy as np
 
-from omni_serve.api.media import MediaError, data_url_bytes
+from omni_serve.api.media import MediaError
 
 
 def _scaled(width: int, height: int, max_pixels: int) -> tuple[int, int]:
@@ -26,19 +26,9 @@ def _scaled(width: int, height: int, max_pixels: int) -> tuple[int, int]:
 
 
 def load_video(
-    url: str,
-    allow_remote: bool,
-    param: str,
-    *,
-    max_bytes: int,
-    max_seconds: float,
-    fps: float,
-    max_pixels: int,
+    raw: bytes, param: str, *, max_seconds: float, fps: float, max_pixels: int
 ) -> np.ndarray:
     """Frames [T, H, W, 3] uint8: the first frame at or after each multiple of 1/``fps`` s."""
-    raw = data_url_bytes(url, allow_remote, "video", param)
-    if len(raw) > max_bytes:
-        raise MediaError(f"video is {len(raw)} bytes; the limit is {max_bytes}", param)
     frames: list[np.ndarray] = []
     try:
         with av.open(io.BytesIO(raw)) as container:
@@ -51,7 +41,8 @@ def load_video(
                     raise MediaError(f"video is longer than the limit of {max_seconds} s", param)
                 if at + 1e-6 < len(frames) / fps:
                     continue
-                width, height = _scaled(frame.width, frame.height, max_pixels)
+                if not frames:  # a stream that changes size mid-way keeps its first one
+                    width, height = _scaled(frame.width, frame.height, max_pixels)
                 frames.append(frame.to_ndarray(format="rgb24", width=width, height=height))
     except MediaError:
         raise
@@ -59,6 +50,4 @@ def load_video(
         raise MediaError("could not decode video", param) from None
     if not frames:
         raise MediaError("video has no frames", param)
-    if len({f.shape for f in frames}) > 1:
-        raise MediaError("video frames change size mid-stream", param)
     return np.stack(frames)

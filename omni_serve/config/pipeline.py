@@ -154,8 +154,30 @@ class ApiSettings(_Strict):
         description="Frames taken per second of input video; the Thinker's positions place "
         "them in time at this rate.",
     )
+    max_image_bytes: int = Field(
+        20 * 1024 * 1024,
+        ge=1,
+        description="Largest input image file accepted (data: URL or fetched).",
+    )
+    max_input_image_pixels: int = Field(
+        50_000_000,
+        ge=1,
+        description="Most pixels an input image may have, checked from its header before it "
+        "is decoded (a small PNG can hold gigabytes of pixels); a 48-megapixel photo fits.",
+    )
     allow_remote_urls: bool = Field(
-        False, description="Whether media URLs other than data: URLs may be fetched."
+        False,
+        description="Whether the ingress fetches http(s) image and video URLs. Off by default: "
+        "clients could make the server read its own network (cloud metadata, internal "
+        "services); name the hosts allowed in allowed_media_domains.",
+    )
+    allowed_media_domains: list[str] | None = Field(
+        None,
+        description="With allow_remote_urls: the only hosts (exact names) media URLs and "
+        "their redirects may name. None: any host.",
+    )
+    media_fetch_timeout_s: float = Field(
+        15.0, gt=0, description="Longest the fetches of one request's media URLs may take."
     )
     api_key: str | None = Field(
         None, description="If set, requests must send 'Authorization: Bearer <api_key>'."
@@ -210,6 +232,13 @@ class ApiSettings(_Strict):
     def _one_key_source(self) -> ApiSettings:
         if self.api_key is not None and self.api_key_env is not None:
             raise ValueError("set api_key or api_key_env, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _domains_with_remote_urls(self) -> ApiSettings:
+        if self.allowed_media_domains is not None and not self.allow_remote_urls:
+            raise ValueError("allowed_media_domains is set but allow_remote_urls is false: "
+                             "no media URL would be fetched")  # fmt: skip
         return self
 
 

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import base64
 import types
 
 import pytest
+import torch
+from PIL import Image
 
 from deployments.ingress import Ingress
 from omni_serve.api.errors import ApiError
@@ -13,19 +16,34 @@ from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni import prompt_worker
 from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
+from omni_serve.testing.media import png_data_url
+from omni_serve.testing.media_server import Route, media_server
 
 IngressClass = next(k for k in Ingress.func_or_class.__mro__[1:] if k.__name__ == "Ingress")
 
 
-@pytest.fixture
-def ingress(omni_processor):
-    api = ApiSettings()
+def make_ingress(processor, api: ApiSettings):
     found = object.__new__(IngressClass)
     found.config = types.SimpleNamespace(api=api, served_model_name="qwen3-omni")
-    found.prompts = PromptWorker(omni_processor, api)
+    found.prompts = PromptWorker(processor, api)
     found.voices = {"ethan"}
     found.context_tokens = 4096
     found.media_limits = {"image": 4, "audio": 4, "video": {"count": 2}}
+    return found
+
+
+@pytest.fixture
+def ingress(omni_processor):
+    found = make_ingress(omni_processor, ApiSettings())
+    yield found
+    found.prompts.close()
+
+
+@pytest.fixture
+def fetching_ingress(omni_processor):
+    """An ingress that fetches remote media URLs, from this host only."""
+    api = ApiSettings(allow_remote_urls=True, allowed_media_domains=["127.0.0.1"])
+    found = make_ingress(omni_processor, api)
     yield found
     found.prompts.close()
 
@@ -82,3 +100,41 @@ async def test_more_videos_than_the_engine_takes_are_refused_before_any_decodes(
         await ingress._prepare(request(VIDEO, VIDEO, VIDEO, TEXT))
     assert caught.value.status == 400 and caught.value.body["error"]["param"] == "messages"
     assert "at most 2 video item(s) per request; this one has 3" in caught.value.message
+
+
+def image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    return base64.b64decode(png_data_url(image).partition(",")[2])
+
+
+async def test_an_image_url_gives_the_prompt_its_data_url_gives(fetching_ingress):
+    cat = Image.new("RGB", (64, 48), "orange")
+    with media_server({"/cat.png": Route(png_bytes(cat))}) as server:
+        fetched, _ = await fetching_ingress._prepare(request(image_part(server.url("/cat.png"))))
+    inline, _ = await fetching_ingress._prepare(request(image_part(png_data_url(cat))))
+    assert fetched.prompt_ids == inline.prompt_ids and fetched.counts["image"] == 1
+    assert torch.equal(fetched.image_grid_thw, inline.image_grid_thw)
+    assert fetched.multi_modal_data["image"].tobytes() == cat.tobytes()
+
+
+async def test_a_url_that_does_not_fetch_is_a_400_naming_the_part(fetching_ingress):
+    with media_server({}) as server, pytest.raises(ApiError) as caught:
+        await fetching_ingress._prepare(request(TEXT, image_part(server.url("/gone.png"))))
+    assert caught.value.status == 400 and "returned HTTP 404" in caught.value.message
+    assert caught.value.body["error"]["param"] == "messages[0].content[1]"
+
+
+async def test_remote_urls_are_a_400_where_the_server_fetches_none(ingress):
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(request(image_part("https://example.com/cat.png")))
+    assert caught.value.status == 400 and "api.allow_remote_urls" in caught.value.message
+
+
+async def test_an_image_bomb_is_a_400(ingress):
+    bomb = Image.new("1", (20000, 20000))  # 400 M pixels in ~400 KB of PNG
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(request(image_part(png_data_url(bomb))))
+    assert caught.value.status == 400 and "pixels" in caught.value.message

@@ -2,7 +2,8 @@
 
 An ingress streams every request's tokens and audio from one asyncio loop, so anything slow it
 runs inline stalls them all: building the prompt of a 1080p image takes ~50 ms of CPU here, a
-30 s clip ~20 ms, a video seconds. Decoding media touches nothing shared, so requests decode in
+30 s clip ~20 ms, a video seconds. Remote media URLs are fetched on the loop first (network
+waits; ``omni_serve.api.media_fetch``). Decoding media touches nothing shared, so requests decode in
 the default thread pool side by side. Everything that uses the processor runs on ONE thread:
 its calls set the fast tokenizer's padding and truncation state before encoding
 (``set_truncation_and_padding`` in transformers 5), state two threads would share.
@@ -14,6 +15,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from omni_serve.api.media_fetch import FetchPolicy, fetch_media
 from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.request import (
@@ -21,6 +23,7 @@ from omni_serve.models.qwen3_omni.request import (
     decode_media,
     has_media_parts,
     prepare_prompt,
+    remote_media,
 )
 
 
@@ -29,15 +32,30 @@ class PromptWorker:
         self.processor = processor
         self.api = api
         self._processor_thread = ThreadPoolExecutor(1, thread_name_prefix="omni-prompt")
+        domains = api.allowed_media_domains
+        self._fetch_policy = FetchPolicy(
+            None if domains is None else frozenset(d.lower() for d in domains),
+            api.media_fetch_timeout_s,
+        )
 
     async def chat(self, messages: list[ChatMessage]) -> PreparedPrompt:
         """Raises ``MediaError`` for a part that does not decode or is over a limit."""
         decoded: dict[str, Any] = {}
         if has_media_parts(messages):
-            decoded = await asyncio.to_thread(decode_media, self.processor, messages, self.api)
+            fetched = await self._fetch(messages)
+            decoded = await asyncio.to_thread(
+                decode_media, self.processor, messages, self.api, fetched
+            )
         return await self._on_processor_thread(
             prepare_prompt, self.processor, messages, self.api, decoded
         )
+
+    async def _fetch(self, messages: list[ChatMessage]) -> dict[str, bytes]:
+        """The remote media URLs' files, when this server fetches them (on the loop: they
+        wait on the network, not the CPU)."""
+        if not self.api.allow_remote_urls:
+            return {}
+        return await fetch_media(remote_media(messages, self.api), self._fetch_policy)
 
     async def speech(self, text: str) -> tuple[PreparedPrompt, list[int]]:
         """The prompt of a text-to-speech request and the reply the Talker speaks: ``text``'s

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from omni_serve.api.media import load_audio, load_image
+from omni_serve.api.media import load_audio, load_image, url_bytes
+from omni_serve.api.media_fetch import RemoteMedia
 from omni_serve.api.protocol import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
 from omni_serve.api.video import load_video
 from omni_serve.config import ApiSettings
@@ -55,7 +57,20 @@ def _media_parts(messages: list[ChatMessage]) -> list[tuple[str, MediaPart]]:
     ]
 
 
-def _decode(processor, part: MediaPart, api: ApiSettings, param: str) -> Any:
+def _kind(part: ImagePart | VideoPart) -> str:
+    return "image" if isinstance(part, ImagePart) else "video"
+
+
+def _url(part: ImagePart | VideoPart) -> str:
+    return part.image_url.url if isinstance(part, ImagePart) else part.video_url.url
+
+
+def _max_bytes(part: ImagePart | VideoPart, api: ApiSettings) -> int:
+    return api.max_image_bytes if isinstance(part, ImagePart) else api.max_video_bytes
+
+
+def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
+            fetched: Mapping[str, bytes]) -> Any:  # fmt: skip
     """A part's samples (audio), image or frames (video). Reads the processor's settings and
     never encodes with it, so it may run on any thread."""
     if isinstance(part, AudioPart):
@@ -63,13 +78,22 @@ def _decode(processor, part: MediaPart, api: ApiSettings, param: str) -> Any:
         return load_audio(
             part.input_audio.data, rate, api.max_audio_bytes, api.max_audio_seconds, param
         )
+    raw = url_bytes(_url(part), fetched, _kind(part), _max_bytes(part, api), param)
     if isinstance(part, ImagePart):
-        return load_image(part.image_url.url, api.allow_remote_urls, param)
+        return load_image(raw, api.max_input_image_pixels, param)
     return load_video(
-        part.video_url.url, api.allow_remote_urls, param,
-        max_bytes=api.max_video_bytes, max_seconds=api.max_video_seconds, fps=api.video_fps,
+        raw, param, max_seconds=api.max_video_seconds, fps=api.video_fps,
         max_pixels=video_frame_size(processor)["longest_edge"],
     )  # fmt: skip
+
+
+def remote_media(messages: list[ChatMessage], api: ApiSettings) -> list[RemoteMedia]:
+    """The image and video parts whose URL is not a data: URL, for ``media_fetch``."""
+    return [
+        RemoteMedia(_url(part), _kind(part), _max_bytes(part, api), param)
+        for param, part in _media_parts(messages)
+        if isinstance(part, ImagePart | VideoPart) and not _url(part).startswith("data:")
+    ]
 
 
 def has_media_parts(messages: list[ChatMessage]) -> bool:
@@ -93,11 +117,14 @@ def over_media_limits(messages: list[ChatMessage], limits: dict[str, Any]) -> st
     return None
 
 
-def decode_media(processor, messages: list[ChatMessage], api: ApiSettings) -> dict[str, Any]:
+def decode_media(processor, messages: list[ChatMessage], api: ApiSettings,
+                 fetched: Mapping[str, bytes] | None = None) -> dict[str, Any]:  # fmt: skip
     """Each media part decoded, by its path. Decoding is most of a media request's CPU (a
     1080p PNG ~50 ms, a video seconds), so the ingress runs this off its event loop, several
     requests at once, and hands the result to ``prepare_prompt``."""
-    return {param: _decode(processor, part, api, param) for param, part in _media_parts(messages)}
+    fetched = fetched or {}
+    return {param: _decode(processor, part, api, param, fetched)
+            for param, part in _media_parts(messages)}  # fmt: skip
 
 
 def prepare_prompt(
@@ -121,7 +148,7 @@ def prepare_prompt(
                 parts.append({"type": "text", "text": part.text})
                 continue
             item = decoded.get(param)
-            item = _decode(processor, part, api, param) if item is None else item
+            item = _decode(processor, part, api, param, {}) if item is None else item
             if isinstance(part, AudioPart):
                 audios.append(item)
                 parts.append({"type": "audio"})

@@ -11,7 +11,7 @@ import soundfile as sf
 from PIL import Image
 
 from omni_serve.api.audio_codec import decode_audio, encode_audio
-from omni_serve.api.media import MediaError, load_audio, load_image
+from omni_serve.api.media import MediaError, load_audio, load_image, url_bytes
 from omni_serve.testing.media import wav_b64
 
 RATE = 24000
@@ -62,12 +62,30 @@ def test_bad_audio_is_a_media_error(data, max_bytes, max_seconds, message):
     assert err.value.param == "messages[0].content[1]"
 
 
-def test_images_only_from_base64_data_urls():
+def png(width: int, height: int, mode: str = "RGB") -> bytes:
     buf = io.BytesIO()
-    Image.new("RGB", (8, 8), "red").save(buf, format="PNG")
-    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-    assert load_image(url, False, "p").size == (8, 8)
-    with pytest.raises(MediaError, match="only data: URLs"):
-        load_image("https://example.invalid/cat.png", False, "p")
+    Image.new(mode, (width, height)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_images_from_data_urls_or_fetched_files_only():
+    url = "data:image/png;base64," + base64.b64encode(png(8, 8)).decode()
+    raw = url_bytes(url, {}, "image", 1 << 20, "p")
+    assert load_image(raw, 10**6, "p").size == (8, 8)
+    remote = "https://example.invalid/cat.png"
+    assert url_bytes(remote, {remote: b"png"}, "image", 1 << 20, "p") == b"png"
+    with pytest.raises(MediaError, match="only data: URLs.*allow_remote_urls"):
+        url_bytes(remote, {}, "image", 1 << 20, "p")
+    with pytest.raises(MediaError, match="the limit is 10$"):
+        url_bytes(url, {}, "image", 10, "p")
     with pytest.raises(MediaError, match="could not decode image"):
-        load_image("data:image/png;base64," + base64.b64encode(b"nope").decode(), False, "p")
+        load_image(b"nope", 10**6, "p")
+
+
+@pytest.mark.parametrize("side", [2000, 20000])  # under, and past twice, PIL's own bomb limit
+def test_an_image_over_the_pixel_limit_is_refused_before_it_decodes(side):
+    raw = png(side, side, mode="1")  # 1-bit: a small file of many pixels
+    assert len(raw) < 2 << 20
+    with pytest.raises(MediaError, match="pixels") as caught:
+        load_image(raw, 1_000_000, "messages[0].content[2]")
+    assert caught.value.param == "messages[0].content[2]"

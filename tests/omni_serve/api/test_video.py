@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import base64
 import io
+from fractions import Fraction
 
+import av
 import numpy as np
 import pytest
 import soundfile as sf
 
-from omni_serve.api.media import MediaError
+from omni_serve.api.media import MediaError, url_bytes
 from omni_serve.api.video import load_video
 from omni_serve.testing.media import gray_frames, video_data_url, video_file
 
-LIMITS = {"max_bytes": 1 << 20, "max_seconds": 10.0, "fps": 2.0, "max_pixels": 1 << 20}
+LIMITS = {"max_seconds": 10.0, "fps": 2.0, "max_pixels": 1 << 20}
 PARAM = "messages[0].content[0]"
 
 
-def load(url: str, **limits) -> np.ndarray:
-    return load_video(url, False, PARAM, **{**LIMITS, **limits})
+def load(url: str, max_bytes: int = 1 << 20, **limits) -> np.ndarray:
+    """A video part's frames, as the ingress gets them from its URL."""
+    raw = url_bytes(url, {}, "video", max_bytes, PARAM)
+    return load_video(raw, PARAM, **{**LIMITS, **limits})
 
 
 def data_url(raw: bytes) -> str:
@@ -75,3 +79,26 @@ def test_the_test_encoder_makes_a_real_mp4():
 def test_a_lossless_file_decodes_to_the_same_frames():
     frames = np.random.default_rng(0).integers(0, 256, (5, 64, 96, 3), np.uint8)
     assert np.array_equal(load(video_data_url(frames, rate=2, lossless=True)), frames)
+
+
+def mpeg_ts(frames: np.ndarray, first_pts: int) -> bytes:
+    """MPEG-TS at 2 frames/s: two of them back to back are one stream whose frame size changes
+    where the second begins (as a recorded adaptive stream's does)."""
+    out = io.BytesIO()
+    with av.open(out, "w", format="mpegts") as container:
+        stream = container.add_stream("mpeg2video", rate=2)
+        stream.height, stream.width = frames.shape[1:3]
+        stream.pix_fmt, stream.time_base = "yuv420p", Fraction(1, 2)
+        for pts, frame in enumerate(frames, start=first_pts):
+            picture = av.VideoFrame.from_ndarray(frame, format="rgb24")
+            picture.pts, picture.time_base = pts, Fraction(1, 2)
+            container.mux(stream.encode(picture))
+        container.mux(stream.encode())
+    return out.getvalue()
+
+
+def test_frames_after_a_mid_stream_size_change_take_the_first_frames_size():
+    raw = mpeg_ts(gray_frames(4, 64, 96), 0) + mpeg_ts(gray_frames(4, 32, 48, step=60), 4)
+    frames = load(data_url(raw))
+    assert frames.shape[1:] == (64, 96, 3) and len(frames) >= 6
+    assert abs(frames[-1].mean() - 180) < 6  # the second part's last frame, scaled up

@@ -61,6 +61,11 @@ def test_defaults_fill_in():
         (minimal(api={"port": 8000}), "api.port", "Extra inputs are not permitted"),
         (minimal(bogus=1), "bogus", "Extra inputs are not permitted"),
         (
+            minimal(api={"allowed_media_domains": ["images.example.com"]}),
+            "api",
+            "allowed_media_domains is set but allow_remote_urls is false",
+        ),
+        (
             minimal(edges=[{"source": "thinker", "target": "talker", "payload": "x"}]),
             "<root>",
             "edges[0].target: unknown stage 'talker'",

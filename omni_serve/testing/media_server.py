@@ -1,0 +1,88 @@
+"""A local HTTP server of media files, for tests of remote media URLs (no internet here, and a
+real server exercises what a mock transport would not: headers, chunking, redirects, sockets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Route:
+    """What a path answers: ``body`` with ``status`` (and a ``Content-Length`` unless
+    ``chunked``), or a redirect to ``location``, after ``delay_s``."""
+
+    body: bytes = b""
+    status: int = 200
+    location: str | None = None
+    chunked: bool = False
+    delay_s: float = 0.0
+    content_type: str = "application/octet-stream"
+    content_length: int | None = None  # declared instead of the body's (a lying server)
+
+
+@dataclass
+class MediaServer:
+    port: int
+    hits: list[str] = field(default_factory=list)  # the paths asked for, in order
+
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a refused fetch hangs up
+            super().handle_error(request, client_address)
+
+
+@contextlib.contextmanager
+def media_server(routes: dict[str, Route]) -> Iterator[MediaServer]:
+    """Serves ``routes`` on 127.0.0.1 (any port) while the block runs; a path not in it is a
+    404. Route locations may name the port as ``{port}``."""
+    server_state: MediaServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            server_state.hits.append(self.path)
+            route = routes.get(self.path, Route(b"not found", status=404))
+            time.sleep(route.delay_s)
+            self.send_response(route.status)
+            self.send_header("Content-Type", route.content_type)
+            if route.location is not None:
+                self.send_header("Location", route.location.format(port=server_state.port))
+            if route.chunked:
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for start in range(0, len(route.body), 65536):
+                    piece = route.body[start : start + 65536]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            declared = len(route.body) if route.content_length is None else route.content_length
+            self.send_header("Content-Length", str(declared))
+            self.end_headers()
+            self.wfile.write(route.body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = _Server(("127.0.0.1", 0), Handler)
+    server_state = MediaServer(httpd.server_address[1])
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server_state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

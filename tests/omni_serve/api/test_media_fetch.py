@@ -1,0 +1,104 @@
+"""Remote media URLs: fetched whole within the byte cap and the deadline, only from the hosts
+allowed (redirect hops included), and every failure a 400-worthy MediaError naming the part."""
+
+from __future__ import annotations
+
+import pytest
+
+from omni_serve.api.media import MediaError
+from omni_serve.api.media_fetch import MAX_REDIRECTS, FetchPolicy, RemoteMedia, fetch_media
+from omni_serve.testing.media_server import Route, media_server
+
+PARAM = "messages[0].content[1]"
+BODY = bytes(range(256)) * 400  # 100 KB
+ROUTES = {
+    "/cat.png": Route(BODY),
+    "/chunked.bin": Route(BODY, chunked=True),
+    "/claims-huge.bin": Route(b"x", content_length=10**9),
+    "/slow.png": Route(BODY, delay_s=3.0),
+    "/to-cat": Route(status=302, location="/cat.png"),
+    "/to-localhost": Route(status=302, location="http://localhost:{port}/cat.png"),
+    "/loop": Route(status=302, location="/loop"),
+}
+ANY_HOST = FetchPolicy(None, timeout_s=5.0)
+LOOPBACK_ONLY = FetchPolicy(frozenset({"127.0.0.1"}), timeout_s=5.0)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with media_server(ROUTES) as running:
+        yield running
+
+
+def item(url: str, max_bytes: int = 1 << 20) -> RemoteMedia:
+    return RemoteMedia(url, "image", max_bytes, PARAM)
+
+
+async def refused(items: list[RemoteMedia], policy: FetchPolicy = ANY_HOST) -> str:
+    with pytest.raises(MediaError) as caught:
+        await fetch_media(items, policy)
+    assert caught.value.param == PARAM
+    return str(caught.value)
+
+
+async def test_urls_are_fetched_whole_and_each_once(server):
+    cat, chunked = server.url("/cat.png"), server.url("/chunked.bin")
+    server.hits.clear()
+    got = await fetch_media([item(cat), item(chunked), item(cat)], ANY_HOST)
+    assert got == {cat: BODY, chunked: BODY}
+    assert sorted(server.hits) == ["/cat.png", "/chunked.bin"]
+
+
+async def test_a_redirect_is_followed_to_an_allowed_host(server):
+    url = server.url("/to-cat")
+    assert await fetch_media([item(url)], LOOPBACK_ONLY) == {url: BODY}
+
+
+async def test_a_host_not_allowed_is_refused_without_a_request(server):
+    server.hits.clear()
+    reason = await refused([item(server.url("/cat.png", host="localhost"))], LOOPBACK_ONLY)
+    assert "'localhost' is not in this server's allowed_media_domains" in reason
+    assert server.hits == []
+
+
+async def test_a_redirect_to_a_host_not_allowed_is_refused(server):
+    server.hits.clear()
+    reason = await refused([item(server.url("/to-localhost"))], LOOPBACK_ONLY)
+    assert "'localhost' is not in" in reason and server.hits == ["/to-localhost"]
+
+
+@pytest.mark.parametrize(
+    ("path", "max_bytes", "reason"),
+    [
+        ("/missing.png", 1 << 20, "returned HTTP 404"),
+        ("/claims-huge.bin", 1 << 20, f"is 1000000000 bytes; the limit is {1 << 20}"),
+        ("/chunked.bin", 50_000, "over the limit of 50000 bytes"),
+        ("/cat.png", 50_000, "the limit is 50000"),
+        ("/loop", 1 << 20, f"redirects more than {MAX_REDIRECTS} times"),
+    ],
+)
+async def test_bad_answers_are_refused_with_the_reason(server, path, max_bytes, reason):
+    assert reason in await refused([item(server.url(path), max_bytes)])
+
+
+async def test_a_slow_server_is_cut_off_at_the_deadline(server):
+    reason = await refused([item(server.url("/slow.png"))], FetchPolicy(None, timeout_s=0.3))
+    assert "took longer than 0.3 s" in reason
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("ftp://127.0.0.1/cat.png", "must be data:, http: or https: URLs"),
+        ("file:///etc/passwd", "must be data:, http: or https: URLs"),
+        ("http://127.0.0.1:1/cat.png", "could not fetch the image URL"),  # nothing listens
+        ("http://[::1/cat.png", "not a valid image URL"),
+    ],
+)
+async def test_urls_that_cannot_be_fetched_are_refused(url, reason):
+    assert reason in await refused([item(url)])
+
+
+async def test_one_failure_fails_the_whole_request(server):
+    urls = [server.url("/cat.png"), server.url("/missing.png")]
+    assert "HTTP 404" in await refused([item(url) for url in urls])
