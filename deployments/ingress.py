@@ -423,11 +423,12 @@ class Ingress(ReleasesSharedMemory):
         if want_audio and body.stream and body.audio.format not in STREAMABLE_FORMATS:
             message = f"streamed audio must be one of {list(STREAMABLE_FORMATS)}"
             raise ApiError(400, message, "audio.format")
-        too_many = over_media_limits(body.messages, self.media_limits)
+        hear_video = body.hears_video_audio
+        too_many = over_media_limits(body.messages, self.media_limits, hear_video)
         if too_many:
             raise ApiError(400, too_many, "messages")
         try:
-            prompt = await self.prompts.chat(body.messages)
+            prompt = await self.prompts.chat(body.messages, hear_video)
         except MediaError as exc:
             raise ApiError(400, str(exc), exc.param) from None
         n_prompt = len(prompt.expanded_ids or prompt.prompt_ids)

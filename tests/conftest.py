@@ -64,9 +64,9 @@ def omni_processor(tiny_omni_path):
 
 @pytest.fixture(scope="session")
 def reference_runs(hf_omni, omni_processor):
-    """transformers' greedy text + codes + waveform for text, audio, image, audio+image and
-    video."""
+    """transformers' greedy text + codes + waveform for text, audio, image, audio+image,
+    video, and video heard with its audio track."""
     from tests.reference import reference_run
 
-    kinds = ("text", "audio", "image", "mixed", "video")
+    kinds = ("text", "audio", "image", "mixed", "video", "video_audio")
     return {kind: reference_run(hf_omni, omni_processor, kind) for kind in kinds}

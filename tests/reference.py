@@ -21,7 +21,7 @@ def prompt_messages(kind: str) -> list[dict]:
         content = [{"type": "audio"}, {"type": "text", "text": "What is this?"}]
     elif kind == "image":
         content = [{"type": "image"}, {"type": "text", "text": "Describe it."}]
-    elif kind == "video":
+    elif kind in ("video", "video_audio"):  # video_audio: the video's audio track heard too
         content = [{"type": "video"}, {"type": "text", "text": "What happens?"}]
     elif kind == "mixed":
         content = [{"type": "image"}, {"type": "audio"}, {"type": "text", "text": "Both?"}]
@@ -33,6 +33,12 @@ def prompt_messages(kind: str) -> list[dict]:
 def sample_audio() -> np.ndarray:
     t = np.arange(int(16000 * 1.5)) / 16000
     return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+
+def sample_track() -> np.ndarray:
+    """The sample video's audio track: ``sample_audio`` on 16-bit steps (a PCM track decodes
+    to exactly these samples)."""
+    return (np.round(sample_audio() * 32768) / 32768).astype(np.float32)
 
 
 def sample_image() -> Image.Image:
@@ -56,6 +62,9 @@ def processor_inputs(processor, kind: str) -> dict:
         kwargs["images"] = [sample_image()]
     if kind == "video":
         kwargs.update(videos=[sample_video()], fps=VIDEO_FPS)
+    if kind == "video_audio":
+        kwargs.update(videos=[sample_video()], audio=[sample_track()], fps=VIDEO_FPS,
+                      use_audio_in_video=True)  # fmt: skip
     return dict(processor(text=text, return_tensors="pt", **kwargs))
 
 
@@ -72,6 +81,7 @@ class ReferenceRun:
 @torch.no_grad()
 def reference_run(model, processor, kind: str) -> ReferenceRun:
     inputs = processor_inputs(processor, kind)
+    use_audio_in_video = {"use_audio_in_video": True} if kind == "video_audio" else {}
     seen: list[torch.Tensor] = []
     decode = model.code2wav.chunked_decode
 
@@ -89,6 +99,7 @@ def reference_run(model, processor, kind: str) -> ReferenceRun:
             talker_max_new_tokens=TALKER_MAX_TOKENS,
             speaker=SPEAKER,
             thinker_eos_token_id=model.config.im_end_token_id,
+            **use_audio_in_video,
         )
     finally:
         model.code2wav.chunked_decode = decode
@@ -99,6 +110,7 @@ def reference_run(model, processor, kind: str) -> ReferenceRun:
         output_hidden_states=True,
         return_dict_in_generate=True,
         eos_token_id=model.config.im_end_token_id,
+        **use_audio_in_video,
     )
     n = inputs["input_ids"].shape[1]
     accept = model.config.talker_config.accept_hidden_layer

@@ -45,7 +45,9 @@ class VideoUrl(BaseModel):
 
 class VideoPart(BaseModel):
     type: Literal["video_url"] = Field(description="Content part type.")
-    video_url: VideoUrl = Field(description="The video (its frames; its audio track unused).")
+    video_url: VideoUrl = Field(
+        description="The video: its frames, and its audio track with use_audio_in_video."
+    )
 
 
 ContentPart = TextPart | AudioPart | ImagePart | VideoPart
@@ -82,6 +84,12 @@ class StageOverrides(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = Field(False, description="Send usage in the last chunk.")
+
+
+class MmProcessorKwargs(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a setting this server does not take: a 400
+
+    use_audio_in_video: bool = Field(False, description="As the request's use_audio_in_video.")
 
 
 class OmniExtensions(BaseModel):
@@ -121,6 +129,20 @@ class ChatCompletionRequest(OmniExtensions):
     seed: int | None = Field(None, description="Sampling seed.")
     stream: bool = Field(False, description="Stream the response as server-sent events.")
     stream_options: StreamOptions | None = Field(None, description="Streaming options.")
+    use_audio_in_video: bool = Field(
+        False,
+        description="omni-serve extension: the model also hears each video's audio track, "
+        "interleaved with its frames in time (as Qwen3-Omni was trained to); the request's "
+        "audio then comes from its videos only.",
+    )
+    mm_processor_kwargs: MmProcessorKwargs | None = Field(
+        None, description="vLLM's form of use_audio_in_video, for clients written for vLLM."
+    )
+
+    @property
+    def hears_video_audio(self) -> bool:
+        vllm_form = self.mm_processor_kwargs and self.mm_processor_kwargs.use_audio_in_video
+        return self.use_audio_in_video or bool(vllm_form)
 
 
 def model_list(model_id: str, created: int) -> dict[str, Any]:

@@ -51,3 +51,28 @@ def load_video(
     if not frames:
         raise MediaError("video has no frames", param)
     return np.stack(frames)
+
+
+def load_video_audio(raw: bytes, rate: int, param: str, *, max_seconds: float) -> np.ndarray:
+    """The video file's first audio track: mono float32 at ``rate``, for a request that has the
+    model hear its videos (``use_audio_in_video``)."""
+    chunks: list[np.ndarray] = []
+    try:
+        with av.open(io.BytesIO(raw)) as container:
+            if not container.streams.audio:
+                raise MediaError("the video has no audio track to hear (use_audio_in_video)",
+                                 param)  # fmt: skip
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            for frame in container.decode(container.streams.audio[0]):
+                if (frame.time or 0.0) > max_seconds:
+                    raise MediaError(f"video is longer than the limit of {max_seconds} s", param)
+                chunks += [f.to_ndarray()[0] for f in resampler.resample(frame)]
+            chunks += [f.to_ndarray()[0] for f in resampler.resample(None)]  # its buffered tail
+    except MediaError:
+        raise
+    except (av.error.FFmpegError, ValueError):
+        raise MediaError("could not decode the video's audio track", param) from None
+    samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+    if len(samples) == 0:
+        raise MediaError("the video's audio track is empty", param)
+    return samples

@@ -9,6 +9,7 @@ import types
 import pytest
 import torch
 from PIL import Image
+from pydantic import ValidationError
 
 from deployments.ingress import Ingress
 from omni_serve.api.errors import ApiError
@@ -138,3 +139,26 @@ async def test_an_image_bomb_is_a_400(ingress):
     with pytest.raises(ApiError) as caught:
         await ingress._prepare(request(image_part(png_data_url(bomb))))
     assert caught.value.status == 400 and "pixels" in caught.value.message
+
+
+AUDIO = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+
+
+@pytest.mark.parametrize(
+    "flag", [{"use_audio_in_video": True}, {"mm_processor_kwargs": {"use_audio_in_video": True}}]
+)
+async def test_hearing_videos_with_an_audio_part_too_is_a_400(ingress, monkeypatch, flag):
+    """Both forms of the switch: omni-serve's, and vLLM's (for clients written for vLLM)."""
+
+    def decode(*_):
+        raise AssertionError("decoded a request that was refused")
+
+    monkeypatch.setattr(prompt_worker, "decode_media", decode)
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(request(VIDEO, AUDIO, **flag))
+    assert caught.value.status == 400 and "send no input_audio parts" in caught.value.message
+
+
+def test_vllm_processor_settings_this_server_does_not_take_are_refused():
+    with pytest.raises(ValidationError, match="mm_processor_kwargs.fps"):
+        request(TEXT, mm_processor_kwargs={"fps": 4})

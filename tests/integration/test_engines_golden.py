@@ -21,11 +21,12 @@ from tests.reference import (
     prompt_messages,
     sample_audio,
     sample_image,
+    sample_track,
     sample_video,
 )
 
 pytestmark = pytest.mark.integration
-KINDS = ("text", "audio", "image", "video")
+KINDS = ("text", "audio", "image", "video", "video_audio")
 
 
 async def run_thinker(engine, processor, kind: str, layers=(0, 1)):
@@ -34,12 +35,16 @@ async def run_thinker(engine, processor, kind: str, layers=(0, 1)):
         media = {"images": [sample_image()]}
     if kind == "video":  # at the reference's rate: vLLM's default would place frames elsewhere
         media = {"videos": [sample_video()]}
+    mm_kwargs = {"fps": VIDEO_FPS} if kind.startswith("video") else None
+    if kind == "video_audio":  # the video heard too: its track interleaved with its frames
+        media = {"videos": [sample_video()], "audios": [sample_track()]}
+        mm_kwargs = {"fps": VIDEO_FPS, "use_audio_in_video": True}
     ids, mm = thinker_prompt(processor, prompt_messages(kind), **media)
     sampling = SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[302])
     request = ARRequest(
         f"golden-{kind}-{len(layers)}", prompt_token_ids=ids, multi_modal_data=mm or None,
         sampling=sampling, capture_layers=layers,
-        mm_processor_kwargs={"fps": VIDEO_FPS} if kind == "video" else None,
+        mm_processor_kwargs=mm_kwargs,
     )  # fmt: skip
     tokens, rows = [], {k: [] for k in layers}
     async for chunk in engine.generate(request):

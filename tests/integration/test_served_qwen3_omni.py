@@ -129,16 +129,18 @@ def _data_urls(kind: str) -> list[dict]:
             url = png_data_url(sample_image())
             parts.append({"type": "image_url", "image_url": {"url": url}})
         elif part["type"] == "video":  # at the API's rate (2 fps): every frame is taken
-            url = video_data_url(sample_video(), rate=int(VIDEO_FPS), lossless=True)
+            track = sample_audio() if kind == "video_audio" else None  # 16-bit PCM in the file
+            url = video_data_url(sample_video(), rate=int(VIDEO_FPS), lossless=True, audio=track)
             parts.append({"type": "video_url", "video_url": {"url": url}})
         else:
             parts.append(part)
     return parts
 
 
-@pytest.mark.parametrize("kind", ["text", "audio", "image", "mixed", "video"])
+@pytest.mark.parametrize("kind", ["text", "audio", "image", "mixed", "video", "video_audio"])
 def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_processor, kind):
-    """Greedy through the whole graph == transformers' generate: same text, same waveform."""
+    """Greedy through the whole graph == transformers' generate: same text, same waveform
+    (video_audio: a video the model hears too, its sound track interleaved with its frames)."""
     from tests.reference import TALKER_MAX_TOKENS, THINKER_MAX_TOKENS
 
     ref = reference_runs[kind]
@@ -150,6 +152,7 @@ def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_p
         "modalities": ["text", "audio"],
         "audio": {"voice": "ethan", "format": "wav"},
         "stage_overrides": {"talker": {"temperature": 0, "max_tokens": TALKER_MAX_TOKENS}},
+        "use_audio_in_video": kind == "video_audio",
     }
     r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text

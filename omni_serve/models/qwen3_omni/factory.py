@@ -33,6 +33,9 @@ def _config_gaps(cfg: dict[str, Any]) -> dict[str, Any]:
     # vLLM ties nothing on the thinker; transformers' default would tie lm_head to embeddings.
     thinker["text_config"].setdefault("tie_word_embeddings", False)
     thinker.setdefault("vision_start_token_id", 309)
+    # vLLM's use_audio_in_video prompt update reads it (transformers' config class does not
+    # declare it; the real checkpoints' config.json carries it): <|audio_end|>.
+    thinker.setdefault("audio_end_token_id", 327)
     cfg["talker_config"].setdefault("spatial_merge_size", vision["spatial_merge_size"])
     cfg.setdefault("tie_word_embeddings", False)
     return cfg

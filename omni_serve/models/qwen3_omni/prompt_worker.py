@@ -38,16 +38,18 @@ class PromptWorker:
             api.media_fetch_timeout_s,
         )
 
-    async def chat(self, messages: list[ChatMessage]) -> PreparedPrompt:
+    async def chat(
+        self, messages: list[ChatMessage], use_audio_in_video: bool = False
+    ) -> PreparedPrompt:
         """Raises ``MediaError`` for a part that does not decode or is over a limit."""
         decoded: dict[str, Any] = {}
         if has_media_parts(messages):
             fetched = await self._fetch(messages)
             decoded = await asyncio.to_thread(
-                decode_media, self.processor, messages, self.api, fetched
+                decode_media, self.processor, messages, self.api, fetched, use_audio_in_video
             )
         return await self._on_processor_thread(
-            prepare_prompt, self.processor, messages, self.api, decoded
+            prepare_prompt, self.processor, messages, self.api, decoded, use_audio_in_video
         )
 
     async def _fetch(self, messages: list[ChatMessage]) -> dict[str, bytes]:

@@ -11,7 +11,7 @@ import torch
 from omni_serve.api.media import load_audio, load_image, url_bytes
 from omni_serve.api.media_fetch import RemoteMedia
 from omni_serve.api.protocol import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
-from omni_serve.api.video import load_video
+from omni_serve.api.video import load_video, load_video_audio
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.thinker_inputs import (
     expand_audio_placeholders,
@@ -40,6 +40,7 @@ class PreparedPrompt:
     video_grid_thw: torch.Tensor | None = None
     video_second_per_grid: list[float] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    use_audio_in_video: bool = False  # the videos' audio tracks are the prompt's audio items
 
 
 MediaPart = AudioPart | ImagePart | VideoPart
@@ -70,9 +71,10 @@ def _max_bytes(part: ImagePart | VideoPart, api: ApiSettings) -> int:
 
 
 def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
-            fetched: Mapping[str, bytes]) -> Any:  # fmt: skip
-    """A part's samples (audio), image or frames (video). Reads the processor's settings and
-    never encodes with it, so it may run on any thread."""
+            fetched: Mapping[str, bytes], hear_video: bool) -> Any:  # fmt: skip
+    """A part's samples (audio), image or frames (video; with ``hear_video``, frames and
+    audio track). Reads the processor's settings and never encodes with it, so it may run on
+    any thread."""
     if isinstance(part, AudioPart):
         rate = processor.feature_extractor.sampling_rate
         return load_audio(
@@ -81,10 +83,14 @@ def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
     raw = url_bytes(_url(part), fetched, _kind(part), _max_bytes(part, api), param)
     if isinstance(part, ImagePart):
         return load_image(raw, api.max_input_image_pixels, param)
-    return load_video(
+    frames = load_video(
         raw, param, max_seconds=api.max_video_seconds, fps=api.video_fps,
         max_pixels=video_frame_size(processor)["longest_edge"],
     )  # fmt: skip
+    if not hear_video:
+        return frames
+    rate = processor.feature_extractor.sampling_rate
+    return frames, load_video_audio(raw, rate, param, max_seconds=api.max_video_seconds)
 
 
 def remote_media(messages: list[ChatMessage], api: ApiSettings) -> list[RemoteMedia]:
@@ -100,15 +106,21 @@ def has_media_parts(messages: list[ChatMessage]) -> bool:
     return bool(_media_parts(messages))
 
 
-def over_media_limits(messages: list[ChatMessage], limits: dict[str, Any]) -> str | None:
+def over_media_limits(messages: list[ChatMessage], limits: dict[str, Any],
+                      use_audio_in_video: bool = False) -> str | None:  # fmt: skip
     """Why the messages carry more items of a kind than the Thinker's vLLM takes in one prompt
-    (its ``limit_mm_per_prompt``: a count, or ``{"count": n, ...}``), else None. Checked
-    before anything decodes: vLLM would refuse the prompt only after the media were decoded,
-    sent and (by an encoder stage) encoded."""
+    (its ``limit_mm_per_prompt``: a count, or ``{"count": n, ...}``), or audio besides the
+    videos' own where the videos are heard, else None. Checked before anything decodes: vLLM
+    would refuse the prompt only after the media were decoded, sent and encoded."""
     kinds = {AudioPart: "audio", ImagePart: "image", VideoPart: "video"}
     counts: dict[str, int] = {}
     for _, part in _media_parts(messages):
         counts[kinds[type(part)]] = counts.get(kinds[type(part)], 0) + 1
+    if use_audio_in_video and counts.get("video"):
+        if counts.get("audio"):  # vLLM pairs the audio items with the videos, one to one
+            return ("with use_audio_in_video the audio comes from the videos: send no "
+                    "input_audio parts with it")  # fmt: skip
+        counts["audio"] = counts["video"]  # each video's track is an audio item
     for kind, count in counts.items():
         limit = limits.get(kind)
         limit = limit.get("count") if isinstance(limit, dict) else limit
@@ -118,12 +130,13 @@ def over_media_limits(messages: list[ChatMessage], limits: dict[str, Any]) -> st
 
 
 def decode_media(processor, messages: list[ChatMessage], api: ApiSettings,
-                 fetched: Mapping[str, bytes] | None = None) -> dict[str, Any]:  # fmt: skip
+                 fetched: Mapping[str, bytes] | None = None,
+                 use_audio_in_video: bool = False) -> dict[str, Any]:  # fmt: skip
     """Each media part decoded, by its path. Decoding is most of a media request's CPU (a
     1080p PNG ~50 ms, a video seconds), so the ingress runs this off its event loop, several
     requests at once, and hands the result to ``prepare_prompt``."""
     fetched = fetched or {}
-    return {param: _decode(processor, part, api, param, fetched)
+    return {param: _decode(processor, part, api, param, fetched, use_audio_in_video)
             for param, part in _media_parts(messages)}  # fmt: skip
 
 
@@ -132,8 +145,11 @@ def prepare_prompt(
     messages: list[ChatMessage],
     api: ApiSettings,
     decoded: dict[str, Any] | None = None,
+    use_audio_in_video: bool = False,
 ) -> PreparedPrompt:
-    """``decoded``: what ``decode_media`` made (parts missing from it are decoded here)."""
+    """``decoded``: what ``decode_media`` made (parts missing from it are decoded here).
+    ``use_audio_in_video``: each video's audio track is an audio item of the prompt (with no
+    placeholder of its own: the processors interleave its tokens with the video's)."""
     decoded = decoded or {}
     rate = processor.feature_extractor.sampling_rate
     audios, images, videos, template_messages = [], [], [], []
@@ -148,7 +164,8 @@ def prepare_prompt(
                 parts.append({"type": "text", "text": part.text})
                 continue
             item = decoded.get(param)
-            item = _decode(processor, part, api, param, {}) if item is None else item
+            if item is None:
+                item = _decode(processor, part, api, param, {}, use_audio_in_video)
             if isinstance(part, AudioPart):
                 audios.append(item)
                 parts.append({"type": "audio"})
@@ -156,6 +173,9 @@ def prepare_prompt(
                 images.append(item)
                 parts.append({"type": "image"})
             else:
+                if use_audio_in_video:
+                    item, track = item
+                    audios.append(track)
                 videos.append(item)
                 parts.append({"type": "video"})
         template_messages.append({"role": message.role, "content": parts})
@@ -169,6 +189,9 @@ def prepare_prompt(
         step = processor.video_processor.temporal_patch_size / api.video_fps
         prepared.video_second_per_grid = [step] * len(videos)
         prepared.mm_processor_kwargs = {"fps": api.video_fps}
+        if use_audio_in_video:
+            prepared.use_audio_in_video = True
+            prepared.mm_processor_kwargs["use_audio_in_video"] = True
     if images:
         prepared.image_grid_thw = image_grids(processor, images)  # patched by the encoder
     if audios:

@@ -142,6 +142,10 @@ class TalkerInputBuilder:
             g is not None and g.numel() > 0 for g in (image_grid_thw, video_grid_thw)
         )
         if has_mm:
+            # use_audio_in_video False even where the prompt interleaves a video's audio with
+            # its frames: transformers 5.19's generate, Qwen's reference path, hands the Talker
+            # only the grids (its talker_kwargs take no use_audio_in_video), and the served
+            # speech is held to equal it.
             positions, delta = self.talker.get_rope_index(
                 talker_ids[None], image_grid_thw, video_grid_thw,
                 torch.ones(1, len(talker_ids), dtype=torch.long), False, audio_seqlens,

@@ -13,7 +13,7 @@ import pytest
 import soundfile as sf
 
 from omni_serve.api.media import MediaError, url_bytes
-from omni_serve.api.video import load_video
+from omni_serve.api.video import load_video, load_video_audio
 from omni_serve.testing.media import gray_frames, video_data_url, video_file
 
 LIMITS = {"max_seconds": 10.0, "fps": 2.0, "max_pixels": 1 << 20}
@@ -102,3 +102,24 @@ def test_frames_after_a_mid_stream_size_change_take_the_first_frames_size():
     frames = load(data_url(raw))
     assert frames.shape[1:] == (64, 96, 3) and len(frames) >= 6
     assert abs(frames[-1].mean() - 180) < 6  # the second part's last frame, scaled up
+
+
+def test_a_videos_pcm_track_decodes_to_its_samples():
+    tone = (np.round(np.sin(np.arange(16000) / 9) * 0.4 * 32768) / 32768).astype(np.float32)
+    raw = video_file(gray_frames(4), rate=2, lossless=True, audio=tone)
+    assert np.array_equal(load_video_audio(raw, 16000, PARAM, max_seconds=10.0), tone)
+    assert load_video_audio(raw, 8000, PARAM, max_seconds=10.0).shape == (8000,)  # resampled
+
+
+@pytest.mark.parametrize(
+    ("raw", "max_seconds", "reason"),
+    [
+        (video_file(gray_frames(4)), 10.0, "has no audio track"),
+        (video_file(gray_frames(4), audio=np.zeros(16000 * 5, np.float32)), 2.0, "longer than"),
+        (b"\x00not a video" * 50, 10.0, "could not decode the video's audio track"),
+    ],
+)
+def test_bad_tracks_are_refused_with_the_reason(raw, max_seconds, reason):
+    with pytest.raises(MediaError, match=reason) as caught:
+        load_video_audio(raw, 16000, PARAM, max_seconds=max_seconds)
+    assert caught.value.param == PARAM

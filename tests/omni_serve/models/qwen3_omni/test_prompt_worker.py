@@ -57,12 +57,12 @@ async def test_processor_work_runs_on_one_thread_and_decoding_side_by_side(monke
     both_decoding = threading.Barrier(2, timeout=10)
     decode_threads, prompt_threads = [], []
 
-    def decode(processor, messages, api):
+    def decode(processor, messages, api, *_):
         decode_threads.append(threading.current_thread())
         both_decoding.wait()
         return {"decoded": True}
 
-    def prepare(processor, messages, api, decoded):
+    def prepare(processor, messages, api, decoded, *_):
         prompt_threads.append(threading.current_thread())
         assert decoded == ({"decoded": True} if len(messages[0].content) == 2 else {})
         return "prompt"

@@ -100,6 +100,37 @@ def test_media_limits_count_each_kind_over_all_messages():
     assert found == "at most 1 image item(s) per request; this one has 2"
 
 
+def test_a_heard_video_brings_its_track_as_the_prompts_audio(omni_processor):
+    """use_audio_in_video: one video placeholder (the processors interleave the track's tokens
+    with the frames'), the track as an audio item, and vLLM told to pair them."""
+    tone = (np.round(np.sin(np.arange(24000) / 7) * 0.3 * 32768) / 32768).astype(np.float32)
+    url = video_data_url(gray_frames(10, step=20), lossless=True, audio=tone)
+    api = ApiSettings()
+    prompt = prepare_prompt(omni_processor, [video_message(url)], api, use_audio_in_video=True)
+    tokens = omni_processor.tokenizer.convert_tokens_to_ids(["<|video_pad|>", "<|audio_pad|>"])
+    assert [prompt.prompt_ids.count(t) for t in tokens] == [1, 0]
+    assert prompt.counts == {"audio": 1, "image": 0, "video": 1}
+    track, rate = prompt.multi_modal_data["audio"]
+    assert rate == 16000 and np.array_equal(track, tone)
+    assert prompt.multi_modal_data["video"].shape[0] == 2
+    assert prompt.mm_processor_kwargs == {"fps": 2.0, "use_audio_in_video": True}
+    assert prompt.use_audio_in_video and prompt.audio_seqlens.tolist() == [150]
+    assert prompt.audio_features == []  # with a video: the Thinker's vLLM encodes both
+
+
+def test_with_heard_videos_audio_parts_are_refused_and_tracks_count_as_audio():
+    video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA"}}
+    both = [ChatMessage.model_validate({"role": "user", "content": [video, audio]})]
+    assert "send no input_audio parts" in over_media_limits(both, {}, use_audio_in_video=True)
+    assert over_media_limits(both, {}) is None  # not heard: an audio part is fine
+    videos = [ChatMessage.model_validate({"role": "user", "content": [video, video]})]
+    limits = {"video": 2, "audio": 1}
+    assert over_media_limits(videos, limits) is None
+    found = over_media_limits(videos, limits, use_audio_in_video=True)
+    assert found == "at most 1 audio item(s) per request; this one has 2"
+
+
 def test_a_clips_features_do_not_depend_on_the_clips_beside_it(omni_processor):
     """Each clip's features as if alone (transformers' processor pads a shorter clip to the
     longest, which changes its last frame): the same clip, the same encoder input, in every

@@ -14,7 +14,7 @@ from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from tests.omni_serve.models.qwen3_omni.conftest import new_engine
 from tests.reference import SPEAKER, TALKER_MAX_TOKENS
 
-KINDS = ("text", "audio", "image", "mixed", "video")
+KINDS = ("text", "audio", "image", "mixed", "video", "video_audio")
 
 
 def talker_request(builder, run, request_id: str, stream: bool = False) -> tuple[ARRequest, list]:
