@@ -29,11 +29,16 @@ def _b64(data: str, param: str) -> bytes:
         raise MediaError("not valid base64", param) from None
 
 
-def load_audio(data_b64: str, sample_rate: int, max_bytes: int, max_seconds: float,
-               param: str) -> np.ndarray:  # fmt: skip
+def input_audio_bytes(data_b64: str, max_bytes: int, param: str) -> bytes:
+    """The file an ``input_audio`` part carries (base64)."""
     raw = _b64(data_b64, param)
     if len(raw) > max_bytes:
         raise MediaError(f"audio is {len(raw)} bytes; the limit is {max_bytes}", param)
+    return raw
+
+
+def load_audio(raw: bytes, sample_rate: int, max_seconds: float, param: str) -> np.ndarray:
+    """Mono float32 at ``sample_rate`` from an audio file."""
     try:
         samples = decode_audio(raw, sample_rate)
     except AudioDecodeError as exc:
@@ -48,7 +53,7 @@ def load_audio(data_b64: str, sample_rate: int, max_bytes: int, max_seconds: flo
 
 def url_bytes(url: str, fetched: Mapping[str, bytes], kind: str, max_bytes: int,
               param: str) -> bytes:  # fmt: skip
-    """The file an image or video part names: a base64 ``data:`` URL's bytes, or a remote
+    """The file a URL part (audio, image, video) names: a base64 ``data:`` URL's bytes, or a remote
     URL's as ``media_fetch`` fetched them (``fetched``: empty where the server fetches none)."""
     if url.startswith("data:"):
         header, _, payload = url.partition(",")

@@ -1,4 +1,4 @@
-"""Fetching the http(s) media URLs of a chat request (images and videos).
+"""Fetching the http(s) media URLs of a chat request (audio, images, videos).
 
 Off unless ``api.allow_remote_urls``: a server that fetches any URL a client names can be made
 to read its own network (cloud metadata endpoints, internal services), so an operator turns it
@@ -29,7 +29,7 @@ class RemoteMedia:
     """One media part's URL to fetch; ``param`` names the part in a 400."""
 
     url: str
-    kind: str  # "image" | "video": in messages
+    kind: str  # "audio" | "image" | "video": in messages
     max_bytes: int
     param: str
 

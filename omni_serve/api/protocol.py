@@ -24,6 +24,20 @@ class AudioPart(BaseModel):
     input_audio: InputAudio = Field(description="The audio clip.")
 
 
+class AudioUrl(BaseModel):
+    url: str = Field(
+        description="A data: URL of an audio file, or an http(s) URL where the server fetches "
+        "them (api.allow_remote_urls)."
+    )
+
+
+class AudioUrlPart(BaseModel):
+    """vLLM's audio part, for clients written for vLLM."""
+
+    type: Literal["audio_url"] = Field(description="Content part type.")
+    audio_url: AudioUrl = Field(description="The audio clip.")
+
+
 class ImageUrl(BaseModel):
     url: str = Field(
         description="A data: URL, or an http(s) URL where the server fetches them "
@@ -50,7 +64,7 @@ class VideoPart(BaseModel):
     )
 
 
-ContentPart = TextPart | AudioPart | ImagePart | VideoPart
+ContentPart = TextPart | AudioPart | AudioUrlPart | ImagePart | VideoPart
 
 
 class ChatMessage(BaseModel):

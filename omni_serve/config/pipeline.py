@@ -167,9 +167,9 @@ class ApiSettings(_Strict):
     )
     allow_remote_urls: bool = Field(
         False,
-        description="Whether the ingress fetches http(s) image and video URLs. Off by default: "
-        "clients could make the server read its own network (cloud metadata, internal "
-        "services); name the hosts allowed in allowed_media_domains.",
+        description="Whether the ingress fetches http(s) audio, image and video URLs. Off by "
+        "default: clients could make the server read its own network (cloud metadata, "
+        "internal services); name the hosts allowed in allowed_media_domains.",
     )
     allowed_media_domains: list[str] | None = Field(
         None,

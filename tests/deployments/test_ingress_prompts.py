@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import types
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -17,7 +18,7 @@ from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni import prompt_worker
 from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
-from omni_serve.testing.media import png_data_url
+from omni_serve.testing.media import png_data_url, wav_b64
 from omni_serve.testing.media_server import Route, media_server
 
 IngressClass = next(k for k in Ingress.func_or_class.__mro__[1:] if k.__name__ == "Ingress")
@@ -162,3 +163,15 @@ async def test_hearing_videos_with_an_audio_part_too_is_a_400(ingress, monkeypat
 def test_vllm_processor_settings_this_server_does_not_take_are_refused():
     with pytest.raises(ValidationError, match="mm_processor_kwargs.fps"):
         request(TEXT, mm_processor_kwargs={"fps": 4})
+
+
+async def test_a_fetched_audio_url_is_the_clip_inline_audio_is(fetching_ingress):
+    tone = np.sin(np.arange(8000) / 5).astype(np.float32) * 0.3
+    data = wav_b64(tone, 16000)
+    with media_server({"/hello.wav": Route(base64.b64decode(data))}) as server:
+        part = {"type": "audio_url", "audio_url": {"url": server.url("/hello.wav")}}
+        fetched, _ = await fetching_ingress._prepare(request(part, TEXT))
+    inline, _ = await fetching_ingress._prepare(request(
+        {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}, TEXT))  # fmt: skip
+    assert fetched.expanded_ids == inline.expanded_ids and fetched.counts["audio"] == 1
+    assert torch.equal(fetched.audio_features[0], inline.audio_features[0])

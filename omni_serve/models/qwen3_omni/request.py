@@ -8,9 +8,16 @@ from typing import Any
 
 import torch
 
-from omni_serve.api.media import load_audio, load_image, url_bytes
+from omni_serve.api.media import input_audio_bytes, load_audio, load_image, url_bytes
 from omni_serve.api.media_fetch import RemoteMedia
-from omni_serve.api.protocol import AudioPart, ChatMessage, ImagePart, TextPart, VideoPart
+from omni_serve.api.protocol import (
+    AudioPart,
+    AudioUrlPart,
+    ChatMessage,
+    ImagePart,
+    TextPart,
+    VideoPart,
+)
 from omni_serve.api.video import load_video, load_video_audio
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.thinker_inputs import (
@@ -43,7 +50,9 @@ class PreparedPrompt:
     use_audio_in_video: bool = False  # the videos' audio tracks are the prompt's audio items
 
 
-MediaPart = AudioPart | ImagePart | VideoPart
+UrlPart = AudioUrlPart | ImagePart | VideoPart
+MediaPart = AudioPart | UrlPart
+_KINDS = {AudioPart: "audio", AudioUrlPart: "audio", ImagePart: "image", VideoPart: "video"}
 
 
 def _media_parts(messages: list[ChatMessage]) -> list[tuple[str, MediaPart]]:
@@ -54,20 +63,19 @@ def _media_parts(messages: list[ChatMessage]) -> list[tuple[str, MediaPart]]:
         for m, message in enumerate(messages)
         if not isinstance(message.content, str)
         for p, part in enumerate(message.content)
-        if isinstance(part, AudioPart | ImagePart | VideoPart)
+        if isinstance(part, MediaPart)
     ]
 
 
-def _kind(part: ImagePart | VideoPart) -> str:
-    return "image" if isinstance(part, ImagePart) else "video"
-
-
-def _url(part: ImagePart | VideoPart) -> str:
+def _url(part: UrlPart) -> str:
+    if isinstance(part, AudioUrlPart):
+        return part.audio_url.url
     return part.image_url.url if isinstance(part, ImagePart) else part.video_url.url
 
 
-def _max_bytes(part: ImagePart | VideoPart, api: ApiSettings) -> int:
-    return api.max_image_bytes if isinstance(part, ImagePart) else api.max_video_bytes
+def _max_bytes(kind: str, api: ApiSettings) -> int:
+    return {"audio": api.max_audio_bytes, "image": api.max_image_bytes,
+            "video": api.max_video_bytes}[kind]  # fmt: skip
 
 
 def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
@@ -75,12 +83,14 @@ def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
     """A part's samples (audio), image or frames (video; with ``hear_video``, frames and
     audio track). Reads the processor's settings and never encodes with it, so it may run on
     any thread."""
+    kind = _KINDS[type(part)]
     if isinstance(part, AudioPart):
+        raw = input_audio_bytes(part.input_audio.data, api.max_audio_bytes, param)
+    else:
+        raw = url_bytes(_url(part), fetched, kind, _max_bytes(kind, api), param)
+    if kind == "audio":
         rate = processor.feature_extractor.sampling_rate
-        return load_audio(
-            part.input_audio.data, rate, api.max_audio_bytes, api.max_audio_seconds, param
-        )
-    raw = url_bytes(_url(part), fetched, _kind(part), _max_bytes(part, api), param)
+        return load_audio(raw, rate, api.max_audio_seconds, param)
     if isinstance(part, ImagePart):
         return load_image(raw, api.max_input_image_pixels, param)
     frames = load_video(
@@ -94,12 +104,13 @@ def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
 
 
 def remote_media(messages: list[ChatMessage], api: ApiSettings) -> list[RemoteMedia]:
-    """The image and video parts whose URL is not a data: URL, for ``media_fetch``."""
-    return [
-        RemoteMedia(_url(part), _kind(part), _max_bytes(part, api), param)
-        for param, part in _media_parts(messages)
-        if isinstance(part, ImagePart | VideoPart) and not _url(part).startswith("data:")
-    ]
+    """The URL parts whose URL is not a data: URL, for ``media_fetch``."""
+    remote = []
+    for param, part in _media_parts(messages):
+        if isinstance(part, UrlPart) and not _url(part).startswith("data:"):
+            kind = _KINDS[type(part)]
+            remote.append(RemoteMedia(_url(part), kind, _max_bytes(kind, api), param))
+    return remote
 
 
 def has_media_parts(messages: list[ChatMessage]) -> bool:
@@ -112,10 +123,9 @@ def over_media_limits(messages: list[ChatMessage], limits: dict[str, Any],
     (its ``limit_mm_per_prompt``: a count, or ``{"count": n, ...}``), or audio besides the
     videos' own where the videos are heard, else None. Checked before anything decodes: vLLM
     would refuse the prompt only after the media were decoded, sent and encoded."""
-    kinds = {AudioPart: "audio", ImagePart: "image", VideoPart: "video"}
     counts: dict[str, int] = {}
     for _, part in _media_parts(messages):
-        counts[kinds[type(part)]] = counts.get(kinds[type(part)], 0) + 1
+        counts[_KINDS[type(part)]] = counts.get(_KINDS[type(part)], 0) + 1
     if use_audio_in_video and counts.get("video"):
         if counts.get("audio"):  # vLLM pairs the audio items with the videos, one to one
             return ("with use_audio_in_video the audio comes from the videos: send no "
@@ -166,7 +176,7 @@ def prepare_prompt(
             item = decoded.get(param)
             if item is None:
                 item = _decode(processor, part, api, param, {}, use_audio_in_video)
-            if isinstance(part, AudioPart):
+            if isinstance(part, AudioPart | AudioUrlPart):
                 audios.append(item)
                 parts.append({"type": "audio"})
             elif isinstance(part, ImagePart):

@@ -11,7 +11,13 @@ import soundfile as sf
 from PIL import Image
 
 from omni_serve.api.audio_codec import decode_audio, encode_audio
-from omni_serve.api.media import MediaError, load_audio, load_image, url_bytes
+from omni_serve.api.media import (
+    MediaError,
+    input_audio_bytes,
+    load_audio,
+    load_image,
+    url_bytes,
+)
 from omni_serve.testing.media import wav_b64
 
 RATE = 24000
@@ -42,7 +48,7 @@ def test_pcm16_is_raw_little_endian_samples():
 
 
 def test_uploaded_audio_is_resampled_to_the_model_rate():
-    samples = load_audio(wav_b64(tone(1.0, 44100), 44100), 16000, 10**7, 60, "p")
+    samples = load_audio(base64.b64decode(wav_b64(tone(1.0, 44100), 44100)), 16000, 60, "p")
     assert abs(len(samples) - 16000) < 50
     assert decode_audio(base64.b64decode(wav_b64(tone(), RATE)), RATE).dtype == np.float32
 
@@ -57,9 +63,11 @@ def test_uploaded_audio_is_resampled_to_the_model_rate():
     ],
 )
 def test_bad_audio_is_a_media_error(data, max_bytes, max_seconds, message):
+    """As an input_audio part's base64 goes: its bytes checked, then its samples."""
+    param = "messages[0].content[1]"
     with pytest.raises(MediaError, match=message) as err:
-        load_audio(data, 16000, max_bytes, max_seconds, "messages[0].content[1]")
-    assert err.value.param == "messages[0].content[1]"
+        load_audio(input_audio_bytes(data, max_bytes, param), 16000, max_seconds, param)
+    assert err.value.param == param
 
 
 def png(width: int, height: int, mode: str = "RGB") -> bytes:

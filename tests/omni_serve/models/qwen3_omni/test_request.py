@@ -20,6 +20,12 @@ from omni_serve.models.qwen3_omni.request import (
 from omni_serve.models.qwen3_omni.thinker_inputs import video_grids
 from omni_serve.testing.media import gray_frames, png_data_url, video_data_url, wav_b64
 
+TEXT = {"type": "text", "text": "Hi"}
+
+
+def user_message(*parts: dict) -> ChatMessage:
+    return ChatMessage.model_validate({"role": "user", "content": list(parts)})
+
 
 def video_message(url: str) -> ChatMessage:
     return ChatMessage.model_validate({"role": "user", "content": [
@@ -86,15 +92,34 @@ def test_media_decoded_ahead_are_named_by_their_part_and_used(omni_processor):
     assert prompt.counts == {"audio": 1, "image": 1, "video": 1}
 
 
+def test_an_audio_url_part_is_the_clip_an_input_audio_part_is(omni_processor):
+    """vLLM's ``audio_url`` part (a data: URL here) gives the same prompt and samples."""
+    tone = np.sin(np.arange(12000) / 5).astype(np.float32) * 0.3
+    data = wav_b64(tone, 16000)
+    parts = [
+        {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + data}},
+        {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}},
+    ]
+    by_url, inline = (
+        prepare_prompt(omni_processor, [user_message(part, TEXT)], ApiSettings()) for part in parts
+    )
+    assert by_url.prompt_ids == inline.prompt_ids and by_url.counts["audio"] == 1
+    assert np.array_equal(by_url.multi_modal_data["audio"][0], inline.multi_modal_data["audio"][0])
+    assert by_url.expanded_ids == inline.expanded_ids
+
+
 def test_media_limits_count_each_kind_over_all_messages():
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     audio = {"type": "input_audio", "input_audio": {"data": "AAAA"}}
+    audio_url = {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64,AAAA"}}
     messages = [
         ChatMessage.model_validate({"role": "user", "content": [image, audio]}),
         ChatMessage(role="assistant", content="Seen."),
-        ChatMessage.model_validate({"role": "user", "content": [image]}),
+        ChatMessage.model_validate({"role": "user", "content": [image, audio_url]}),
     ]
-    assert over_media_limits(messages, {"image": 2, "audio": 1}) is None
+    assert over_media_limits(messages, {"image": 2, "audio": 2}) is None
+    found = over_media_limits(messages, {"audio": 1})  # both audio forms count
+    assert found == "at most 1 audio item(s) per request; this one has 2"
     assert over_media_limits(messages, {}) is None  # no limit given: none applied
     found = over_media_limits(messages, {"image": {"count": 1, "width": 512}})
     assert found == "at most 1 image item(s) per request; this one has 2"
