@@ -56,11 +56,11 @@ class EncoderDeployment(ReleasesSharedMemory):
         self.clips = 0
         self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
-    async def encode_audio(self, features: TensorRef, frames: list[int]) -> TensorRef:
+    async def encode_audio(self, samples: TensorRef, lengths: list[int]) -> TensorRef:
         """Rows for every clip, in prompt order, as one channel ref ([sum N_i, H]), from the
-        clips' features side by side ([mel, sum of ``frames``])."""
-        items = await self.audio.encode(features=await take(features), frames=frames)
-        self.clips += len(frames)
+        clips' samples one after another (16 kHz float32; ``lengths`` of them each)."""
+        items = await self.audio.encode(samples=await take(samples), lengths=lengths)
+        self.clips += len(lengths)
         return self._put(items)
 
     async def encode_images(self, pixels: TensorRef, layout: dict[str, Any]) -> TensorRef:

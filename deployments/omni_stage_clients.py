@@ -24,7 +24,7 @@ class HandleStageClients:
     def __init__(self, handles: dict[str, DeploymentHandle], to_encoder: Channel,
                  to_thinker: Channel) -> None:  # fmt: skip
         """``to_encoder``, ``to_thinker``: the channels of the ingress's media edges (audio
-        features, image pixels and video frames for the encoder stage; the media of a
+        samples, image pixels and video frames for the encoder stage; the media of a
         prompt the Thinker encodes itself)."""
         self._thinker = handles["thinker"].options(stream=True)
         self._talker = handles["talker"].options(stream=True)
@@ -48,16 +48,16 @@ class HandleStageClients:
         finally:  # cancelled between takes: the rest are freed now, not by the lease
             release(*refs)
 
-    async def encode_audio(self, features: list[torch.Tensor]) -> Any | None:
-        """The clips' [mel, frames] features go side by side in one tensor on the channel (a
-        30 s clip is 1.5 MB); their lengths ride the call."""
+    async def encode_audio(self, clips: list[np.ndarray]) -> Any | None:
+        """The clips' samples go one after another in one tensor on the channel (a 30 s clip
+        is 1.9 MB); their lengths ride the call."""
         if self._encoder is None:
             return None
-        frames = [int(f.shape[1]) for f in features]
-        like = torch.empty((features[0].shape[0], sum(frames)), dtype=features[0].dtype,
-                           device="meta")  # fmt: skip
-        ref = put_in_place(self._to_encoder, like, lambda out: cat_into(out, features, dim=1))
-        return await handle_calls.call(self._encoder.encode_audio, ref, frames)
+        lengths = [len(clip) for clip in clips]
+        like = torch.empty(sum(lengths), dtype=torch.float32, device="meta")
+        tensors = [torch.from_numpy(np.asarray(clip, dtype=np.float32)) for clip in clips]
+        ref = put_in_place(self._to_encoder, like, lambda out: cat_into(out, tensors, dim=0))
+        return await handle_calls.call(self._encoder.encode_audio, ref, lengths)
 
     async def encode_images(self, images: list[Any]) -> Any | None:
         """The images go on the channel as their RGB pixels: their patches would be ~3x the

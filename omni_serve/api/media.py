@@ -37,8 +37,10 @@ def input_audio_bytes(data_b64: str, max_bytes: int, param: str) -> bytes:
     return raw
 
 
-def load_audio(raw: bytes, sample_rate: int, max_seconds: float, param: str) -> np.ndarray:
-    """Mono float32 at ``sample_rate`` from an audio file."""
+def load_audio(raw: bytes, sample_rate: int, max_seconds: float, param: str,
+               min_samples: int = 1) -> np.ndarray:  # fmt: skip
+    """Mono float32 at ``sample_rate`` from an audio file; ``min_samples``: the fewest the
+    model's features can be made of."""
     try:
         samples = decode_audio(raw, sample_rate)
     except AudioDecodeError as exc:
@@ -48,6 +50,10 @@ def load_audio(raw: bytes, sample_rate: int, max_seconds: float, param: str) -> 
         raise MediaError(f"audio is {seconds:.1f} s long; the limit is {max_seconds} s", param)
     if len(samples) == 0:
         raise MediaError("audio is empty", param)
+    if len(samples) < min_samples:
+        shortest = f"{min_samples} ({min_samples / sample_rate * 1000:.1f} ms)"
+        message = f"audio is {len(samples)} samples; the shortest the model takes is {shortest}"
+        raise MediaError(message, param)
     return samples
 
 

@@ -174,4 +174,4 @@ async def test_a_fetched_audio_url_is_the_clip_inline_audio_is(fetching_ingress)
     inline, _ = await fetching_ingress._prepare(request(
         {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}, TEXT))  # fmt: skip
     assert fetched.expanded_ids == inline.expanded_ids and fetched.counts["audio"] == 1
-    assert torch.equal(fetched.audio_features[0], inline.audio_features[0])
+    assert np.array_equal(fetched.audio_clips[0], inline.audio_clips[0])

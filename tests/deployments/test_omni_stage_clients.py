@@ -53,13 +53,14 @@ def clients(code2wav_refs: list[TensorRef] | None = None):
     return HandleStageClients(handles, make_channel(), make_channel()), encoder
 
 
-async def test_audio_features_reach_the_encoder_as_one_channel_ref_and_their_lengths():
+async def test_audio_clips_reach_the_encoder_as_one_channel_ref_and_their_lengths():
     ingress, encoder = clients()
-    features = [torch.randn(128, 300), torch.randn(128, 7)]  # 3 s and a short clip
-    assert await ingress.encode_audio(features) == "rows-ref"
-    [(ref, frames)] = encoder.encode_audio.calls
-    assert isinstance(ref, TensorRef) and frames == [300, 7]
-    assert torch.equal(encoder.encode_audio.taken[0], torch.cat(features, dim=1))
+    clips = [np.random.default_rng(0).standard_normal(48000).astype(np.float32),
+             np.zeros(1200, np.float32)]  # 3 s and a short clip  # fmt: skip
+    assert await ingress.encode_audio(clips) == "rows-ref"
+    [(ref, lengths)] = encoder.encode_audio.calls
+    assert isinstance(ref, TensorRef) and lengths == [48000, 1200]
+    assert torch.equal(encoder.encode_audio.taken[0], torch.from_numpy(np.concatenate(clips)))
 
 
 async def test_images_go_on_the_channel_as_their_rgb_pixels():
@@ -132,7 +133,7 @@ async def test_media_go_on_the_channels_of_the_ingress_edges():
     encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_videos=RecordingMethod())
     handles = {"thinker": stream, "talker": stream, "code2wav": None, "encoder": encoder}
     ingress = HandleStageClients(handles, make_channel("shared_memory"), make_channel("inline"))
-    await ingress.encode_audio([torch.randn(128, 4)])  # 2 KB: auto would send it inline
+    await ingress.encode_audio([np.zeros(512, np.float32)])  # 2 KB: auto would send it inline
     await ingress.encode_videos([np.zeros((1, 4, 4, 3), np.uint8)])  # 48 bytes
     assert [call[0].backend for call in encoder.encode_audio.calls] == ["shared_memory"]
     assert [call[0].backend for call in encoder.encode_videos.calls] == ["shared_memory"]

@@ -3,7 +3,7 @@ where the conversation sent the item before, from the towers otherwise.
 
 Rows per item: audio, the audio tower's rows of one clip; images and videos, the vision
 tower's rows (deepstack features concatenated on the last dim) of one image or video. Items
-are keyed by their content (a clip's features, an image's pixels, a video's frames), so the
+are keyed by their content (a clip's samples, an image's pixels, a video's frames), so the
 same clip or image in the next turn of a chat is found whatever else comes with it.
 """
 
@@ -39,15 +39,16 @@ class CachedEncoders:
         self.cache = cache
         self.merge = encoders.visual.spatial_merge_size
 
-    def audio(self, features: torch.Tensor, frames: Sequence[int]) -> list[torch.Tensor]:
-        """``features``: the clips' mel features side by side ([mel, sum of ``frames``])."""
-        clips = list(features.split(list(frames), dim=1))
+    def audio(self, samples: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]:
+        """``samples``: the clips' samples one after another (16 kHz float32)."""
+        clips = list(samples.split(list(lengths)))
         keys = [f"audio:{digest(clip)}" for clip in clips]
 
         def encode(which: list[int]) -> list[torch.Tensor]:
-            lens = torch.tensor([frames[i] for i in which])
-            out = self.encoders.encode_audio(torch.cat([clips[i] for i in which], dim=1), lens)
-            sizes = _get_feat_extract_output_lengths(lens, self.encoders.audio.n_window)
+            out = self.encoders.encode_clips([clips[i].numpy() for i in which])
+            sizes = _get_feat_extract_output_lengths(
+                out.meta["feature_lens"], self.encoders.audio.n_window
+            )
             return list(out.embeds.cpu().split(sizes.tolist()))
 
         return encode_with_cache(self.cache, keys, encode)

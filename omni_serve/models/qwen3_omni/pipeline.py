@@ -39,9 +39,9 @@ class StageClients(Protocol):
         """``samples_per_frame`` and ``left_context`` of the codec, and the streaming chunk
         plan: ``first_chunk_frames``, ``chunk_frames``, ``chunk_growth``."""
 
-    async def encode_audio(self, features: list[Any]) -> Any | None:
-        """A channel ref to the audio tower's rows for these clips, or None without an
-        encoder stage (the Thinker then encodes the media itself)."""
+    async def encode_audio(self, clips: list[np.ndarray]) -> Any | None:
+        """A channel ref to the audio tower's rows for these clips (16 kHz float32 samples),
+        or None without an encoder stage (the Thinker then encodes the media itself)."""
 
     async def encode_images(self, images: list[Any]) -> Any | None:
         """A channel ref to the vision tower's rows of these (RGB PIL) images (deepstack
@@ -170,8 +170,8 @@ async def stream_chat(
             thinker_request.update(encoded)
             thinker_request.pop("mm_processor_kwargs", None)  # for vLLM's own video processing
             timings["encoder_s"] = time.perf_counter() - start
-    elif prompt.audio_features:
-        audio_rows = await clients.encode_audio(prompt.audio_features)
+    elif prompt.audio_clips:
+        audio_rows = await clients.encode_audio(prompt.audio_clips)
         if audio_rows is not None:
             raw_media = {}
             thinker_request.update(prompt_ids=prompt.expanded_ids, audio_rows=audio_rows)

@@ -6,9 +6,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from omni_serve.api.media import input_audio_bytes, load_audio, load_image, url_bytes
+from omni_serve.api.media import (
+    MediaError,
+    input_audio_bytes,
+    load_audio,
+    load_image,
+    url_bytes,
+)
 from omni_serve.api.media_fetch import RemoteMedia
 from omni_serve.api.protocol import (
     AudioPart,
@@ -21,8 +28,10 @@ from omni_serve.api.protocol import (
 from omni_serve.api.video import load_video, load_video_audio
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.thinker_inputs import (
+    audio_frames,
     expand_audio_placeholders,
     image_grids,
+    min_audio_samples,
     thinker_prompt,
     video_frame_size,
     video_grids,
@@ -37,9 +46,9 @@ class PreparedPrompt:
     image_grid_thw: torch.Tensor | None = None
     audio_seqlens: torch.Tensor | None = None
     counts: dict[str, int] = field(default_factory=dict)
-    # Audio-only prompts go through the encoder stage: the mel features of each clip
-    # ([128, frames], unpadded) and the prompt with audio placeholders already expanded.
-    audio_features: list[torch.Tensor] = field(default_factory=list)
+    # Audio-only prompts go through the encoder stage: each clip's samples (16 kHz float32;
+    # the encoder makes their mel features) and the prompt with audio placeholders expanded.
+    audio_clips: list[np.ndarray] = field(default_factory=list)
     expanded_ids: list[int] | None = None
     # Videos stay frames (in ``multi_modal_data``), for the encoder stage or the Thinker's
     # vLLM; the Talker's positions need their grids and the seconds each temporal patch
@@ -90,7 +99,7 @@ def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
         raw = url_bytes(_url(part), fetched, kind, _max_bytes(kind, api), param)
     if kind == "audio":
         rate = processor.feature_extractor.sampling_rate
-        return load_audio(raw, rate, api.max_audio_seconds, param)
+        return load_audio(raw, rate, api.max_audio_seconds, param, min_audio_samples(processor))
     if isinstance(part, ImagePart):
         return load_image(raw, api.max_input_image_pixels, param)
     frames = load_video(
@@ -100,7 +109,10 @@ def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
     if not hear_video:
         return frames
     rate = processor.feature_extractor.sampling_rate
-    return frames, load_video_audio(raw, rate, param, max_seconds=api.max_video_seconds)
+    track = load_video_audio(raw, rate, param, max_seconds=api.max_video_seconds)
+    if len(track) < min_audio_samples(processor):
+        raise MediaError("the video's audio track is too short to hear", param)
+    return frames, track
 
 
 def remote_media(messages: list[ChatMessage], api: ApiSettings) -> list[RemoteMedia]:
@@ -161,7 +173,6 @@ def prepare_prompt(
     ``use_audio_in_video``: each video's audio track is an audio item of the prompt (with no
     placeholder of its own: the processors interleave its tokens with the video's)."""
     decoded = decoded or {}
-    rate = processor.feature_extractor.sampling_rate
     audios, images, videos, template_messages = [], [], [], []
     for m_idx, message in enumerate(messages):
         if isinstance(message.content, str):
@@ -205,27 +216,10 @@ def prepare_prompt(
     if images:
         prepared.image_grid_thw = image_grids(processor, images)  # patched by the encoder
     if audios:
-        # Each clip's features as if it came alone. Padded to the longest clip in a batch (as
-        # transformers' processor does), a shorter clip's last frame sees the padding in its
-        # STFT window instead of the reflected edge: the same clip would get other features,
-        # and other rows and KV, in a chat's next turn once a longer clip joins it.
-        clips = [
-            processor.feature_extractor(
-                [clip],
-                sampling_rate=rate,
-                return_attention_mask=True,
-                padding=True,
-                truncation=False,
-                return_tensors="pt",
-            )  # fmt: skip
-            for clip in audios
-        ]
-        prepared.audio_seqlens = torch.cat([clip["attention_mask"].sum(-1) for clip in clips])
+        prepared.audio_seqlens = audio_frames(processor, audios)
         if not images and not videos:  # audio alone: through the encoder stage
             prepared.expanded_ids = expand_audio_placeholders(
                 processor, ids, prepared.audio_seqlens
             )
-            prepared.audio_features = [
-                clip["input_features"][0][:, clip["attention_mask"][0].bool()] for clip in clips
-            ]
+            prepared.audio_clips = list(audios)  # their features are made by the encoder
     return prepared

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
     smart_resize as image_smart_resize,
@@ -75,6 +76,31 @@ def image_grids(processor, images) -> torch.Tensor:
                                            size["shortest_edge"], size["longest_edge"])  # fmt: skip
         grids.append([1, height // patch, width // patch])
     return torch.tensor(grids)
+
+
+def audio_frames(processor, clips: Sequence[Any]) -> torch.Tensor:
+    """Each clip's mel frame count as the feature extractor makes its features (its centred
+    STFT gives ``1 + n // hop`` frames and drops the last), without making them."""
+    hop = processor.feature_extractor.hop_length
+    return torch.tensor([len(clip) // hop for clip in clips])
+
+
+def min_audio_samples(processor) -> int:
+    """The shortest clip the feature extractor takes: its STFT reflects ``n_fft // 2`` samples
+    at each edge, which needs more than that many."""
+    return processor.feature_extractor.n_fft // 2 + 1
+
+
+def clip_features(feature_extractor, clip: Any) -> torch.Tensor:
+    """One clip's log-mel features [mel, frames], made as if the clip came alone. Padded to
+    the longest clip in a batch (as transformers' processor does), a shorter clip's last frame
+    sees the padding in its STFT window instead of the reflected edge: the same clip would get
+    other features, and other rows and KV, in a chat's next turn once a longer clip joins it."""
+    out = feature_extractor(
+        [np.asarray(clip, dtype=np.float32)], sampling_rate=feature_extractor.sampling_rate,
+        return_attention_mask=True, padding=True, truncation=False, return_tensors="pt",
+    )  # fmt: skip
+    return out["input_features"][0][:, out["attention_mask"][0].bool()]
 
 
 def expand_audio_placeholders(processor, ids: list[int], seqlens: torch.Tensor) -> list[int]:

@@ -11,6 +11,7 @@ from PIL import Image
 from omni_serve.engines.encoders.item_cache import EncodedItemCache
 from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+from omni_serve.models.qwen3_omni.thinker_inputs import clip_features as alone
 from tests.reference import sample_audio, sample_image, sample_video
 
 
@@ -24,11 +25,9 @@ def cached(encoders) -> CachedEncoders:
 
 
 def clip_features(processor, clips: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
-    out = processor.feature_extractor(clips, sampling_rate=16000, return_attention_mask=True,
-                                      padding=True, return_tensors="pt")  # fmt: skip
-    lens = out["attention_mask"].sum(-1).tolist()
-    feats = [f[:, :n] for f, n in zip(out["input_features"], lens, strict=True)]
-    return torch.cat(feats, dim=1), lens
+    """The clips' features side by side, each made alone."""
+    feats = [alone(processor.feature_extractor, clip) for clip in clips]
+    return torch.cat(feats, dim=1), [f.shape[1] for f in feats]
 
 
 @torch.no_grad()
@@ -37,15 +36,15 @@ def test_audio_clips_get_their_own_rows_and_a_resent_clip_is_not_encoded(encoder
     both, lens = clip_features(omni_processor, [tone, other])
     together = encoders.encode_audio(both, torch.tensor(lens)).embeds
     items = cached(encoders)
-    found = items.audio(both, lens)
+    found = items.audio(torch.from_numpy(np.concatenate([tone, other])), [len(tone), len(other)])
     assert [r.shape[0] for r in found] == [int(n) for n in _audio_rows(encoders, lens)]
     assert torch.equal(torch.cat(found), together)  # split per clip, nothing lost
     # The next turn: the second clip again, then a new one.
     turn, turn_lens = clip_features(omni_processor, [other, third])
-    again = items.audio(turn, turn_lens)
+    again = items.audio(torch.from_numpy(np.concatenate([other, third])), [len(other), len(third)])
     assert torch.equal(again[0], found[1])
-    alone = encoders.encode_audio(turn[:, turn_lens[0] :], torch.tensor(turn_lens[1:])).embeds
-    assert torch.equal(again[1], alone)
+    alone_rows = encoders.encode_audio(turn[:, turn_lens[0] :], torch.tensor(turn_lens[1:])).embeds
+    assert torch.equal(again[1], alone_rows)
     assert items.cache.stats()["hits"] == 1 and items.cache.stats()["misses"] == 3
 
 

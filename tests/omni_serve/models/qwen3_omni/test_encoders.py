@@ -16,18 +16,19 @@ def encoders(tiny_omni_path):
 
 
 async def test_audio_encoder_matches_thinker(encoders, hf_omni, omni_processor):
+    """From the clip's samples: the encoder makes the features the processor makes."""
+    from tests.reference import sample_audio
+
     inputs = processor_inputs(omni_processor, "audio")
     mask = inputs["feature_attention_mask"]
     with torch.no_grad():
         ref = hf_omni.thinker.get_audio_features(
             inputs["input_features"], feature_attention_mask=mask
         ).last_hidden_state
-    engine = TorchEncoderEngine(encoders.encode_audio)
-    valid = mask[0].bool()
-    out = await engine.encode(
-        input_features=inputs["input_features"][0][:, valid], feature_lens=valid.sum()[None]
-    )
+    engine = TorchEncoderEngine(encoders.encode_clips)
+    out = await engine.encode(clips=[sample_audio()])
     engine.shutdown()
+    assert out.meta["feature_lens"].tolist() == mask.sum(-1).tolist()
     assert out.embeds.shape[0] == int((inputs["input_ids"] == 332).sum())  # one row per pad
     torch.testing.assert_close(out.embeds, ref, atol=1e-5, rtol=0)
 

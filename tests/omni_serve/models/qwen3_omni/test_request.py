@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from omni_serve.api.media import MediaError
 from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.request import (
@@ -17,7 +18,12 @@ from omni_serve.models.qwen3_omni.request import (
     over_media_limits,
     prepare_prompt,
 )
-from omni_serve.models.qwen3_omni.thinker_inputs import video_grids
+from omni_serve.models.qwen3_omni.thinker_inputs import (
+    audio_frames,
+    clip_features,
+    min_audio_samples,
+    video_grids,
+)
 from omni_serve.testing.media import gray_frames, png_data_url, video_data_url, wav_b64
 
 TEXT = {"type": "text", "text": "Hi"}
@@ -54,7 +60,7 @@ def test_a_video_part_becomes_frames_a_rate_and_grids(omni_processor):
     assert prompt.mm_processor_kwargs == {"fps": 4.0}
     assert prompt.video_second_per_grid == [0.5]  # 2 frames per temporal patch at 4 fps
     assert prompt.video_grid_thw.tolist() == video_grids(omni_processor, [frames]).tolist()
-    assert prompt.audio_features == [] and prompt.image_grid_thw is None
+    assert prompt.audio_clips == [] and prompt.image_grid_thw is None
 
 
 def test_media_decoded_ahead_are_named_by_their_part_and_used(omni_processor):
@@ -140,7 +146,7 @@ def test_a_heard_video_brings_its_track_as_the_prompts_audio(omni_processor):
     assert prompt.multi_modal_data["video"].shape[0] == 2
     assert prompt.mm_processor_kwargs == {"fps": 2.0, "use_audio_in_video": True}
     assert prompt.use_audio_in_video and prompt.audio_seqlens.tolist() == [150]
-    assert prompt.audio_features == []  # with a video: the Thinker's vLLM encodes both
+    assert prompt.audio_clips == []  # with a video: the Thinker's vLLM encodes both
 
 
 def test_with_heard_videos_audio_parts_are_refused_and_tracks_count_as_audio():
@@ -159,7 +165,8 @@ def test_with_heard_videos_audio_parts_are_refused_and_tracks_count_as_audio():
 def test_a_clips_features_do_not_depend_on_the_clips_beside_it(omni_processor):
     """Each clip's features as if alone (transformers' processor pads a shorter clip to the
     longest, which changes its last frame): the same clip, the same encoder input, in every
-    turn of a chat; alone, exactly the processor's features."""
+    turn of a chat; alone, exactly the processor's features. The prompt carries the clips'
+    samples (the encoder stage makes their features) and their frame counts."""
     from tests.reference import sample_audio
 
     api = ApiSettings()
@@ -170,15 +177,35 @@ def test_a_clips_features_do_not_depend_on_the_clips_beside_it(omni_processor):
                  for c in clips]  # fmt: skip
         return [ChatMessage.model_validate({"role": "user", "content": parts})]
 
-    alone = prepare_prompt(omni_processor, chat(short), api)
     beside = prepare_prompt(omni_processor, chat(short, longer), api)
-    assert torch.equal(beside.audio_features[0], alone.audio_features[0])
+    assert np.array_equal(beside.audio_clips[0], short)
     assert beside.audio_seqlens.tolist() == [75, 125]
+    alone = clip_features(omni_processor.feature_extractor, short)
     text = "<|audio_start|><|audio_pad|><|audio_end|>"
     theirs = omni_processor(text=text, audio=[short], return_tensors="pt")
-    assert torch.equal(alone.audio_features[0], theirs["input_features"][0])
+    assert torch.equal(alone, theirs["input_features"][0])
     batched = omni_processor(text=text * 2, audio=[short, longer], return_tensors="pt")
-    assert not torch.equal(beside.audio_features[0], batched["input_features"][0][:, :75])
+    assert not torch.equal(alone, batched["input_features"][0][:, :75])
+    assert batched["feature_attention_mask"].sum(-1).tolist() == [75, 125]
+
+
+@pytest.mark.parametrize("samples", [201, 319, 320, 321, 16001, 479999, 480000, 500123])
+def test_frame_counts_are_the_feature_extractors(omni_processor, samples):
+    clip = np.random.default_rng(samples).standard_normal(samples).astype(np.float32) * 0.1
+    assert audio_frames(omni_processor, [clip]).tolist() == [
+        clip_features(omni_processor.feature_extractor, clip).shape[1]
+    ]
+
+
+def test_a_clip_too_short_for_the_features_is_refused(omni_processor):
+    """The feature extractor's STFT needs more than n_fft/2 samples (it raised a RuntimeError
+    on 200, which was a 500)."""
+    shortest = min_audio_samples(omni_processor)
+    clip = np.full(shortest - 1, 0.1, np.float32)
+    part = {"type": "input_audio", "input_audio": {"data": wav_b64(clip, 16000, "FLOAT")}}
+    with pytest.raises(MediaError, match=f"the shortest the model takes is {shortest}"):
+        decode_media(omni_processor, [user_message(part)], ApiSettings())
+    clip_features(omni_processor.feature_extractor, np.full(shortest, 0.1, np.float32))
 
 
 @pytest.mark.parametrize("shape", [(64, 96), (28, 28), (1080, 1920), (3000, 200), (17, 900)])
