@@ -122,6 +122,9 @@ class ImageIngress(ReleasesSharedMemory):
         if "image" not in body.modalities:
             raise ApiError(400, "modalities: this model generates images: send ['image']",
                            "modalities")  # fmt: skip
+        unsupported = body.unsupported()
+        if unsupported:
+            raise ApiError(400, unsupported[1], unsupported[0])
         try:
             request = ImageGenerationRequest(prompt=_chat_prompt(body), seed=body.seed)
         except ValidationError as exc:  # e.g. an empty or overlong prompt in the message

@@ -407,6 +407,9 @@ class Ingress(ReleasesSharedMemory):
         ``PromptWorker``), so a request with bad options is refused before its media decode."""
         api = self.config.api
         self._check_model(body.model)
+        unsupported = body.unsupported()
+        if unsupported:
+            raise ApiError(400, unsupported[1], unsupported[0])
         max_tokens = body.max_completion_tokens or body.max_tokens or api.default_max_tokens
         if max_tokens > api.max_tokens_limit:
             raise ApiError(400, f"max_tokens must be <= {api.max_tokens_limit}", "max_tokens")
@@ -437,7 +440,10 @@ class Ingress(ReleasesSharedMemory):
                        f"{self.context_tokens} tokens, prompt and reply together")  # fmt: skip
             raise ApiError(400, message, "messages")
         sampling = {"max_tokens": max_tokens, "temperature": body.temperature,
-                    "top_p": body.top_p, "seed": body.seed}  # fmt: skip
+                    "top_p": body.top_p, "top_k": body.top_k, "seed": body.seed,
+                    "stop": body.stop, "presence_penalty": body.presence_penalty,
+                    "frequency_penalty": body.frequency_penalty,
+                    "repetition_penalty": body.repetition_penalty}  # fmt: skip
         options = ChatOptions(sampling, want_audio, voice, _talker_overrides(body),
                               session_id=body.session_id)  # fmt: skip
         return prompt, options

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class TextPart(BaseModel):
@@ -143,6 +143,29 @@ class ChatCompletionRequest(OmniExtensions):
     seed: int | None = Field(None, description="Sampling seed.")
     stream: bool = Field(False, description="Stream the response as server-sent events.")
     stream_options: StreamOptions | None = Field(None, description="Streaming options.")
+    stop: str | list[str] | None = Field(
+        None,
+        validate_default=True,  # None becomes [] too
+        description="Up to 4 sequences where the text stops (not included in it).",
+    )
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="Penalty on tokens that appeared in the reply so far."
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="Penalty on tokens by how often they appeared so far."
+    )
+    top_k: int = Field(-1, ge=-1, description="vLLM extension: top-k sampling; -1 or 0 = off.")
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=2.0, description="vLLM extension: penalty on repeated tokens (1 = off)."
+    )
+    n: int = Field(1, ge=1, description="Choices to generate; this server makes 1.")
+    logprobs: bool = Field(False, description="Not offered by this server: true is a 400.")
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="Not offered by this server: a non-empty list is a 400."
+    )
+    response_format: dict[str, Any] | None = Field(
+        None, description="Only {'type': 'text'} (the default): structured output is a 400."
+    )
     use_audio_in_video: bool = Field(
         False,
         description="omni-serve extension: the model also hears each video's audio track, "
@@ -152,6 +175,27 @@ class ChatCompletionRequest(OmniExtensions):
     mm_processor_kwargs: MmProcessorKwargs | None = Field(
         None, description="vLLM's form of use_audio_in_video, for clients written for vLLM."
     )
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, stop: str | list[str] | None) -> list[str]:
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("at most 4 stop sequences, none of them empty")
+        return stops
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(param, reason) of an OpenAI setting this server does not honour but was asked
+        for: a 400, not an answer that silently ignores it."""
+        if self.n != 1:
+            return "n", "this server generates 1 choice per request (n=1)"
+        if self.logprobs:
+            return "logprobs", "this server does not return logprobs"
+        if self.tools:
+            return "tools", "this server does not call tools"
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            return "response_format", "this server has no structured output (only type 'text')"
+        return None
 
     @property
     def hears_video_audio(self) -> bool:

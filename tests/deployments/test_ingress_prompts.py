@@ -175,3 +175,42 @@ async def test_a_fetched_audio_url_is_the_clip_inline_audio_is(fetching_ingress)
         {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}, TEXT))  # fmt: skip
     assert fetched.expanded_ids == inline.expanded_ids and fetched.counts["audio"] == 1
     assert np.array_equal(fetched.audio_clips[0], inline.audio_clips[0])
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "reason"),
+    [
+        ({"n": 2}, "n", "1 choice per request"),
+        ({"logprobs": True}, "logprobs", "does not return logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "call tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format", "structured output"),
+    ],
+)
+async def test_openai_settings_this_server_does_not_honour_are_a_400(
+    ingress, fields, param, reason
+):
+    """Not an answer that quietly ignores them."""
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(request(TEXT, **fields))
+    assert caught.value.status == 400 and reason in caught.value.message
+    assert caught.value.body["error"]["param"] == param
+
+
+async def test_stops_and_penalties_reach_the_thinkers_sampling(ingress):
+    _, options = await ingress._prepare(request(
+        TEXT, stop="\n\n", presence_penalty=0.5, frequency_penalty=-0.5, top_k=20,
+        repetition_penalty=1.1, response_format={"type": "text"}, n=1,
+    ))  # fmt: skip
+    assert options.sampling == {
+        "max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 20, "seed": None,
+        "stop": ["\n\n"], "presence_penalty": 0.5, "frequency_penalty": -0.5,
+        "repetition_penalty": 1.1,
+    }  # fmt: skip
+    _, default = await ingress._prepare(request(TEXT))
+    assert default.sampling["stop"] == [] and default.sampling["top_k"] == -1
+
+
+@pytest.mark.parametrize("stop", [["a", "b", "c", "d", "e"], [""]])
+def test_more_than_four_or_empty_stop_sequences_are_refused(stop):
+    with pytest.raises(ValidationError, match="at most 4 stop sequences"):
+        request(TEXT, stop=stop)

@@ -59,6 +59,20 @@ def test_greedy_is_deterministic(client):
     assert client.chat.completions.create(**ask).choices[0].message.content == first
 
 
+def test_a_stop_sequence_ends_the_text_before_it_and_penalties_change_it(client):
+    """User story: the openai client's ``stop`` ends the reply where the sequence first
+    appears (finish_reason "stop"), and its presence/frequency penalties reach the sampler."""
+    ask = dict(model="qwen3-omni", messages=[{"role": "user", "content": "Hi"}], max_tokens=16)
+    full = client.chat.completions.create(**ask).choices[0].message.content
+    visible = [i for i, ch in enumerate(full) if ch.isprintable() and ch != "\ufffd"]
+    stop = full[next(i for i in visible if i >= 3)]  # a character some way in
+    stopped = client.chat.completions.create(**ask, stop=[stop]).choices[0]
+    assert stopped.message.content == full[: full.index(stop)]
+    assert stopped.finish_reason == "stop"
+    penalised = client.chat.completions.create(**ask, frequency_penalty=2.0, presence_penalty=2.0)
+    assert penalised.choices[0].message.content != full  # greedy, and it repeats itself
+
+
 def test_a_sessions_next_turn_reuses_its_prefix_also_when_spoken(client):
     """Turn two (spoken: a text prompt needs no Thinker rows) computes only its new tokens."""
     system = {"role": "system", "content": "You answer briefly and kindly. " * 40}

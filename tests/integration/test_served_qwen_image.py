@@ -124,6 +124,8 @@ def test_chat_completions_with_image_modality(served):
     part = r.json()["choices"][0]["message"]["content"][0]
     assert part["type"] == "image_url"
     assert png(part["image_url"]["url"].split(",", 1)[1]).shape == (256, 256, 3)
+    two = httpx.post(f"{URL}/v1/chat/completions", json={**body, "n": 2}, timeout=60)
+    assert two.status_code == 400 and "1 choice per request" in two.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

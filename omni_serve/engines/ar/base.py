@@ -27,6 +27,11 @@ class SamplingConfig:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     repetition_penalty: float = 1.0
+    # Text-level settings: vLLM's (its detokenizer finds stop strings); the torch engine,
+    # which decodes codec frames, has no text and takes none of them.
+    stop: list[str] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:

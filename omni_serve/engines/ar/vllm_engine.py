@@ -148,7 +148,10 @@ class VLLMEngine:
             top_k=s.top_k if s.top_k > 0 else 0,
             seed=s.seed,
             stop_token_ids=list(s.stop_token_ids),
+            stop=list(s.stop),
             repetition_penalty=s.repetition_penalty,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra or None,
             # Captured rows cover computed tokens only: a cache hit skips them.

@@ -127,3 +127,15 @@ async def test_bfloat16_talker_runs(tiny_omni_path, reference_runs):
     await engine.shutdown()
     assert codes.shape[0] == 16 and codes.shape[1] >= 1
     assert int(codes.min()) >= 0 and int(codes.max()) < 2048
+
+
+@pytest.mark.parametrize("text_setting", [{"stop": ["."]}, {"presence_penalty": 1.0}])
+def test_text_only_settings_are_refused_by_the_engine_that_makes_no_text(
+    talker_parts, text_setting
+):
+    engine = new_engine(talker_parts)
+    request = ARRequest(
+        "t", prompt_embeds=torch.zeros(3, 8), sampling=SamplingConfig(**text_setting)
+    )
+    with pytest.raises(ValueError, match="act on text"):
+        engine.generate(request)
