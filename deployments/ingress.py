@@ -118,8 +118,8 @@ class Ingress(ReleasesSharedMemory):
         self,
         pipeline: dict[str, Any],
         thinker: DeploymentHandle,
-        talker: DeploymentHandle,
-        code2wav: DeploymentHandle,
+        talker: DeploymentHandle | None,
+        code2wav: DeploymentHandle | None,
         encoder: DeploymentHandle | None = None,
         session_store: DeploymentHandle | None = None,
     ) -> None:
@@ -131,10 +131,13 @@ class Ingress(ReleasesSharedMemory):
         configure_http_guards(self.config)
         model_path = resolve_model(self.config.model)
         self.prompts = PromptWorker(AutoProcessor.from_pretrained(model_path), self.config.api)
-        self.voices = set(load_config(model_path).talker_config.speaker_id)
-        self.handles = {"thinker": thinker, "talker": talker, "code2wav": code2wav}
-        if encoder is not None:
-            self.handles["encoder"] = encoder
+        # Without a Talker (a text-only pipeline: the Thinking and Captioner checkpoints have
+        # none) the app answers in text and refuses audio output.
+        self.voices = set(load_config(model_path).talker_config.speaker_id) if talker else set()
+        self.handles = {"thinker": thinker}
+        for name, handle in (("talker", talker), ("code2wav", code2wav), ("encoder", encoder)):
+            if handle is not None:
+                self.handles[name] = handle
         self.clients = HandleStageClients(
             self.handles,
             edge_channel(self.config, "ingress", "media", target="encoder"),
@@ -239,6 +242,7 @@ class Ingress(ReleasesSharedMemory):
     async def speech(self, body: SpeechRequest) -> Response:
         """Text to speech: the Talker speaks ``input`` as the reply to it."""
         self._check_model(body.model)
+        self._check_speaks("model")
         if body.voice.lower() not in self.voices:
             message = f"unknown voice {body.voice!r}; voices: {sorted(self.voices)}"
             raise ApiError(400, message, "voice")
@@ -309,6 +313,7 @@ class Ingress(ReleasesSharedMemory):
         voice = fields.pop("voice", "ethan")
         if message["type"] == "speech":
             body = SpeechRequest.model_validate({**fields, "voice": voice})
+            self._check_speaks("type")
             if body.voice.lower() not in self.voices:
                 raise ApiError(400, f"unknown voice {body.voice!r}", "voice")
             self._check_model(body.model)
@@ -396,6 +401,11 @@ class Ingress(ReleasesSharedMemory):
     def _deadline(self, body: ChatCompletionRequest | SpeechRequest) -> float | None:
         return request_deadline(body.timeout_s, self.config.api.request_timeout_s)
 
+    def _check_speaks(self, param: str) -> None:
+        if "talker" not in self.handles:
+            message = "this deployment answers in text only: its pipeline has no talker stage"
+            raise ApiError(400, message, param)
+
     def _check_model(self, model: str) -> None:
         if model != self.config.served_model_name:
             served = self.config.served_model_name
@@ -417,6 +427,8 @@ class Ingress(ReleasesSharedMemory):
             raise ApiError(400, "modalities: this model answers in text and audio, not images",
                            "modalities")  # fmt: skip
         want_audio = "audio" in body.modalities
+        if want_audio:
+            self._check_speaks("modalities")
         if want_audio and body.audio is None:
             raise ApiError(400, "modalities includes 'audio': give audio {voice, format}", "audio")
         voice = body.audio.voice if body.audio else "ethan"

@@ -27,8 +27,9 @@ class HandleStageClients:
         samples, image pixels and video frames for the encoder stage; the media of a
         prompt the Thinker encodes itself)."""
         self._thinker = handles["thinker"].options(stream=True)
-        self._talker = handles["talker"].options(stream=True)
-        self._code2wav = handles["code2wav"]
+        talker = handles.get("talker")  # none in a text-only pipeline
+        self._talker = talker.options(stream=True) if talker is not None else None
+        self._code2wav = handles.get("code2wav")
         self._encoder = handles.get("encoder")
         self._to_encoder, self._to_thinker = to_encoder, to_thinker
         self._codec_info: dict[str, Any] | None = None

@@ -1,4 +1,4 @@
-"""Qwen3-Omni as a graph of Serve deployments: Ingress → (Encoder) → Thinker → Talker → Code2wav.
+"""Qwen3-Omni as a graph of Serve deployments: Ingress → (Encoder) → Thinker (→ Talker → Code2wav).
 
 ``serve run graphs.qwen3_omni:app`` serves the tiny model from the default pipeline config;
 ``build_app`` is the builder a Serve config YAML points at (``configs/qwen3_omni.yaml``), with
@@ -23,8 +23,11 @@ from graphs.common import REPO, pipeline_path
 from omni_serve.config import PipelineConfig, load_pipeline_config
 
 DEFAULT_PIPELINE = REPO / "configs" / "pipelines" / "qwen3_omni_tiny.yaml"
+# Without an encoder the Thinker encodes media itself; without a Talker and Code2wav the app
+# answers in text only (what the Thinking and Captioner checkpoints, which have no Talker, need).
+OPTIONAL_STAGES = ("encoder", "talker", "code2wav")
 STAGE_CLASSES = {
-    "encoder": EncoderDeployment,  # optional: without it the Thinker encodes media itself
+    "encoder": EncoderDeployment,
     "thinker": ThinkerDeployment,
     "talker": TalkerDeployment,
     "code2wav": Code2WavDeployment,
@@ -37,11 +40,15 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         pipeline_path(args.get("pipeline_config", DEFAULT_PIPELINE))
     )
     data = config.model_dump(mode="json")
+    kinds = {s.kind for s in config.stages}
+    if ("talker" in kinds) != ("code2wav" in kinds):
+        raise ValueError(f"pipeline {config.name!r}: talker and code2wav stages go together (a "
+                         "spoken reply needs both); leave both out to serve text only")  # fmt: skip
     bound = {}
     for kind, cls in STAGE_CLASSES.items():
         stage = next((s for s in config.stages if s.kind == kind), None)
         if stage is None:
-            if kind == "encoder":
+            if kind in OPTIONAL_STAGES:
                 continue
             raise ValueError(f"pipeline {config.name!r} has no {kind!r} stage")
         options = stage.serve_options()
@@ -56,8 +63,9 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         )
     ingress = next(s for s in config.stages if s.kind == "ingress")
     return Ingress.options(name=ingress.name, **ingress.deployment.serve_options()).bind(
-        data, bound["thinker"], bound["talker"], bound["code2wav"], bound.get("encoder"), store
-    )
+        data, bound["thinker"], bound.get("talker"), bound.get("code2wav"), bound.get("encoder"),
+        store,
+    )  # fmt: skip
 
 
 app = build_app()

@@ -123,3 +123,25 @@ def reference_run(model, processor, kind: str) -> ReferenceRun:
         codes=seen[0][0],
         waveform=wav[0, 0],
     )
+
+
+def request_parts(kind: str) -> list[dict]:
+    """Chat content parts of a reference prompt, as a client sends them, media encoded
+    losslessly (the served graph then sees what the reference run saw)."""
+    from omni_serve.testing.media import png_data_url, video_data_url, wav_b64
+
+    parts = []
+    for part in prompt_messages(kind)[0]["content"]:
+        if part["type"] == "audio":
+            data = wav_b64(sample_audio(), 16000, subtype="FLOAT")
+            parts.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
+        elif part["type"] == "image":
+            url = png_data_url(sample_image())
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        elif part["type"] == "video":  # at the API's rate (2 fps): every frame is taken
+            track = sample_audio() if kind == "video_audio" else None  # 16-bit PCM in the file
+            url = video_data_url(sample_video(), rate=int(VIDEO_FPS), lossless=True, audio=track)
+            parts.append({"type": "video_url", "video_url": {"url": url}})
+        else:
+            parts.append(part)
+    return parts

@@ -29,6 +29,7 @@ def make_ingress(processor, api: ApiSettings):
     found.config = types.SimpleNamespace(api=api, served_model_name="qwen3-omni")
     found.prompts = PromptWorker(processor, api)
     found.voices = {"ethan"}
+    found.handles = {"thinker": object(), "talker": object(), "code2wav": object()}
     found.context_tokens = 4096
     found.media_limits = {"image": 4, "audio": 4, "video": {"count": 2}}
     return found
@@ -214,3 +215,15 @@ async def test_stops_and_penalties_reach_the_thinkers_sampling(ingress):
 def test_more_than_four_or_empty_stop_sequences_are_refused(stop):
     with pytest.raises(ValidationError, match="at most 4 stop sequences"):
         request(TEXT, stop=stop)
+
+
+async def test_a_pipeline_without_a_talker_refuses_audio_output(ingress):
+    del ingress.handles["talker"], ingress.handles["code2wav"]
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(
+            request(TEXT, modalities=["text", "audio"], audio={"voice": "ethan"})
+        )
+    assert caught.value.status == 400 and "answers in text only" in caught.value.message
+    assert caught.value.body["error"]["param"] == "modalities"
+    prompt, options = await ingress._prepare(request(TEXT))  # text is answered
+    assert not options.want_audio

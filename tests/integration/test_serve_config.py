@@ -32,6 +32,39 @@ def test_serve_config_yaml_serves_chat():
         server.stop()
 
 
+def test_a_text_only_pipeline_answers_in_text_and_refuses_audio_output(
+    reference_runs, omni_processor
+):
+    """User story: an operator serves a checkpoint without a Talker (Qwen3-Omni's Thinking and
+    Captioner ones) with the text-only pipeline config: a chat about a clip gets transformers'
+    text, and asking for speech is a 400 that says why."""
+    from tests.reference import THINKER_MAX_TOKENS, request_parts
+
+    pipeline = "pipeline_config=configs/pipelines/qwen3_omni_text_tiny.yaml"
+    server = ServeProcess("graphs.qwen3_omni:build_app", URL, args=(pipeline,))
+    server.start()
+    try:
+        chat = {"model": "qwen3-omni", "max_tokens": THINKER_MAX_TOKENS, "temperature": 0,
+                "messages": [{"role": "user", "content": request_parts("audio")}]}  # fmt: skip
+        r = httpx.post(f"{URL}/v1/chat/completions", json=chat, timeout=120)
+        assert r.status_code == 200, r.text
+        expected = omni_processor.tokenizer.decode(
+            reference_runs["audio"].generated, skip_special_tokens=True
+        )
+        assert r.json()["choices"][0]["message"]["content"] == expected.rstrip("\ufffd")
+        assert "encoder_s" in r.json()["timings"]
+        spoken = {**chat, "modalities": ["text", "audio"], "audio": {"voice": "ethan"}}
+        for path, body in (("chat/completions", spoken),
+                           ("audio/speech", {"model": "qwen3-omni", "input": "Hi"})):  # fmt: skip
+            refused = httpx.post(f"{URL}/v1/{path}", json=body, timeout=60)
+            assert refused.status_code == 400, refused.text
+            assert "answers in text only" in refused.json()["error"]["message"]
+        health = httpx.get(f"{URL}/health", timeout=30).json()
+        assert health == {"status": "ok", "stages": ["encoder", "thinker"]}
+    finally:
+        server.stop()
+
+
 def test_a_stage_that_cannot_start_shows_why_on_health_and_serve_run_fails(tmp_path):
     """User story: an operator mistypes a vLLM engine argument; /health says which stage is
     down and vLLM's reason, and `serve run` exits naming the stage instead of hanging."""

@@ -16,6 +16,7 @@ import pytest
 import soundfile as sf
 
 from omni_serve.testing.serve_process import ServeProcess, replica_pids
+from tests.reference import request_parts
 
 pytestmark = pytest.mark.integration
 URL = "http://127.0.0.1:8000"
@@ -129,28 +130,6 @@ def test_bad_input_gets_a_4xx_with_a_reason(served, body, status, fragment):
     assert httpx.get(f"{URL}/v1/models", timeout=30).status_code == 200
 
 
-def _data_urls(kind: str) -> list[dict]:
-    """Request content for a reference prompt, media encoded losslessly."""
-    from omni_serve.testing.media import png_data_url, video_data_url, wav_b64
-    from tests.reference import VIDEO_FPS, prompt_messages, sample_audio, sample_image, sample_video
-
-    parts = []
-    for part in prompt_messages(kind)[0]["content"]:
-        if part["type"] == "audio":
-            data = wav_b64(sample_audio(), 16000, subtype="FLOAT")
-            parts.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
-        elif part["type"] == "image":
-            url = png_data_url(sample_image())
-            parts.append({"type": "image_url", "image_url": {"url": url}})
-        elif part["type"] == "video":  # at the API's rate (2 fps): every frame is taken
-            track = sample_audio() if kind == "video_audio" else None  # 16-bit PCM in the file
-            url = video_data_url(sample_video(), rate=int(VIDEO_FPS), lossless=True, audio=track)
-            parts.append({"type": "video_url", "video_url": {"url": url}})
-        else:
-            parts.append(part)
-    return parts
-
-
 @pytest.mark.parametrize("kind", ["text", "audio", "image", "mixed", "video", "video_audio"])
 def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_processor, kind):
     """Greedy through the whole graph == transformers' generate: same text, same waveform
@@ -160,7 +139,7 @@ def test_served_text_and_audio_equal_transformers(served, reference_runs, omni_p
     ref = reference_runs[kind]
     body = {
         "model": "qwen3-omni",
-        "messages": [{"role": "user", "content": _data_urls(kind)}],
+        "messages": [{"role": "user", "content": request_parts(kind)}],
         "max_tokens": THINKER_MAX_TOKENS,
         "temperature": 0,
         "modalities": ["text", "audio"],
@@ -192,8 +171,8 @@ def test_media_the_thinker_encodes_leave_no_shared_memory_in_use(served):
     from omni_serve.testing.abuse import wait_for
     from omni_serve.testing.leaks import shm_usage
 
-    body = {"model": "qwen3-omni", "messages": [{"role": "user", "content": _data_urls("mixed")}],
-            "max_tokens": 2, "temperature": 0}  # fmt: skip
+    messages = [{"role": "user", "content": request_parts("mixed")}]
+    body = {"model": "qwen3-omni", "messages": messages, "max_tokens": 2, "temperature": 0}
     assert httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120).status_code == 200
     time.sleep(1)  # its consumers hand back what they read
     before = shm_usage()  # other edges' last payloads may still be held by their consumers
