@@ -56,7 +56,6 @@ class PreparedPrompt:
     video_grid_thw: torch.Tensor | None = None
     video_second_per_grid: list[float] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
-    use_audio_in_video: bool = False  # the videos' audio tracks are the prompt's audio items
 
 
 UrlPart = AudioUrlPart | ImagePart | VideoPart
@@ -210,8 +209,7 @@ def prepare_prompt(
         step = processor.video_processor.temporal_patch_size / api.video_fps
         prepared.video_second_per_grid = [step] * len(videos)
         prepared.mm_processor_kwargs = {"fps": api.video_fps}
-        if use_audio_in_video:
-            prepared.use_audio_in_video = True
+        if use_audio_in_video:  # vLLM pairs the audio items with the videos, interleaved
             prepared.mm_processor_kwargs["use_audio_in_video"] = True
     if images:
         prepared.image_grid_thw = image_grids(processor, images)  # patched by the encoder

@@ -145,7 +145,7 @@ def test_a_heard_video_brings_its_track_as_the_prompts_audio(omni_processor):
     assert rate == 16000 and np.array_equal(track, tone)
     assert prompt.multi_modal_data["video"].shape[0] == 2
     assert prompt.mm_processor_kwargs == {"fps": 2.0, "use_audio_in_video": True}
-    assert prompt.use_audio_in_video and prompt.audio_seqlens.tolist() == [150]
+    assert prompt.audio_seqlens.tolist() == [150]
     assert prompt.audio_clips == []  # with a video: the Thinker's vLLM encodes both
 
 
