@@ -318,10 +318,10 @@ class Ingress(ReleasesSharedMemory):
                 raise ApiError(400, f"unknown voice {body.voice!r}", "voice")
             self._check_model(body.model)
             return await self._speech_events(body)
-        body = ChatCompletionRequest.model_validate({
-            **fields, "stream": True, "modalities": ["text", "audio"],
-            "audio": {"voice": voice, "format": "pcm16"},
-        })  # fmt: skip
+        spoken = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"}}
+        if "talker" not in self.handles:  # a text-only pipeline: the text streams alone
+            spoken = {"modalities": ["text"]}
+        body = ChatCompletionRequest.model_validate({**fields, "stream": True, **spoken})
         prompt, options = await self._prepare(body)
         events = self._chat(prompt, options, uuid.uuid4().hex)
         return iterate_within(events, self._deadline(body))

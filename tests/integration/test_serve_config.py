@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 from omni_serve.testing.abuse import wait_for
 from omni_serve.testing.serve_process import REPO, ServeProcess
@@ -61,6 +64,14 @@ def test_a_text_only_pipeline_answers_in_text_and_refuses_audio_output(
             assert "answers in text only" in refused.json()["error"]["message"]
         health = httpx.get(f"{URL}/health", timeout=30).json()
         assert health == {"status": "ok", "stages": ["encoder", "thinker"]}
+        with connect("ws://127.0.0.1:8000/v1/audio/stream", max_size=None) as ws:
+            ws.send(json.dumps({"type": "chat", "messages": chat["messages"]}))
+            events = [json.loads(ws.recv(timeout=60))]
+            while events[-1]["type"] not in ("response.done", "error"):
+                events.append(json.loads(ws.recv(timeout=60)))  # a PCM frame would not parse
+        kinds = {e["type"] for e in events}
+        assert kinds <= {"response.created", "response.text.delta", "response.done"}, events
+        assert events[-1]["type"] == "response.done" and events[-1]["usage"]["completion_tokens"]
     finally:
         server.stop()
 
