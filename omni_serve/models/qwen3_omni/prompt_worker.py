@@ -1,10 +1,10 @@
 """Prompts built off the serving event loop.
 
 An ingress streams every request's tokens and audio from one asyncio loop, so anything slow it
-runs inline stalls them all: building the prompt of a 1080p image takes ~50 ms of CPU here, a
-30 s clip ~20 ms, a video seconds. Remote media URLs are fetched on the loop first (network
-waits; ``omni_serve.api.media_fetch``). Decoding media touches nothing shared, so requests decode in
-the default thread pool side by side. Everything that uses the processor runs on ONE thread:
+runs inline stalls them all: decoding a 1080p PNG takes ~50 ms of CPU here, a video seconds.
+Remote media URLs are fetched on the loop first (they wait on the network:
+``omni_serve.api.media_fetch``). Decoding touches nothing shared, so requests decode in the
+default thread pool side by side. Everything that uses the processor runs on ONE thread:
 its calls set the fast tokenizer's padding and truncation state before encoding
 (``set_truncation_and_padding`` in transformers 5), state two threads would share.
 """

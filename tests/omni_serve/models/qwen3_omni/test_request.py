@@ -149,6 +149,14 @@ def test_a_heard_video_brings_its_track_as_the_prompts_audio(omni_processor):
     assert prompt.audio_clips == []  # with a video: the Thinker's vLLM encodes both
 
 
+def test_a_heard_videos_track_too_short_for_the_features_is_refused(omni_processor):
+    short = np.full(min_audio_samples(omni_processor) - 1, 0.1, np.float32)
+    url = video_data_url(gray_frames(4), lossless=True, audio=short)
+    with pytest.raises(MediaError, match="too short to hear"):
+        decode_media(omni_processor, [video_message(url)], ApiSettings(), use_audio_in_video=True)
+    assert decode_media(omni_processor, [video_message(url)], ApiSettings())  # not heard: fine
+
+
 def test_with_heard_videos_audio_parts_are_refused_and_tracks_count_as_audio():
     video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
     audio = {"type": "input_audio", "input_audio": {"data": "AAAA"}}
