@@ -3,9 +3,11 @@
 Off unless ``api.allow_remote_urls``: a server that fetches any URL a client names can be made
 to read its own network (cloud metadata endpoints, internal services), so an operator turns it
 on knowingly and can name the only hosts allowed (``api.allowed_media_domains``), every
-redirect hop checked. Each file is capped while it arrives (a ``Content-Length`` over the cap
-is refused before the body) and a request's fetches share one deadline. Every failure is a
-``MediaError`` naming the part (a 400), never a 500 or a hang.
+redirect hop checked. Whatever the names, connections open only to public addresses unless
+``api.allow_private_media_addresses`` (``omni_serve.api.public_addresses``). Each file is
+capped while it arrives (a ``Content-Length`` over the cap is refused before the body) and a
+request's fetches share one deadline. Every failure is a ``MediaError`` naming the part (a
+400), never a 500 or a hang.
 
 Fetching waits on the network, not the CPU, so it runs on the ingress's event loop, all of a
 request's URLs at once; the bytes are decoded afterwards, off the loop, as data URLs are.
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 import httpx
 
 from omni_serve.api.media import MediaError
+from omni_serve.api.public_addresses import InternalAddress, PublicAddressBackend
+from omni_serve.compat.httpx import transport_over
 
 MAX_REDIRECTS = 3
 USER_AGENT = "omni-serve"
@@ -38,6 +42,17 @@ class RemoteMedia:
 class FetchPolicy:
     allowed_domains: frozenset[str] | None  # exact host names, lower case; None: any host
     timeout_s: float
+    private_addresses: bool = False  # whether hosts may resolve to non-public addresses
+
+    def client(self) -> httpx.AsyncClient:
+        """Environment proxies are not used when addresses are checked: the check must see
+        the address the socket is opened to."""
+        common = {"timeout": self.timeout_s, "headers": {"User-Agent": USER_AGENT}}
+        if self.private_addresses:
+            return httpx.AsyncClient(**common)
+        return httpx.AsyncClient(
+            transport=transport_over(PublicAddressBackend()), trust_env=False, **common
+        )
 
     def check(self, url: httpx.URL, kind: str, param: str) -> None:
         if url.scheme not in ("http", "https"):
@@ -54,9 +69,7 @@ async def fetch_media(items: list[RemoteMedia], policy: FetchPolicy) -> dict[str
     unique = list({item.url: item for item in items}.values())
     if not unique:
         return {}
-    async with httpx.AsyncClient(
-        timeout=policy.timeout_s, headers={"User-Agent": USER_AGENT}
-    ) as client:
+    async with policy.client() as client:
         try:
             async with asyncio.timeout(policy.timeout_s):
                 async with asyncio.TaskGroup() as group:
@@ -87,6 +100,9 @@ async def _fetch(client: httpx.AsyncClient, item: RemoteMedia, policy: FetchPoli
                 request = response.next_request
             finally:
                 await response.aclose()
+    except InternalAddress as exc:
+        reason = f"{item.kind} URL host {exc}; this server fetches only from public addresses"
+        raise MediaError(f"{reason} (api.allow_private_media_addresses)", item.param) from None
     except httpx.HTTPError as exc:
         reason = str(exc) or type(exc).__name__
         raise MediaError(f"could not fetch the {item.kind} URL: {reason}", item.param) from None

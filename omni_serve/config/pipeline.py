@@ -176,6 +176,14 @@ class ApiSettings(_Strict):
         description="With allow_remote_urls: the only hosts (exact names) media URLs and "
         "their redirects may name. None: any host.",
     )
+    allow_private_media_addresses: bool = Field(
+        False,
+        description="With allow_remote_urls: whether media URLs may reach hosts that resolve to "
+        "loopback, private, link-local (cloud metadata) or other non-public addresses. Off: "
+        "such a URL is a 400, checked on every redirect hop where the connection is opened, "
+        "and fetches do not use HTTP(S)_PROXY. On only for media servers on an internal "
+        "network, best with allowed_media_domains naming them.",
+    )
     media_fetch_timeout_s: float = Field(
         15.0, gt=0, description="Longest the fetches of one request's media URLs may take."
     )
@@ -235,10 +243,11 @@ class ApiSettings(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _domains_with_remote_urls(self) -> ApiSettings:
-        if self.allowed_media_domains is not None and not self.allow_remote_urls:
-            raise ValueError("allowed_media_domains is set but allow_remote_urls is false: "
-                             "no media URL would be fetched")  # fmt: skip
+    def _fetch_settings_need_remote_urls(self) -> ApiSettings:
+        for name in ("allowed_media_domains", "allow_private_media_addresses"):
+            if getattr(self, name) not in (None, False) and not self.allow_remote_urls:
+                raise ValueError(f"{name} is set but allow_remote_urls is false: "
+                                 "no media URL would be fetched")  # fmt: skip
         return self
 
 

@@ -31,6 +31,7 @@ class Route:
 class MediaServer:
     port: int
     hits: list[str] = field(default_factory=list)  # the paths asked for, in order
+    hosts: list[str] = field(default_factory=list)  # their Host headers
 
     def url(self, path: str, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.port}{path}"
@@ -55,6 +56,7 @@ def media_server(routes: dict[str, Route]) -> Iterator[MediaServer]:
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             server_state.hits.append(self.path)
+            server_state.hosts.append(self.headers.get("Host", ""))
             route = routes.get(self.path, Route(b"not found", status=404))
             time.sleep(route.delay_s)
             self.send_response(route.status)

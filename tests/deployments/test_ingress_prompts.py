@@ -45,7 +45,11 @@ def ingress(omni_processor):
 @pytest.fixture
 def fetching_ingress(omni_processor):
     """An ingress that fetches remote media URLs, from this host only."""
-    api = ApiSettings(allow_remote_urls=True, allowed_media_domains=["127.0.0.1"])
+    api = ApiSettings(
+        allow_remote_urls=True,
+        allowed_media_domains=["127.0.0.1"],
+        allow_private_media_addresses=True,
+    )
     found = make_ingress(omni_processor, api)
     yield found
     found.prompts.close()

@@ -36,6 +36,7 @@ class PromptWorker:
         self._fetch_policy = FetchPolicy(
             None if domains is None else frozenset(d.lower() for d in domains),
             api.media_fetch_timeout_s,
+            api.allow_private_media_addresses,
         )
 
     async def chat(

@@ -1,10 +1,14 @@
 """Remote media URLs: fetched whole within the byte cap and the deadline, only from the hosts
-allowed (redirect hops included), and every failure a 400-worthy MediaError naming the part."""
+allowed (redirect hops included), connecting only to public addresses unless the server allows
+others, and every failure a 400-worthy MediaError naming the part."""
 
 from __future__ import annotations
 
+from ipaddress import ip_address
+
 import pytest
 
+from omni_serve.api import public_addresses
 from omni_serve.api.media import MediaError
 from omni_serve.api.media_fetch import MAX_REDIRECTS, FetchPolicy, RemoteMedia, fetch_media
 from omni_serve.testing.media_server import Route, media_server
@@ -20,8 +24,10 @@ ROUTES = {
     "/to-localhost": Route(status=302, location="http://localhost:{port}/cat.png"),
     "/loop": Route(status=302, location="/loop"),
 }
-ANY_HOST = FetchPolicy(None, timeout_s=5.0)
-LOOPBACK_ONLY = FetchPolicy(frozenset({"127.0.0.1"}), timeout_s=5.0)
+# The test server listens on loopback, which only a policy allowing private addresses reaches.
+ANY_HOST = FetchPolicy(None, timeout_s=5.0, private_addresses=True)
+LOOPBACK_ONLY = FetchPolicy(frozenset({"127.0.0.1"}), timeout_s=5.0, private_addresses=True)
+PUBLIC_ONLY = FetchPolicy(None, timeout_s=5.0)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +88,9 @@ async def test_bad_answers_are_refused_with_the_reason(server, path, max_bytes, 
 
 
 async def test_a_slow_server_is_cut_off_at_the_deadline(server):
-    reason = await refused([item(server.url("/slow.png"))], FetchPolicy(None, timeout_s=0.3))
+    reason = await refused(
+        [item(server.url("/slow.png"))], FetchPolicy(None, timeout_s=0.3, private_addresses=True)
+    )
     assert "took longer than 0.3 s" in reason
 
 
@@ -102,3 +110,30 @@ async def test_urls_that_cannot_be_fetched_are_refused(url, reason):
 async def test_one_failure_fails_the_whole_request(server):
     urls = [server.url("/cat.png"), server.url("/missing.png")]
     assert "HTTP 404" in await refused([item(url) for url in urls])
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::ffff:127.0.0.1]"])
+async def test_a_host_on_the_servers_own_network_is_refused_without_a_request(server, host):
+    server.hits.clear()
+    reason = await refused([item(server.url("/cat.png", host=host))], PUBLIC_ONLY)
+    assert "which is not a public address" in reason
+    assert "api.allow_private_media_addresses" in reason and server.hits == []
+
+
+async def test_a_public_name_is_fetched_from_the_address_checked(server, monkeypatch):
+    """Through httpx's whole stack: the socket opens to the address the name resolved to and
+    was checked against (here loopback, counted public for the test), the Host header names the
+    host."""
+    checked = []
+
+    async def resolve(host: str, port: int):
+        checked.append(host)
+        return [ip_address("127.0.0.1")]
+
+    monkeypatch.setattr(public_addresses, "resolve", resolve)
+    monkeypatch.setattr(public_addresses, "is_public", lambda address: True)
+    server.hosts.clear()
+    url = server.url("/to-cat", host="media.example")
+    assert await fetch_media([item(url)], PUBLIC_ONLY) == {url: BODY}
+    assert checked and set(checked) == {"media.example"}  # each connection, the hop's too
+    assert server.hosts == [f"media.example:{server.port}"] * 2

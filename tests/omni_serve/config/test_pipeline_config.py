@@ -66,6 +66,11 @@ def test_defaults_fill_in():
             "allowed_media_domains is set but allow_remote_urls is false",
         ),
         (
+            minimal(api={"allow_private_media_addresses": True}),
+            "api",
+            "allow_private_media_addresses is set but allow_remote_urls is false",
+        ),
+        (
             minimal(edges=[{"source": "thinker", "target": "talker", "payload": "x"}]),
             "<root>",
             "edges[0].target: unknown stage 'talker'",
