@@ -24,7 +24,8 @@ class InternalAddress(Exception):
     """A fetch's host resolved to an address that is not public; nothing was sent to it."""
 
     def __init__(self, host: str, address: IPAddress) -> None:
-        super().__init__(f"{host!r} resolves to {address}, which is not a public address")
+        named = host if host == str(address) else f"{host!r} resolves to {address}, which"
+        super().__init__(f"{named} is not a public address")
         self.host = host
         self.address = address
 
