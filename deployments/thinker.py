@@ -224,6 +224,7 @@ class ThinkerDeployment(ReleasesSharedMemory):
                     "text": chunk.text,
                     "finished": chunk.finished,
                     "finish_reason": chunk.finish_reason,
+                    "stop_tokens": chunk.stop_tokens,
                     "num_prompt_tokens": chunk.num_prompt_tokens,
                     "num_cached_tokens": chunk.num_cached_tokens,
                     # vLLM has no real ids for an embeddings prompt; the caller's ids stand.

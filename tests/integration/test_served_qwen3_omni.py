@@ -74,6 +74,54 @@ def test_a_stop_sequence_ends_the_text_before_it_and_penalties_change_it(client)
     assert penalised.choices[0].message.content != full  # greedy, and it repeats itself
 
 
+def test_a_spoken_reply_says_no_more_than_its_stop_string_left_of_the_text(
+    served, reference_runs, omni_processor
+):
+    """User story: a spoken reply that ``stop`` cut says what its text says. The stop string
+    is what the reply's tokens k+1 and k+2 spell (the greedy reply is transformers'), so its
+    audio must be that of the reply cut after token k by ``max_tokens``: the Talker never
+    voiced the string's tokens, though they came before vLLM knew."""
+    from tests.reference import THINKER_MAX_TOKENS
+
+    ids = reference_runs["image"].generated  # its tokens spell a few whole characters
+
+    def text(n: int) -> str:
+        return omni_processor.tokenizer.decode(ids[:n], skip_special_tokens=True)
+
+    full = text(len(ids))
+    k = next(
+        k for k in range(1, len(ids) - 2)
+        if len(text(k)) < len(text(k + 1)) < len(text(k + 2))
+        and "\ufffd" not in text(k + 2)[len(text(k)):]
+        and full.index(text(k + 2)[len(text(k)):]) == len(text(k))
+    )  # fmt: skip
+    stop = text(k + 2)[len(text(k)) :]
+
+    def ask(max_tokens: int, **fields) -> dict:
+        body = {
+            "model": "qwen3-omni",
+            "messages": [{"role": "user", "content": request_parts("image")}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": "wav"},
+            "stage_overrides": {"talker": {"temperature": 0, "max_tokens": 48}},
+            **fields,
+        }
+        r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        audio = base64.b64decode(choice["message"]["audio"]["data"])
+        return choice | {"samples": sf.read(io.BytesIO(audio))[0]}
+
+    stopped = ask(THINKER_MAX_TOKENS, stop=[stop])
+    assert stopped["message"]["content"] == text(k) and stopped["finish_reason"] == "stop"
+    cut = ask(k)  # a reply's last incomplete UTF-8 sequence is held back from its text
+    assert cut["message"]["content"] == text(k).rstrip("\ufffd")
+    assert len(stopped["samples"]) > 0
+    assert stopped["samples"].tobytes() == cut["samples"].tobytes()
+
+
 def test_a_sessions_next_turn_reuses_its_prefix_also_when_spoken(client):
     """Turn two (spoken: a text prompt needs no Thinker rows) computes only its new tokens."""
     system = {"role": "system", "content": "You answer briefly and kindly. " * 40}

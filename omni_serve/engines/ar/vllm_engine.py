@@ -12,6 +12,7 @@ from typing import Any
 
 from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
 from omni_serve.engines.ar.stale_engine_files import SHM_DIR, sweep_every
+from omni_serve.engines.ar.stop_strings import tokens_past_text
 from omni_serve.engines.ar.vllm_capture import CAPTURE_KEY, decode_rows
 from omni_serve.transport.kv_blocks import PREFIX_KEY
 
@@ -131,6 +132,10 @@ class VLLMEngine:
     def tokenizer(self):
         return self._llm.tokenizer if self._llm is not None else None
 
+    def _decode(self, token_ids: list[int]) -> str:
+        """As vLLM's detokenizer renders output (``skip_special_tokens`` is its default)."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
     def _sampling_params(self, request: ARRequest):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -199,12 +204,19 @@ class VLLMEngine:
         rows_sent = 0
         finished = False
         first = True
+        generated: list[int] = []
+        text_len = 0
         try:
             async for out in self._llm.generate(
                 self._prompt(request), self._sampling_params(request), request.request_id
             ):
                 completion = out.outputs[0]
                 finished = out.finished
+                generated += completion.token_ids
+                text_len += len(completion.text)
+                stop_tokens = 0
+                if finished and isinstance(completion.stop_reason, str):  # a stop string
+                    stop_tokens = tokens_past_text(self._decode, generated, text_len)
                 hidden = {}
                 if request.capture_layers:
                     hidden = await self._fetch_rows(request.request_id, rows_sent)
@@ -220,6 +232,7 @@ class VLLMEngine:
                     num_cached_tokens=out.num_cached_tokens or 0,
                     kv_transfer_params=out.kv_transfer_params if finished else None,
                     prompt_token_ids=list(out.prompt_token_ids or []) if first else None,
+                    stop_tokens=stop_tokens,
                 )
                 first = False
         except VLLMValidationError as exc:  # checked before any work: the input's fault

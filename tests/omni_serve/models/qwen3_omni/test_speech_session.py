@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -96,6 +97,49 @@ async def test_codes_match_transformers(talker_parts, reference_runs, kind, size
     assert torch.equal(codes, run.codes)
     text_tokens = [t for e in events if e["kind"] == "text" for t in e["token_ids"]]
     assert text_tokens == run.generated
+
+
+async def codes_spoken(talker_parts, chunks, run, hold_back=0, drop_rows=kept) -> torch.Tensor:
+    engine = new_engine(talker_parts)
+    await engine.start()
+    events = [
+        e
+        async for e in speak(
+            chunks, engine, talker_parts[1], session_request(run), greedy, identity,
+            drop_rows=drop_rows, hold_back=hold_back,
+        )
+    ]  # fmt: skip
+    await engine.shutdown()
+    return torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
+
+
+async def ended_by_a_stop_string(chunks, stop_tokens: int):
+    async for chunk in chunks:
+        yield {**chunk, "stop_tokens": stop_tokens} if chunk["finished"] else chunk
+
+
+@pytest.mark.parametrize(("stop_tokens", "hold_back"), [(1, 1), (3, 4), (1, 8)])
+async def test_a_reply_a_stop_string_ended_is_spoken_without_the_strings_tokens(
+    talker_parts, reference_runs, stop_tokens, hold_back
+):
+    """The Talker never hears the tokens that spelled the stop string (they came one by one,
+    before the Thinker knew), so it speaks as if the reply had ended before them."""
+    run = reference_runs["text"]
+    stopped = ended_by_a_stop_string(thinker_stream(run, [1] * 64, delay=0.002), stop_tokens)
+    spoken = await codes_spoken(talker_parts, stopped, run, hold_back)
+    shorter = dataclasses.replace(run, generated=run.generated[:-stop_tokens])
+    expected = await codes_spoken(talker_parts, thinker_stream(shorter, [1] * 64), shorter)
+    assert torch.equal(spoken, expected)
+    assert not torch.equal(spoken, run.codes)  # the tokens taken back would have been heard
+
+
+async def test_a_reply_that_was_all_stop_string_is_not_spoken(talker_parts, reference_runs):
+    run = reference_runs["text"]
+    n = len(run.generated)
+    stopped = ended_by_a_stop_string(thinker_stream(run, [1] * 64), n)
+    dropped = []
+    codes = await codes_spoken(talker_parts, stopped, run, hold_back=n, drop_rows=dropped.append)
+    assert codes.numel() == 0 and len(dropped) == 1  # and the prompt rows are handed back
 
 
 async def unresolvable(rows):
