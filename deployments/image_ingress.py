@@ -23,7 +23,7 @@ from deployments.common import (
     serve_problems,
 )
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
-from omni_serve.api.errors import ApiError, stage_failure
+from omni_serve.api.errors import ApiError, refuse_unsupported, stage_failure
 from omni_serve.api.health import stage_health
 from omni_serve.api.images import ImageGenerationRequest, parse_size, png_b64
 from omni_serve.api.metrics import ApiMetrics
@@ -122,9 +122,7 @@ class ImageIngress(ReleasesSharedMemory):
         if "image" not in body.modalities:
             raise ApiError(400, "modalities: this model generates images: send ['image']",
                            "modalities")  # fmt: skip
-        unsupported = body.unsupported()
-        if unsupported:
-            raise ApiError(400, unsupported[1], unsupported[0])
+        refuse_unsupported(body)
         try:
             request = ImageGenerationRequest(prompt=_chat_prompt(body), seed=body.seed)
         except ValidationError as exc:  # e.g. an empty or overlong prompt in the message

@@ -31,7 +31,7 @@ from deployments.omni_stage_clients import HandleStageClients
 from deployments.session_store import SessionStoreClient
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
-from omni_serve.api.errors import ApiError, stage_failure
+from omni_serve.api.errors import ApiError, refuse_unsupported, stage_failure
 from omni_serve.api.health import stage_health
 from omni_serve.api.media import MediaError
 from omni_serve.api.metrics import ApiMetrics
@@ -417,9 +417,7 @@ class Ingress(ReleasesSharedMemory):
         ``PromptWorker``), so a request with bad options is refused before its media decode."""
         api = self.config.api
         self._check_model(body.model)
-        unsupported = body.unsupported()
-        if unsupported:
-            raise ApiError(400, unsupported[1], unsupported[0])
+        refuse_unsupported(body)
         max_tokens = body.max_completion_tokens or body.max_tokens or api.default_max_tokens
         if max_tokens > api.max_tokens_limit:
             raise ApiError(400, f"max_tokens must be <= {api.max_tokens_limit}", "max_tokens")

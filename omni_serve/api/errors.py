@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from omni_serve.api.protocol import error_body
+from omni_serve.api.protocol import ChatCompletionRequest, error_body
 
 
 class ApiError(Exception):
@@ -24,6 +24,13 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.body = status, error_body(message, type_, param, code)
         self.message, self.type, self.headers = message, type_, headers
+
+
+def refuse_unsupported(body: ChatCompletionRequest) -> None:
+    """A 400 for an OpenAI setting this server does not honour, for every chat route."""
+    unsupported = body.unsupported()
+    if unsupported:
+        raise ApiError(400, unsupported[1], unsupported[0])
 
 
 class StageUnavailable(Exception):

@@ -48,13 +48,19 @@ def load_audio(raw: bytes, sample_rate: int, max_seconds: float, param: str,
     seconds = len(samples) / sample_rate
     if seconds > max_seconds:
         raise MediaError(f"audio is {seconds:.1f} s long; the limit is {max_seconds} s", param)
+    check_long_enough(samples, sample_rate, min_samples, param)
+    return samples
+
+
+def check_long_enough(samples: np.ndarray, sample_rate: int, min_samples: int, param: str,
+                      what: str = "audio") -> None:  # fmt: skip
+    """A 400 for audio the model's features cannot be made of (its STFT needs a window)."""
     if len(samples) == 0:
-        raise MediaError("audio is empty", param)
+        raise MediaError(f"{what} is empty", param)
     if len(samples) < min_samples:
         shortest = f"{min_samples} ({min_samples / sample_rate * 1000:.1f} ms)"
-        message = f"audio is {len(samples)} samples; the shortest the model takes is {shortest}"
+        message = f"{what} is {len(samples)} samples; the shortest the model takes is {shortest}"
         raise MediaError(message, param)
-    return samples
 
 
 def url_bytes(url: str, fetched: Mapping[str, bytes], kind: str, max_bytes: int,

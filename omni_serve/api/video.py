@@ -14,7 +14,7 @@ import io
 import av
 import numpy as np
 
-from omni_serve.api.media import MediaError
+from omni_serve.api.media import MediaError, check_long_enough
 
 
 def _scaled(width: int, height: int, max_pixels: int) -> tuple[int, int]:
@@ -53,9 +53,11 @@ def load_video(
     return np.stack(frames)
 
 
-def load_video_audio(raw: bytes, rate: int, param: str, *, max_seconds: float) -> np.ndarray:
+def load_video_audio(
+    raw: bytes, rate: int, param: str, *, max_seconds: float, min_samples: int = 1
+) -> np.ndarray:
     """The video file's first audio track: mono float32 at ``rate``, for a request that has the
-    model hear its videos (``use_audio_in_video``)."""
+    model hear its videos (``use_audio_in_video``); ``min_samples`` as for ``load_audio``."""
     chunks: list[np.ndarray] = []
     try:
         with av.open(io.BytesIO(raw)) as container:
@@ -73,6 +75,5 @@ def load_video_audio(raw: bytes, rate: int, param: str, *, max_seconds: float) -
     except (av.error.FFmpegError, ValueError):
         raise MediaError("could not decode the video's audio track", param) from None
     samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-    if len(samples) == 0:
-        raise MediaError("the video's audio track is empty", param)
+    check_long_enough(samples, rate, min_samples, param, what="the video's audio track")
     return samples

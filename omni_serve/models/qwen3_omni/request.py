@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from omni_serve.api.media import (
-    MediaError,
     input_audio_bytes,
     load_audio,
     load_image,
@@ -108,9 +107,8 @@ def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
     if not hear_video:
         return frames
     rate = processor.feature_extractor.sampling_rate
-    track = load_video_audio(raw, rate, param, max_seconds=api.max_video_seconds)
-    if len(track) < min_audio_samples(processor):
-        raise MediaError("the video's audio track is too short to hear", param)
+    track = load_video_audio(raw, rate, param, max_seconds=api.max_video_seconds,
+                             min_samples=min_audio_samples(processor))  # fmt: skip
     return frames, track
 
 

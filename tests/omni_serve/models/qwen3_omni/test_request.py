@@ -152,7 +152,9 @@ def test_a_heard_video_brings_its_track_as_the_prompts_audio(omni_processor):
 def test_a_heard_videos_track_too_short_for_the_features_is_refused(omni_processor):
     short = np.full(min_audio_samples(omni_processor) - 1, 0.1, np.float32)
     url = video_data_url(gray_frames(4), lossless=True, audio=short)
-    with pytest.raises(MediaError, match="too short to hear"):
+    with pytest.raises(
+        MediaError, match="audio track is 200 samples; the shortest the model takes is 201"
+    ):
         decode_media(omni_processor, [video_message(url)], ApiSettings(), use_audio_in_video=True)
     assert decode_media(omni_processor, [video_message(url)], ApiSettings())  # not heard: fine
 
