@@ -5,12 +5,15 @@ real server exercises what a mock transport would not: headers, chunking, redire
 from __future__ import annotations
 
 import contextlib
+import datetime
+import ssl
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 @dataclass
@@ -30,11 +33,43 @@ class Route:
 @dataclass
 class MediaServer:
     port: int
+    scheme: str = "http"
     hits: list[str] = field(default_factory=list)  # the paths asked for, in order
     hosts: list[str] = field(default_factory=list)  # their Host headers
 
     def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
+        return f"{self.scheme}://{host}:{self.port}{path}"
+
+
+def self_signed_tls(host: str, directory: Path) -> tuple[ssl.SSLContext, Path]:
+    """A server TLS context whose certificate names ``host``, and that certificate's file: a
+    client trusting it (``SSL_CERT_FILE``) verifies ``host`` and no other name."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ))  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return context, cert_file
 
 
 class _Server(ThreadingHTTPServer):
@@ -46,9 +81,11 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextlib.contextmanager
-def media_server(routes: dict[str, Route]) -> Iterator[MediaServer]:
-    """Serves ``routes`` on 127.0.0.1 (any port) while the block runs; a path not in it is a
-    404. Route locations may name the port as ``{port}``."""
+def media_server(
+    routes: dict[str, Route], tls: ssl.SSLContext | None = None
+) -> Iterator[MediaServer]:
+    """Serves ``routes`` on 127.0.0.1 (any port) while the block runs, over https with
+    ``tls``; a path not in it is a 404. Route locations may name the port as ``{port}``."""
     server_state: MediaServer
 
     class Handler(BaseHTTPRequestHandler):
@@ -80,7 +117,9 @@ def media_server(routes: dict[str, Route]) -> Iterator[MediaServer]:
             pass
 
     httpd = _Server(("127.0.0.1", 0), Handler)
-    server_state = MediaServer(httpd.server_address[1])
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
+    server_state = MediaServer(httpd.server_address[1], "http" if tls is None else "https")
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:

@@ -11,7 +11,7 @@ import pytest
 from omni_serve.api import public_addresses
 from omni_serve.api.media import MediaError
 from omni_serve.api.media_fetch import MAX_REDIRECTS, FetchPolicy, RemoteMedia, fetch_media
-from omni_serve.testing.media_server import Route, media_server
+from omni_serve.testing.media_server import Route, media_server, self_signed_tls
 
 PARAM = "messages[0].content[1]"
 BODY = bytes(range(256)) * 400  # 100 KB
@@ -137,3 +137,23 @@ async def test_a_public_name_is_fetched_from_the_address_checked(server, monkeyp
     assert await fetch_media([item(url)], PUBLIC_ONLY) == {url: BODY}
     assert checked and set(checked) == {"media.example"}  # each connection, the hop's too
     assert server.hosts == [f"media.example:{server.port}"] * 2
+
+
+async def test_https_verifies_the_name_while_connecting_to_the_checked_address(
+    monkeypatch, tmp_path
+):
+    """The address check connects to an IP; TLS must still verify the certificate against
+    the URL's host name (a certificate for another name is refused)."""
+    tls, cert_file = self_signed_tls("media.example", tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))
+
+    async def resolve(host: str, port: int):
+        return [ip_address("127.0.0.1")]
+
+    monkeypatch.setattr(public_addresses, "resolve", resolve)
+    monkeypatch.setattr(public_addresses, "is_public", lambda address: True)
+    with media_server(ROUTES, tls=tls) as server:
+        url = server.url("/cat.png", host="media.example")
+        assert await fetch_media([item(url)], PUBLIC_ONLY) == {url: BODY}
+        reason = await refused([item(server.url("/cat.png", host="other.example"))], PUBLIC_ONLY)
+        assert "certificate verify failed" in reason
