@@ -120,38 +120,38 @@ async def test_a_host_on_the_servers_own_network_is_refused_without_a_request(se
     assert "api.allow_private_media_addresses" in reason and server.hits == []
 
 
-async def test_a_public_name_is_fetched_from_the_address_checked(server, monkeypatch):
-    """Through httpx's whole stack: the socket opens to the address the name resolved to and
-    was checked against (here loopback, counted public for the test), the Host header names the
-    host."""
-    checked = []
+@pytest.fixture
+def names_on_loopback(monkeypatch) -> list[str]:
+    """Every host name resolves to 127.0.0.1, counted public: the names looked up, in order."""
+    looked_up: list[str] = []
 
     async def resolve(host: str, port: int):
-        checked.append(host)
+        looked_up.append(host)
         return [ip_address("127.0.0.1")]
 
     monkeypatch.setattr(public_addresses, "resolve", resolve)
     monkeypatch.setattr(public_addresses, "is_public", lambda address: True)
+    return looked_up
+
+
+async def test_a_public_name_is_fetched_from_the_address_checked(server, names_on_loopback):
+    """Through httpx's whole stack: the socket opens to the address the name resolved to and
+    was checked against (here loopback, counted public for the test), the Host header names the
+    host."""
     server.hosts.clear()
     url = server.url("/to-cat", host="media.example")
     assert await fetch_media([item(url)], PUBLIC_ONLY) == {url: BODY}
-    assert checked and set(checked) == {"media.example"}  # each connection, the hop's too
+    assert names_on_loopback and set(names_on_loopback) == {"media.example"}  # the hop's too
     assert server.hosts == [f"media.example:{server.port}"] * 2
 
 
 async def test_https_verifies_the_name_while_connecting_to_the_checked_address(
-    monkeypatch, tmp_path
+    names_on_loopback, monkeypatch, tmp_path
 ):
     """The address check connects to an IP; TLS must still verify the certificate against
     the URL's host name (a certificate for another name is refused)."""
     tls, cert_file = self_signed_tls("media.example", tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))
-
-    async def resolve(host: str, port: int):
-        return [ip_address("127.0.0.1")]
-
-    monkeypatch.setattr(public_addresses, "resolve", resolve)
-    monkeypatch.setattr(public_addresses, "is_public", lambda address: True)
     with media_server(ROUTES, tls=tls) as server:
         url = server.url("/cat.png", host="media.example")
         assert await fetch_media([item(url)], PUBLIC_ONLY) == {url: BODY}
