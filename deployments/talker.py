@@ -15,7 +15,6 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.common import ReleasesSharedMemory, export_stage_metrics, torch_stage
 from omni_serve.engines.ar.base import SamplingConfig
-from omni_serve.engines.ar.stop_strings import stop_hold_back
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
 from omni_serve.models.qwen3_omni.speech_session import given_reply, speak
@@ -62,9 +61,8 @@ class TalkerDeployment(ReleasesSharedMemory):
         chunks = self.thinker.generate.remote(request["thinker"])
         if request.get("reply_ids"):
             chunks = given_reply(chunks, request["reply_ids"])
-        stop = request["thinker"]["sampling"].get("stop") or []
         async for event in speak(chunks, self.engine, self.builder, request, sampling, take,
-                                 drop_rows=release, hold_back=stop_hold_back(stop)):  # fmt: skip
+                                 drop_rows=release):  # fmt: skip
             yield event
 
     async def ready(self) -> bool:

@@ -84,8 +84,8 @@ class ARChunk:
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     # What the KV connector answered (e.g. the exported prefix); on the final chunk only.
     kv_transfer_params: dict[str, Any] | None = None
-    # On the final chunk of a reply a stop string ended: how many of its last tokens reach into
-    # the string, which the text leaves out (stop_strings.py).
+    # How many of the reply's newest tokens a stop string may still reach into (while it goes
+    # on) or did reach into (the final chunk); the text leaves those out (stop_strings.py).
     stop_tokens: int = 0
 
 

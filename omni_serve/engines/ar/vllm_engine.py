@@ -12,7 +12,7 @@ from typing import Any
 
 from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
 from omni_serve.engines.ar.stale_engine_files import SHM_DIR, sweep_every
-from omni_serve.engines.ar.stop_strings import tokens_past_text
+from omni_serve.engines.ar.stop_strings import StopStringWatch
 from omni_serve.engines.ar.vllm_capture import CAPTURE_KEY, decode_rows
 from omni_serve.transport.kv_blocks import PREFIX_KEY
 
@@ -204,7 +204,7 @@ class VLLMEngine:
         rows_sent = 0
         finished = False
         first = True
-        generated: list[int] = []
+        watch = StopStringWatch(self._decode, request.sampling.stop)
         text_len = 0
         try:
             async for out in self._llm.generate(
@@ -212,11 +212,13 @@ class VLLMEngine:
             ):
                 completion = out.outputs[0]
                 finished = out.finished
-                generated += completion.token_ids
                 text_len += len(completion.text)
                 stop_tokens = 0
-                if finished and isinstance(completion.stop_reason, str):  # a stop string
-                    stop_tokens = tokens_past_text(self._decode, generated, text_len)
+                if request.sampling.stop:
+                    stop_tokens = watch.add(completion.token_ids)
+                    if finished:  # only a stop string takes tokens back, those past the text
+                        by_string = isinstance(completion.stop_reason, str)
+                        stop_tokens = watch.past_text(text_len) if by_string else 0
                 hidden = {}
                 if request.capture_layers:
                     hidden = await self._fetch_rows(request.request_id, rows_sent)

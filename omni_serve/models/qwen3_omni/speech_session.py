@@ -4,9 +4,10 @@ Consumes the Thinker's chunk stream, builds the Talker prompt as soon as the pro
 the first token exist, feeds each later token as one trailing row, and merges the Thinker's
 text and the Talker's codec frames into one event stream. A token is fed one step late, so
 that the last token can be replaced by ``tts_eos`` even if the Thinker reports "finished" in
-a chunk of its own. With stop strings, the Talker follows ``hold_back`` tokens further behind
-and never hears the tokens that spelled the string that ended the reply, so it says what the
-text says (``omni_serve.engines.ar.stop_strings``). Closing the stream cancels both sides.
+a chunk of its own. With stop strings, the Talker waits on the tokens a stop string may still
+reach into (each chunk's ``stop_tokens``) and never hears those that spelled the string that
+ended the reply, so it says what the text says (``omni_serve.engines.ar.stop_strings``).
+Closing the stream cancels both sides.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ async def speak(
     resolve_rows: Callable[[Any], Awaitable[dict[int, torch.Tensor]]],
     *,
     drop_rows: Callable[[Any], None],
-    hold_back: int = 0,
 ) -> AsyncIterator[dict[str, Any]]:
     """Yields Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``, the frame's
     codes as a list of ints: one event per frame crosses to the ingress, and a torch tensor
@@ -50,8 +50,6 @@ async def speak(
     into ``{layer: [T, H]}`` (and owns it from then on); ``drop_rows``
     hands back a reference the Talker never got to (the reply ended, failed or was cancelled
     before its first token), which would otherwise hold its buffer until the channel's lease.
-    ``hold_back``: how many of the newest tokens the Talker waits on while the reply goes on
-    (``stop_hold_back`` of the reply's stop strings).
     """
     out: asyncio.Queue = asyncio.Queue()
     request_id = request["request_id"]
@@ -78,8 +76,7 @@ async def speak(
                 prompt_ids = chunk.get("prompt_token_ids") or prompt_ids
                 rows = chunk.get("prompt_rows") or rows
                 heard += chunk["token_ids"]
-                behind = chunk.get("stop_tokens", 0) if chunk["finished"] else hold_back
-                end = max(len(heard) - behind, 0)
+                end = max(len(heard) - chunk.get("stop_tokens", 0), 0)
                 for token in heard[len(tokens) : end]:
                     tokens.append(token)
                     if talker_task is None:
@@ -159,4 +156,4 @@ async def given_reply(
     if first is None:
         raise RuntimeError("the Thinker returned nothing for the speech prompt")
     yield {**first, "token_ids": list(reply_ids), "text": "", "finished": True,
-           "finish_reason": "stop"}  # fmt: skip
+           "finish_reason": "stop", "stop_tokens": 0}  # fmt: skip

@@ -99,34 +99,45 @@ async def test_codes_match_transformers(talker_parts, reference_runs, kind, size
     assert text_tokens == run.generated
 
 
-async def codes_spoken(talker_parts, chunks, run, hold_back=0, drop_rows=kept) -> torch.Tensor:
+async def codes_spoken(talker_parts, chunks, run, drop_rows=kept) -> torch.Tensor:
     engine = new_engine(talker_parts)
     await engine.start()
     events = [
         e
         async for e in speak(
             chunks, engine, talker_parts[1], session_request(run), greedy, identity,
-            drop_rows=drop_rows, hold_back=hold_back,
+            drop_rows=drop_rows,
         )
     ]  # fmt: skip
     await engine.shutdown()
     return torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
 
 
-async def ended_by_a_stop_string(chunks, stop_tokens: int):
+async def with_doubts(chunks, in_doubt):
+    """The Thinker's one-token chunks, each saying how many of the newest tokens a stop string
+    may reach into (``in_doubt[i]`` after token i), as its engine's ``StopStringWatch`` does."""
+    i = 0
     async for chunk in chunks:
-        yield {**chunk, "stop_tokens": stop_tokens} if chunk["finished"] else chunk
+        i += len(chunk["token_ids"])
+        yield {**chunk, "stop_tokens": in_doubt[i - 1]}
 
 
-@pytest.mark.parametrize(("stop_tokens", "hold_back"), [(1, 1), (3, 4), (1, 8)])
+@pytest.mark.parametrize(("stop_tokens", "false_start"), [(1, False), (3, False), (3, True)])
 async def test_a_reply_a_stop_string_ended_is_spoken_without_the_strings_tokens(
-    talker_parts, reference_runs, stop_tokens, hold_back
+    talker_parts, reference_runs, stop_tokens, false_start
 ):
     """The Talker never hears the tokens that spelled the stop string (they came one by one,
-    before the Thinker knew), so it speaks as if the reply had ended before them."""
+    before the Thinker knew), so it speaks as if the reply had ended before them; tokens that
+    only looked like the start of one are spoken once the reply went another way."""
     run = reference_runs["text"]
-    stopped = ended_by_a_stop_string(thinker_stream(run, [1] * 64, delay=0.002), stop_tokens)
-    spoken = await codes_spoken(talker_parts, stopped, run, hold_back)
+    n = len(run.generated)
+    in_doubt = [0] * n
+    for k in range(stop_tokens):  # the string's tokens, in doubt from the first of them on
+        in_doubt[n - stop_tokens + k] = k + 1
+    if false_start:  # tokens 2 and 3 could have begun a stop string; token 4 settled them
+        in_doubt[2:4] = [1, 2]
+    stopped = with_doubts(thinker_stream(run, [1] * 64, delay=0.002), in_doubt)
+    spoken = await codes_spoken(talker_parts, stopped, run)
     shorter = dataclasses.replace(run, generated=run.generated[:-stop_tokens])
     expected = await codes_spoken(talker_parts, thinker_stream(shorter, [1] * 64), shorter)
     assert torch.equal(spoken, expected)
@@ -136,9 +147,9 @@ async def test_a_reply_a_stop_string_ended_is_spoken_without_the_strings_tokens(
 async def test_a_reply_that_was_all_stop_string_is_not_spoken(talker_parts, reference_runs):
     run = reference_runs["text"]
     n = len(run.generated)
-    stopped = ended_by_a_stop_string(thinker_stream(run, [1] * 64), n)
+    stopped = with_doubts(thinker_stream(run, [1] * 64), list(range(1, n + 1)))
     dropped = []
-    codes = await codes_spoken(talker_parts, stopped, run, hold_back=n, drop_rows=dropped.append)
+    codes = await codes_spoken(talker_parts, stopped, run, drop_rows=dropped.append)
     assert codes.numel() == 0 and len(dropped) == 1  # and the prompt rows are handed back
 
 
