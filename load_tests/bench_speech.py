@@ -6,7 +6,8 @@ transformers' generate (one request after another) on the same model and prompts
 
 Writes load_tests/results/bench_speech.json and .png and prints a table. Targets (issue 4, on
 small-qwen3-omni): TTFP at c=1 <= 0.1x the baseline's E2E; throughput at c=16 >= 5x the
-baseline's; RTF < 1 at c=4.
+baseline's; RTF < 1 at c=4. One more level at c=1 sends a long stop string that the replies
+never begin (``ttfp_c1_with_stop_over_without``): speech should start as early as without it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
 
 URL = "http://127.0.0.1:8000"
 RESULTS = Path(__file__).parent / "results"
+# Longer than the replies (42 bytes): a Talker that waited as many tokens as a stop string has
+# bytes would start only once the reply ended.
+NEVER_SAID = ["\x07 never said \x07" * 3]
 PROMPTS = [
     "Tell me about the weather today.",
     "Say hello to everyone in the room.",
@@ -118,10 +122,11 @@ def main() -> int:
     print(f"server ready in {time.perf_counter() - started:.0f}s", flush=True)
     try:
 
-        def level(concurrency: int, requests: int) -> dict:
+        def level(concurrency: int, requests: int, stop: list[str] | None = None) -> dict:
             load = run_level(
-                URL, PROMPTS, concurrency, requests, args.text_tokens, args.frames, args.cap_s
-            )
+                URL, PROMPTS, concurrency, requests, args.text_tokens, args.frames, args.cap_s,
+                stop,
+            )  # fmt: skip
             return asyncio.run(load)
 
         level(2, 2)  # warm-up, not counted
@@ -129,6 +134,8 @@ def main() -> int:
         for concurrency, requests in plan:
             print(f"load: concurrency {concurrency}, {requests} requests", flush=True)
             levels.append(level(concurrency, requests))
+        print(f"load: concurrency 1, {plan[0][1]} requests with a stop string", flush=True)
+        with_stop = level(1, plan[0][1], NEVER_SAID)
     finally:
         server.stop()
 
@@ -138,21 +145,25 @@ def main() -> int:
         "talker_frames": args.frames,
         "baseline": summarize(baseline),
         "levels": [summarize(lv) for lv in levels],
+        "c1_with_stop": summarize(with_stop),
     }
     base, by_c = summary["baseline"], {lv["concurrency"]: lv for lv in summary["levels"]}
     summary["ratios"] = {
         "ttfp_c1_over_baseline_e2e": by_c[1]["ttfp_p50_s"] / base["e2e_p50_s"],
         "throughput_c16_over_baseline": by_c[16]["audio_s_per_wall_s"] / base["audio_s_per_wall_s"],
         "rtf_c4": by_c[4]["rtf_p50"],
+        "ttfp_c1_with_stop_over_without": summary["c1_with_stop"]["ttfp_p50_s"]
+        / by_c[1]["ttfp_p50_s"],
     }
-    summary["raw"] = {"baseline": baseline, "levels": levels}
+    summary["raw"] = {"baseline": baseline, "levels": levels, "c1_with_stop": with_stop}
     RESULTS.mkdir(exist_ok=True)
     stem = "bench_speech_quick" if args.quick else "bench_speech"
     (RESULTS / f"{stem}.json").write_text(json.dumps(summary, indent=1))
     plot(summary, RESULTS / f"{stem}.png")
 
     print(f"\n{'':10}{'TTFP p50':>10}{'E2E p50':>10}{'RTF p50':>9}{'audio s/s':>11}{'errors':>8}")
-    for name, row in [("baseline", base)] + [(f"c={c}", lv) for c, lv in by_c.items()]:
+    rows = [("baseline", base)] + [(f"c={c}", lv) for c, lv in by_c.items()]
+    for name, row in rows + [("c=1 stop", summary["c1_with_stop"])]:
         ttfp = row["ttfp_p50_s"] or float("nan")
         print(f"{name:10}{ttfp:10.2f}{row['e2e_p50_s']:10.2f}{row['rtf_p50']:9.2f}"
               f"{row['audio_s_per_wall_s']:11.2f}{row['errors']:8d}")  # fmt: skip

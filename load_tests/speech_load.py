@@ -27,7 +27,9 @@ class RequestRecord:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def speech_body(prompt: str, text_tokens: int, frames: int, seed: int) -> dict:
+def speech_body(
+    prompt: str, text_tokens: int, frames: int, seed: int, stop: list[str] | None = None
+) -> dict:
     return {
         "model": "qwen3-omni",
         "messages": [{"role": "user", "content": prompt}],
@@ -38,6 +40,7 @@ def speech_body(prompt: str, text_tokens: int, frames: int, seed: int) -> dict:
         "modalities": ["text", "audio"],
         "audio": {"voice": "ethan", "format": "pcm16"},
         "stage_overrides": {"talker": {"max_tokens": frames, "seed": seed}},
+        **({"stop": stop} if stop else {}),
     }
 
 
@@ -69,7 +72,8 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reques
 
 
 async def run_level(url: str, prompts: list[str], concurrency: int, requests: int,
-                    text_tokens: int, frames: int, cap_s: float) -> dict:  # fmt: skip
+                    text_tokens: int, frames: int, cap_s: float,
+                    stop: list[str] | None = None) -> dict:  # fmt: skip
     """Runs ``requests`` requests, at most ``concurrency`` at once, stopping at ``cap_s``."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(requests):
@@ -85,7 +89,7 @@ async def run_level(url: str, prompts: list[str], concurrency: int, requests: in
                     i = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                body = speech_body(prompts[i % len(prompts)], text_tokens, frames, seed=i)
+                body = speech_body(prompts[i % len(prompts)], text_tokens, frames, i, stop)
                 records.append(await one_request(client, url, body))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
