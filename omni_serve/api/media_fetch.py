@@ -4,7 +4,8 @@ Off unless ``api.allow_remote_urls``: a server that fetches any URL a client nam
 to read its own network (cloud metadata endpoints, internal services), so an operator turns it
 on knowingly and can name the only hosts allowed (``api.allowed_media_domains``), every
 redirect hop checked. Whatever the names, connections open only to public addresses unless
-``api.allow_private_media_addresses`` (``omni_serve.api.public_addresses``). Each file is
+``api.allow_private_media_addresses`` (``omni_serve.api.public_addresses``), also through the
+proxy ``api.media_proxy`` names. Each file is
 capped while it arrives (a ``Content-Length`` over the cap is refused before the body) and a
 request's fetches share one deadline. Every failure is a ``MediaError`` naming the part (a
 400), never a 500 or a hang.
@@ -21,7 +22,11 @@ from dataclasses import dataclass
 import httpx
 
 from omni_serve.api.media import MediaError
-from omni_serve.api.public_addresses import InternalAddress, PublicAddressBackend
+from omni_serve.api.public_addresses import (
+    InternalAddress,
+    PublicAddressBackend,
+    PublicTargetsThroughProxy,
+)
 from omni_serve.compat.httpx import transport_over
 
 MAX_REDIRECTS = 3
@@ -43,16 +48,21 @@ class FetchPolicy:
     allowed_domains: frozenset[str] | None  # exact host names, lower case; None: any host
     timeout_s: float
     private_addresses: bool = False  # whether hosts may resolve to non-public addresses
+    proxy: str | None = None  # the HTTP proxy all fetches go through
 
     def client(self) -> httpx.AsyncClient:
         """Environment proxies are not used when addresses are checked: the check must see
-        the address the socket is opened to."""
+        the address the socket is opened to, or run before a proxy it knows of is asked."""
         common = {"timeout": self.timeout_s, "headers": {"User-Agent": USER_AGENT}}
         if self.private_addresses:
-            return httpx.AsyncClient(**common)
-        return httpx.AsyncClient(
-            transport=transport_over(PublicAddressBackend()), trust_env=False, **common
-        )
+            if self.proxy is None:
+                return httpx.AsyncClient(**common)
+            return httpx.AsyncClient(proxy=self.proxy, trust_env=False, **common)
+        if self.proxy is None:
+            transport = transport_over(PublicAddressBackend())
+        else:
+            transport = PublicTargetsThroughProxy(self.proxy)
+        return httpx.AsyncClient(transport=transport, trust_env=False, **common)
 
     def check(self, url: httpx.URL, kind: str, param: str) -> None:
         if url.scheme not in ("http", "https"):

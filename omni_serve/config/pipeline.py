@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omni_serve.config.deployment import DeploymentSettings
 from omni_serve.config.diffusion import DiTParallelSettings, StepCacheSettings
@@ -181,8 +182,15 @@ class ApiSettings(_Strict):
         description="With allow_remote_urls: whether media URLs may reach hosts that resolve to "
         "loopback, private, link-local (cloud metadata) or other non-public addresses. Off: "
         "such a URL is a 400, checked on every redirect hop where the connection is opened, "
-        "and fetches do not use HTTP(S)_PROXY. On only for media servers on an internal "
-        "network, best with allowed_media_domains naming them.",
+        "and fetches do not use HTTP(S)_PROXY (see media_proxy). On only for media servers "
+        "on an internal network, best with allowed_media_domains naming them.",
+    )
+    media_proxy: str | None = Field(
+        None,
+        description="With allow_remote_urls: the HTTP proxy (http://host:port) media fetches go "
+        "through, for servers whose egress must. The address check still runs: each URL's "
+        "host is resolved and checked before the proxy is asked, and a plain http request "
+        "names the checked address. None: direct connections.",
     )
     media_fetch_timeout_s: float = Field(
         15.0, gt=0, description="Longest the fetches of one request's media URLs may take."
@@ -242,9 +250,18 @@ class ApiSettings(_Strict):
             raise ValueError("set api_key or api_key_env, not both")
         return self
 
+    @field_validator("media_proxy")
+    @classmethod
+    def _proxy_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            url = urlsplit(value)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(f"media_proxy must be an http(s)://host:port URL, not {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _fetch_settings_need_remote_urls(self) -> ApiSettings:
-        for name in ("allowed_media_domains", "allow_private_media_addresses"):
+        for name in ("allowed_media_domains", "allow_private_media_addresses", "media_proxy"):
             if getattr(self, name) not in (None, False) and not self.allow_remote_urls:
                 raise ValueError(f"{name} is set but allow_remote_urls is false: "
                                  "no media URL would be fetched")  # fmt: skip

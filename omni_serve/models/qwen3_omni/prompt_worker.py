@@ -37,6 +37,7 @@ class PromptWorker:
             None if domains is None else frozenset(d.lower() for d in domains),
             api.media_fetch_timeout_s,
             api.allow_private_media_addresses,
+            api.media_proxy,
         )
 
     async def chat(

@@ -11,6 +11,7 @@ import pytest
 from omni_serve.api import public_addresses
 from omni_serve.api.media import MediaError
 from omni_serve.api.media_fetch import MAX_REDIRECTS, FetchPolicy, RemoteMedia, fetch_media
+from omni_serve.testing.forward_proxy import forward_proxy
 from omni_serve.testing.media_server import Route, media_server, self_signed_tls
 
 PARAM = "messages[0].content[1]"
@@ -157,3 +158,66 @@ async def test_https_verifies_the_name_while_connecting_to_the_checked_address(
         assert await fetch_media([item(url)], PUBLIC_ONLY) == {url: BODY}
         reason = await refused([item(server.url("/cat.png", host="other.example"))], PUBLIC_ONLY)
         assert "certificate verify failed" in reason
+
+
+@pytest.fixture
+def proxy():
+    with forward_proxy() as running:
+        yield running
+
+
+def through(proxy, private_addresses: bool = False) -> FetchPolicy:
+    return FetchPolicy(None, 5.0, private_addresses=private_addresses, proxy=proxy.url)
+
+
+async def test_through_a_proxy_plain_http_names_the_checked_address(
+    server, proxy, names_on_loopback
+):
+    """The proxy (on loopback: the operator's own, not checked) is asked for the address the
+    name was checked against, so a name resolving elsewhere for the proxy cannot send it
+    inside; the origin still sees the name in the Host header."""
+    server.hosts.clear()
+    url = server.url("/to-cat", host="media.example")
+    assert await fetch_media([item(url)], through(proxy)) == {url: BODY}
+    assert proxy.asked == [
+        f"GET http://127.0.0.1:{server.port}/to-cat HTTP/1.1",
+        f"GET http://127.0.0.1:{server.port}/cat.png HTTP/1.1",  # the redirect, checked too
+    ]
+    assert names_on_loopback == ["media.example"] * 2
+    assert server.hosts == [f"media.example:{server.port}"] * 2
+
+
+async def test_through_a_proxy_https_tunnels_to_the_name_and_verifies_it(
+    proxy, names_on_loopback, monkeypatch, tmp_path
+):
+    tls, cert_file = self_signed_tls("media.example", tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert_file))
+    with media_server(ROUTES, tls=tls) as server:
+        url = server.url("/cat.png", host="media.example")
+        assert await fetch_media([item(url)], through(proxy)) == {url: BODY}
+        assert proxy.asked == [f"CONNECT media.example:{server.port} HTTP/1.1"]
+        assert names_on_loopback == ["media.example"]  # checked before the proxy was asked
+        reason = await refused([item(server.url("/cat.png", host="other.example"))],
+                               through(proxy))  # fmt: skip
+        assert "certificate verify failed" in reason
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_through_a_proxy_an_internal_host_is_refused_before_the_proxy_is_asked(
+    server, proxy, host
+):
+    server.hits.clear()
+    reason = await refused([item(server.url("/cat.png", host=host))], through(proxy))
+    assert "is not a public address" in reason
+    assert proxy.asked == [] and server.hits == []
+
+
+async def test_through_a_proxy_a_name_that_does_not_resolve_is_a_400(proxy):
+    reason = await refused([item("http://no-such-host.invalid/cat.png")], through(proxy))
+    assert "cannot resolve 'no-such-host.invalid'" in reason and proxy.asked == []
+
+
+async def test_private_addresses_allowed_go_through_the_proxy_unchecked(server, proxy):
+    url = server.url("/cat.png", host="localhost")
+    assert await fetch_media([item(url)], through(proxy, private_addresses=True)) == {url: BODY}
+    assert proxy.asked == [f"GET {url} HTTP/1.1"]  # by name: the proxy resolves it
