@@ -9,11 +9,12 @@ import contextlib
 import select
 import socket
 import socketserver
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from ipaddress import ip_address
 from urllib.parse import urlsplit
+
+from omni_serve.testing.media_server import serving
 
 
 @dataclass
@@ -71,8 +72,8 @@ def forward_proxy() -> Iterator[ForwardProxy]:
                 url = urlsplit(target)
                 upstream = socket.create_connection((_address_of(url.hostname), url.port or 80))
                 path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-                kept = [h for h in lines[1:]
-                        if not h.lower().startswith(("connection:", "proxy-connection:"))]  # fmt: skip
+                hop_by_hop = ("connection:", "proxy-connection:")
+                kept = [h for h in lines[1:] if not h.lower().startswith(hop_by_hop)]
                 head_out = [f"{method} {path} {version}", *kept, "Connection: close", "", ""]
                 upstream.sendall("\r\n".join(head_out).encode("latin-1"))
             with upstream:
@@ -84,10 +85,5 @@ def forward_proxy() -> Iterator[ForwardProxy]:
 
     server = Server(("127.0.0.1", 0), Handler)
     state = ForwardProxy(server.server_address[1])
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(server):
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()

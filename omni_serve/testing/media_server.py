@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import socketserver
 import ssl
 import sys
 import threading
@@ -120,10 +121,17 @@ def media_server(
     if tls is not None:
         httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
     server_state = MediaServer(httpd.server_address[1], "http" if tls is None else "https")
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    with serving(httpd):
+        yield server_state
+
+
+@contextlib.contextmanager
+def serving(server: socketserver.BaseServer) -> Iterator[None]:
+    """Runs ``server`` on a thread of its own while the block runs, then closes it."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield server_state
+        yield
     finally:
-        httpd.shutdown()
-        httpd.server_close()
+        server.shutdown()
+        server.server_close()
