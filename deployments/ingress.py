@@ -34,6 +34,7 @@ from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within
 from omni_serve.api.errors import ApiError, refuse_unsupported, stage_failure
 from omni_serve.api.health import stage_health
 from omni_serve.api.media import MediaError
+from omni_serve.api.media_proxy import ProxyUnreachable
 from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import (
     ChatCompletionRequest,
@@ -444,6 +445,8 @@ class Ingress(ReleasesSharedMemory):
             prompt = await self.prompts.chat(body.messages, hear_video)
         except MediaError as exc:
             raise ApiError(400, str(exc), exc.param) from None
+        except ProxyUnreachable as exc:
+            raise ApiError(502, str(exc), type_="server_error", code="media_proxy") from None
         n_prompt = len(prompt.expanded_ids or prompt.prompt_ids)
         if n_prompt >= self.context_tokens:
             message = (f"the prompt is {n_prompt} tokens; this model's context is "

@@ -8,7 +8,8 @@ redirect hop checked. Whatever the names, connections open only to public addres
 proxy ``api.media_proxy`` names. Each file is
 capped while it arrives (a ``Content-Length`` over the cap is refused before the body) and a
 request's fetches share one deadline. Every failure is a ``MediaError`` naming the part (a
-400), never a 500 or a hang.
+400), never a 500 or a hang, but for a media proxy that cannot be reached
+(``ProxyUnreachable``: the server's trouble, a 502).
 
 Fetching waits on the network, not the CPU, so it runs on the ingress's event loop, all of a
 request's URLs at once; the bytes are decoded afterwards, off the loop, as data URLs are.
@@ -22,10 +23,10 @@ from dataclasses import dataclass
 import httpx
 
 from omni_serve.api.media import MediaError
+from omni_serve.api.media_proxy import ThroughProxy
 from omni_serve.api.public_addresses import (
     InternalAddress,
     PublicAddressBackend,
-    PublicTargetsThroughProxy,
 )
 from omni_serve.compat.httpx import transport_over
 
@@ -54,14 +55,12 @@ class FetchPolicy:
         """Environment proxies are not used when addresses are checked: the check must see
         the address the socket is opened to, or run before a proxy it knows of is asked."""
         common = {"timeout": self.timeout_s, "headers": {"User-Agent": USER_AGENT}}
-        if self.private_addresses:
-            if self.proxy is None:
-                return httpx.AsyncClient(**common)
-            return httpx.AsyncClient(proxy=self.proxy, trust_env=False, **common)
-        if self.proxy is None:
-            transport = transport_over(PublicAddressBackend())
+        if self.proxy is not None:
+            transport = ThroughProxy(self.proxy, check_targets=not self.private_addresses)
+        elif self.private_addresses:
+            return httpx.AsyncClient(**common)
         else:
-            transport = PublicTargetsThroughProxy(self.proxy)
+            transport = transport_over(PublicAddressBackend())
         return httpx.AsyncClient(transport=transport, trust_env=False, **common)
 
     def check(self, url: httpx.URL, kind: str, param: str) -> None:

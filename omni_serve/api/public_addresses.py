@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from ipaddress import IPv4Address, IPv6Address, ip_address
 
 import httpcore
-import httpx
 
 IPAddress = IPv4Address | IPv6Address
 
@@ -68,37 +67,6 @@ class PublicAddressBackend(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
-
-
-class PublicTargetsThroughProxy(httpx.AsyncBaseTransport):
-    """Fetches through an HTTP proxy, which opens the sockets and resolves names itself, so
-    the check runs before the proxy is asked (the proxy's own address is the operator's and
-    not checked). A plain http request names the checked address (the Host header keeps the
-    name): a name that resolves elsewhere the second time cannot send the proxy inside. An
-    https tunnel names the host, as TLS must verify its certificate, which no internal server
-    a rebinding name could point the proxy at can present."""
-
-    def __init__(self, proxy: str) -> None:
-        self._inner = httpx.AsyncHTTPTransport(proxy=proxy)
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        try:
-            addresses = await public_addresses(url.host, url.port or _PORTS[url.scheme])
-        except httpcore.ConnectError as exc:  # outside httpx's transport: map it here
-            raise httpx.ConnectError(str(exc), request=request) from None
-        if url.scheme == "http":
-            request = httpx.Request(
-                request.method, url.copy_with(host=str(addresses[0])), headers=request.headers,
-                stream=request.stream, extensions=request.extensions,
-            )  # fmt: skip
-        return await self._inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-_PORTS = {"http": 80, "https": 443}
 
 
 async def public_addresses(host: str, port: int) -> list[IPAddress]:

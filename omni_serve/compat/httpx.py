@@ -1,13 +1,14 @@
 """An httpx transport whose sockets a network backend of ours opens.
 
 Upstream: httpx 0.28.1 (httpcore 1.0.9). ``httpx.AsyncHTTPTransport`` builds its httpcore
-connection pool itself and takes no ``network_backend``, though httpcore's pool does. Symptom:
-no public way to make an httpx client connect through a backend that checks addresses
+connection pool (or proxy pool) itself and takes no ``network_backend``, though httpcore's
+pools do. Symptom: no public way to make an httpx client connect through a backend that checks
+addresses, or that tells a proxy that cannot be reached from a target that fails
 (``omni_serve.api.public_addresses``).
 
-Fix: build the transport, then replace its pool (the private ``_pool``; the transport's
-``handle_async_request`` only maps httpx's request and errors onto it) with one that is given
-the backend. The replacement keeps httpx's default TLS context and connection limits.
+Fix: build the transport as httpx does (its TLS context, limits, proxy and proxy credentials),
+then set the backend on its pool (the private ``_pool._network_backend``, which httpcore's
+pools hand to every connection they open).
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ import httpcore
 import httpx
 
 
-def transport_over(network_backend: httpcore.AsyncNetworkBackend) -> httpx.AsyncHTTPTransport:
-    """Direct connections only: a client using it must not also mount proxies from the
-    environment (``trust_env=False``), or those would open the sockets instead."""
-    transport = httpx.AsyncHTTPTransport()
-    transport._pool = httpcore.AsyncConnectionPool(
-        ssl_context=httpx.create_ssl_context(),
-        max_connections=100,
-        max_keepalive_connections=20,
-        keepalive_expiry=5.0,
-        network_backend=network_backend,
-    )
+def transport_over(
+    network_backend: httpcore.AsyncNetworkBackend, proxy: str | None = None
+) -> httpx.AsyncHTTPTransport:
+    """A client using it must not also mount proxies from the environment
+    (``trust_env=False``), or those would open the sockets instead. Through ``proxy``, every
+    socket the backend opens is to the proxy."""
+    transport = httpx.AsyncHTTPTransport(proxy=proxy)
+    pool = transport._pool
+    assert hasattr(pool, "_network_backend"), "httpcore changed: see this module's docstring"
+    pool._network_backend = network_backend
     return transport

@@ -11,6 +11,7 @@ import pytest
 from omni_serve.api import public_addresses
 from omni_serve.api.media import MediaError
 from omni_serve.api.media_fetch import MAX_REDIRECTS, FetchPolicy, RemoteMedia, fetch_media
+from omni_serve.api.media_proxy import ProxyUnreachable
 from omni_serve.testing.forward_proxy import forward_proxy
 from omni_serve.testing.media_server import Route, media_server, self_signed_tls
 
@@ -221,3 +222,17 @@ async def test_private_addresses_allowed_go_through_the_proxy_unchecked(server, 
     url = server.url("/cat.png", host="localhost")
     assert await fetch_media([item(url)], through(proxy, private_addresses=True)) == {url: BODY}
     assert proxy.asked == [f"GET {url} HTTP/1.1"]  # by name: the proxy resolves it
+
+
+@pytest.mark.parametrize("private_addresses", [False, True])
+async def test_a_proxy_that_cannot_be_reached_is_the_servers_trouble(private_addresses):
+    """Not a 400 blaming the client's URL, and the proxy's URL (it may hold credentials) is
+    not in the message."""
+    with forward_proxy() as gone:
+        policy = FetchPolicy(
+            None, 5.0, private_addresses, proxy=f"http://u:secret@127.0.0.1:{gone.port}"
+        )
+    with pytest.raises(ProxyUnreachable) as caught:
+        await fetch_media([item("http://93.184.216.34/cat.png")], policy)
+    assert "cannot connect to the media proxy" in str(caught.value)
+    assert "secret" not in str(caught.value)
