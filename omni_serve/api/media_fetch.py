@@ -24,10 +24,7 @@ import httpx
 
 from omni_serve.api.media import MediaError
 from omni_serve.api.media_proxy import ThroughProxy
-from omni_serve.api.public_addresses import (
-    InternalAddress,
-    PublicAddressBackend,
-)
+from omni_serve.api.public_addresses import InternalAddress, PublicAddressBackend
 from omni_serve.compat.httpx import transport_over
 
 MAX_REDIRECTS = 3

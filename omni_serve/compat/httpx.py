@@ -25,6 +25,7 @@ def transport_over(
     socket the backend opens is to the proxy."""
     transport = httpx.AsyncHTTPTransport(proxy=proxy)
     pool = transport._pool
-    assert hasattr(pool, "_network_backend"), "httpcore changed: see this module's docstring"
+    if not hasattr(pool, "_network_backend"):
+        raise RuntimeError("httpcore's pool changed: see omni_serve/compat/httpx.py")
     pool._network_backend = network_backend
     return transport

@@ -43,7 +43,8 @@ class PromptWorker:
     async def chat(
         self, messages: list[ChatMessage], use_audio_in_video: bool = False
     ) -> PreparedPrompt:
-        """Raises ``MediaError`` for a part that does not decode or is over a limit."""
+        """Raises ``MediaError`` for a part that does not decode, is over a limit or cannot be
+        fetched, and ``ProxyUnreachable`` when the media proxy cannot be connected to."""
         decoded: dict[str, Any] = {}
         if has_media_parts(messages):
             fetched = await self._fetch(messages)
