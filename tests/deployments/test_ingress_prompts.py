@@ -18,6 +18,7 @@ from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni import prompt_worker
 from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
+from omni_serve.testing.forward_proxy import forward_proxy
 from omni_serve.testing.media import png_data_url, wav_b64
 from omni_serve.testing.media_server import Route, media_server
 
@@ -132,6 +133,21 @@ async def test_a_url_that_does_not_fetch_is_a_400_naming_the_part(fetching_ingre
         await fetching_ingress._prepare(request(TEXT, image_part(server.url("/gone.png"))))
     assert caught.value.status == 400 and "returned HTTP 404" in caught.value.message
     assert caught.value.body["error"]["param"] == "messages[0].content[1]"
+
+
+async def test_a_media_proxy_that_cannot_be_reached_is_a_502(omni_processor):
+    """The server's trouble, not a 400 about the client's URL."""
+    with forward_proxy() as gone:
+        proxy = gone.url
+    api = ApiSettings(allow_remote_urls=True, media_proxy=proxy)
+    ingress = make_ingress(omni_processor, api)
+    try:
+        with pytest.raises(ApiError) as caught:
+            await ingress._prepare(request(TEXT, image_part("http://93.184.216.34/cat.png")))
+    finally:
+        ingress.prompts.close()
+    assert caught.value.status == 502 and caught.value.body["error"]["code"] == "media_proxy"
+    assert "cannot connect to the media proxy" in caught.value.message
 
 
 async def test_remote_urls_are_a_400_where_the_server_fetches_none(ingress):
