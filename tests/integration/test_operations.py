@@ -174,8 +174,17 @@ def test_rays_metrics_export_has_each_vae_replicas_gauges_and_their_sum_counts_e
     before = steady(lambda: sum(vae_steps().values()))
     for seed in range(6):
         assert generate_retrying_503({**SMALL, "seed": seed}).status_code == 200
-    wait_for(lambda: sum(vae_steps().values()) == before + 6, 60,
-             "the VAE replicas' exported steps add up to the six images")  # fmt: skip
+    seen: dict[str, float] = {}
+
+    def counted() -> bool:
+        seen.clear()
+        seen.update(vae_steps())
+        return sum(seen.values()) == before + 6
+
+    try:
+        wait_for(counted, 60, "the VAE replicas' exported steps add up to the six images")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: before {before}, last seen per replica {seen}") from None
     assert len(vae_steps()) == 2, vae_steps()
 
 
