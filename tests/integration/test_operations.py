@@ -171,7 +171,9 @@ def test_rays_metrics_export_has_each_vae_replicas_gauges_and_their_sum_counts_e
         return {labels["replica"]: value for labels, value in ray_export("ray_omni_stage_steps")
                 if labels["deployment"] == "vae"}  # fmt: skip
 
-    before = steady(lambda: sum(vae_steps().values()))
+    # Quiet for longer than the export's lag (10-15 s seen): with 12 s, a decode of the test
+    # before could still land after ``before`` was read (CI saw before + 7).
+    before = steady(lambda: sum(vae_steps().values()), quiet_s=20)
     for seed in range(6):
         assert generate_retrying_503({**SMALL, "seed": seed}).status_code == 200
     seen: dict[str, float] = {}
