@@ -88,8 +88,25 @@ async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
     return JSONResponse(exc.body, status_code=exc.status, headers=exc.headers)
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+def _is_json(content_type: str | None) -> bool:
+    """FastAPI's rule (0.136, ``strict_content_type`` on) for parsing a body as JSON:
+    application/json or a ``+json`` subtype. With no content type a body is not parsed, so
+    that a web page cannot post to a server on localhost without a CORS preflight."""
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    return media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    content_type = request.headers.get("content-type")
+    if tuple(first["loc"]) == ("body",) and not _is_json(content_type):
+        # FastAPI hands a body of another type to the model as bytes, whose error ("Input
+        # should be a valid dictionary") hides the cause; curl -d sends form encoding.
+        sent = f"not {content_type!r}" if content_type else "this request sent none"
+        message = f"the body must be JSON sent with content-type: application/json ({sent})"
+        return JSONResponse(error_body(message, code="unsupported_media_type"), status_code=415)
     if first.get("type") == "json_invalid":
         return JSONResponse(error_body("request body is not valid JSON"), status_code=400)
     where = ".".join(str(p) for p in first["loc"] if p != "body") or None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from pydantic import BaseModel
 
 from omni_serve.api.errors import (
     ReplicaDied,
@@ -55,3 +56,48 @@ def test_input_a_stage_rejected_is_a_400_with_its_reason_also_through_ray():
         assert failure.status == 400
         assert failure.body["error"]["message"] == "prompt of 5741 tokens, context 4096"
         assert failure.body["error"]["type"] == "invalid_request_error"
+
+
+class _Named(BaseModel):
+    name: str
+
+
+def _echo_app() -> TestClient:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/echo")
+    def echo(body: _Named):
+        return {"name": body.name}
+
+    return TestClient(app)
+
+
+def test_a_body_not_sent_as_json_is_a_415_naming_its_content_type():
+    client = _echo_app()
+    payload = b'{"name": "x"}'
+    for content_type in ("application/x-www-form-urlencoded", "text/plain"):
+        response = client.post("/echo", content=payload, headers={"content-type": content_type})
+        assert response.status_code == 415, content_type
+        error = response.json()["error"]
+        assert error["code"] == "unsupported_media_type"
+        assert "application/json" in error["message"] and repr(content_type) in error["message"]
+    # No content type at all: not parsed either (FastAPI's guard against cross-site posts).
+    response = client.post("/echo", content=payload)
+    assert response.status_code == 415
+    assert "this request sent none" in response.json()["error"]["message"]
+
+
+def test_json_content_types_are_parsed_and_a_json_body_of_the_wrong_shape_stays_a_400():
+    client = _echo_app()
+    payload = b'{"name": "x"}'
+    for headers in ({"content-type": "application/json; charset=utf-8"},
+                    {"content-type": "application/vnd.api+json"}):  # fmt: skip
+        response = client.post("/echo", content=payload, headers=headers)
+        assert response.status_code == 200 and response.json() == {"name": "x"}, headers
+    response = client.post("/echo", json=["x"])
+    assert response.status_code == 400
+    assert (
+        response.json()["error"]["message"]
+        == "Input should be a valid dictionary or object to extract fields from"
+    )
