@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import io
+import json
 import os
 import signal
 import time
@@ -261,8 +262,6 @@ def test_streaming_concatenates_to_the_non_streamed_response(served):
             if line.startswith("data: "):
                 events.append(line[len("data: ") :])
     assert events[-1] == "[DONE]"
-    import json
-
     chunks = [json.loads(e) for e in events[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     audio_bytes = b"".join(
@@ -283,6 +282,31 @@ def test_streaming_concatenates_to_the_non_streamed_response(served):
     assert 0 < timings["first_audio_s"] <= timings["total_s"]
     assert timings["first_frame_s"] <= timings["last_frame_s"] <= timings["total_s"]
     assert timings["rtf"] == pytest.approx(timings["total_s"] / (len(streamed) / 24000))
+
+
+def test_a_talker_that_ends_before_the_text_leaves_the_reply_whole(served):
+    """User story: a client caps the speech (the Talker's max_tokens) below what the reply's
+    text takes; the text still arrives whole with the audio made, streamed or not (feeding the
+    ended Talker was a 500, or an error event mid-stream)."""
+    talker = {"temperature": 0, "max_tokens": 2}
+    body = _chat_body(max_tokens=24, stage_overrides={"talker": talker})
+    whole = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
+    assert whole.status_code == 200, whole.text
+    answer = whole.json()
+    assert answer["usage"]["completion_tokens"] == 24  # the text outlasted the Talker
+    audio, rate = sf.read(
+        io.BytesIO(base64.b64decode(answer["choices"][0]["message"]["audio"]["data"]))
+    )
+    assert rate == 24000 and 0 < len(audio) < 2 * 1920  # one frame's worth, at most two
+    events = []
+    with httpx.stream("POST", f"{URL}/v1/chat/completions", json={**body, "stream": True},
+                      timeout=120) as r:  # fmt: skip
+        assert r.status_code == 200
+        events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and not any('"error"' in e for e in events)
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == answer["choices"][0]["message"]["content"]
 
 
 def test_openai_client_streams(client):

@@ -136,12 +136,16 @@ class TorchAREngine:
         finally:
             self._drop(seq)
 
-    def feed(self, request_id: str, item: Any) -> None:
+    def feed(self, request_id: str, item: Any) -> bool:
+        """Give a running request more input. False when it is not running: it ended on its
+        own (a stop token, ``max_tokens``) or was aborted, which its feeder cannot know in
+        time (the engine's loop ends it between two feeds), so the input is dropped."""
         seq = self._sequences.get(request_id)
         if seq is None:
-            raise KeyError(f"no running request {request_id!r}")
+            return False
         self.runner.feed(seq.state, item)
         self._wake.set()
+        return True
 
     async def abort(self, request_id: str) -> None:
         seq = self._sequences.get(request_id)

@@ -6,8 +6,9 @@ text and the Talker's codec frames into one event stream. A token is fed one ste
 that the last token can be replaced by ``tts_eos`` even if the Thinker reports "finished" in
 a chunk of its own. With stop strings, the Talker waits on the tokens a stop string may still
 reach into (each chunk's ``stop_tokens``) and never hears those that spelled the string that
-ended the reply, so it says what the text says (``omni_serve.engines.ar.stop_strings``).
-Closing the stream cancels both sides.
+ended the reply, so it says what the text says (``omni_serve.engines.ar.stop_strings``). The
+Talker may end first (its ``max_tokens``, or its end-of-speech code): the text then goes on
+alone. Closing the stream cancels both sides.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ async def speak(
         heard: list[int] = []  # the Thinker's tokens
         tokens: list[int] = []  # those the Talker follows: all but the held back or taken back
         handed = False
+        talking = True  # False once the Talker ended on its own (max_tokens, end of speech)
+
+        def feed(token: int, is_last: bool) -> None:
+            nonlocal talking
+            if talking:  # the reply's text goes on without it
+                talking = engine.feed(request_id, builder.trailing_row(token, is_last))
+
         try:
             async for chunk in thinker_chunks:
                 await out.put({"kind": "text", **chunk})
@@ -82,27 +90,30 @@ async def speak(
                     if talker_task is None:
                         continue  # the first token goes into the Talker prompt
                     if pending is not None:
-                        engine.feed(request_id, builder.trailing_row(pending, is_last=False))
+                        feed(pending, is_last=False)
                     pending = token
                 if talker_task is None and tokens and rows is not None:
                     handed = True
                     talker_task = await _start_talker(prompt_ids, rows, tokens)
                     for token in tokens[1:]:  # tokens that arrived with the first chunk
                         if pending is not None:
-                            engine.feed(request_id, builder.trailing_row(pending, False))
+                            feed(pending, is_last=False)
                         pending = token
         except Exception as exc:
             await out.put(exc)
         finally:
-            if rows is not None and rows != TOKEN_EMBEDDINGS and not handed:
-                drop_rows(rows)
-            if talker_task is not None:
-                if pending is not None:
-                    engine.feed(request_id, builder.trailing_row(pending, is_last=True))
-                engine.feed(request_id, None)  # text is done
-            else:
-                await out.put(_END)  # no Talker ran: its end marker comes from here
-            await out.put(_END)
+            try:
+                if rows is not None and rows != TOKEN_EMBEDDINGS and not handed:
+                    drop_rows(rows)
+                if talker_task is not None:
+                    if pending is not None:
+                        feed(pending, is_last=True)
+                    if talking:
+                        engine.feed(request_id, None)  # text is done
+                else:
+                    await out.put(_END)  # no Talker ran: its end marker comes from here
+            finally:  # whatever failed above, the stream must end, not wait forever
+                await out.put(_END)
 
     async def _start_talker(prompt_ids, rows_ref, tokens) -> asyncio.Task:
         embed_rows = accept_rows = None  # TOKEN_EMBEDDINGS: the builder looks them up

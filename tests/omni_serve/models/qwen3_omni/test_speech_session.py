@@ -194,6 +194,57 @@ async def test_talker_starts_before_the_thinker_finishes(talker_parts, reference
     assert first_codes < last_text  # audio frames were made while text was still coming
 
 
+async def until_the_talker_ends(chunks, engine, tokens_first: int, then_text: bool):
+    """The Thinker's first ``tokens_first`` one-token chunks; then, once the Talker has ended
+    (its ``max_tokens``), the rest of the reply, or only its end (an empty final chunk), so
+    that the only input the finished Talker gets is the one fed when the text ends."""
+    i = 0
+    async for chunk in chunks:
+        if i == tokens_first:
+            for _ in range(200):
+                if engine.num_running == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert engine.num_running == 0, "the Talker should have ended by now"
+            if not then_text:
+                yield {"token_ids": [], "text": "", "finished": True, "finish_reason": "stop"}
+                return
+        i += 1
+        yield chunk
+
+
+@pytest.mark.parametrize("then_text", [True, False])
+async def test_a_talker_that_ends_first_leaves_the_reply_to_finish(
+    talker_parts, reference_runs, then_text
+):
+    """The Talker may end before the Thinker (its max_tokens, or its end-of-speech code). The
+    reply's text still arrives whole, the frames made are transformers' first ones, and the
+    request ends: no error from feeding a Talker that ended, and no hang."""
+    run = reference_runs["text"]
+    engine = new_engine(talker_parts)
+    await engine.start()
+
+    def two_frames(_prompt_len):
+        return SamplingConfig(max_tokens=3, repetition_penalty=1.05)
+
+    replies = until_the_talker_ends(thinker_stream(run, [1] * 64), engine, 4, then_text)
+    stream = speak(
+        replies, engine, talker_parts[1], session_request(run), two_frames, identity,
+        drop_rows=kept,
+    )  # fmt: skip
+    events = await asyncio.wait_for(_collect(stream), timeout=30)
+    await engine.shutdown()
+    text_tokens = [t for e in events if e["kind"] == "text" for t in e["token_ids"]]
+    assert text_tokens == (run.generated if then_text else run.generated[:4])
+    codes = torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
+    # max_tokens codes make max_tokens - 1 frames, as transformers' 40 make its 39
+    assert torch.equal(codes, run.codes[..., :2])
+
+
+async def _collect(stream):
+    return [e async for e in stream]
+
+
 async def test_closing_the_stream_cancels_both_sides(talker_parts, reference_runs):
     run = reference_runs["text"]
     engine = new_engine(talker_parts)
