@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -45,6 +46,12 @@ def _restore_sigint() -> None:
     os.setsid()
 
 
+def _listening(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex((host, port)) == 0
+
+
 class ServeProcess:
     def __init__(
         self, target: str, base_url: str = "http://127.0.0.1:8000", args: tuple[str, ...] = ()
@@ -68,8 +75,20 @@ class ServeProcess:
         self.stop()
         raise TimeoutError(f"serve run not ready in {timeout_s}s:\n{self.tail()}")
 
-    def launch(self) -> None:
-        """Start ``serve run`` without waiting for it (tests of apps that never get ready)."""
+    def launch(self, port_free_within_s: float = 30.0) -> None:
+        """Start ``serve run`` without waiting for it (tests of apps that never get ready).
+        Refuses while another server holds the port: ``start`` would take its /health for
+        this app's, and the tests would run against whatever that server runs. Waits a while
+        first for a server just stopped, whose proxy may still be going away."""
+        url = httpx.URL(self.base_url)
+        deadline = time.monotonic() + port_free_within_s
+        while _listening(url.host, url.port or 80):
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"{url.host}:{url.port} is already in use (a `serve run` left running?); "
+                    "stop that server first"
+                )
+            time.sleep(0.5)
         env = {**os.environ, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled"}
         self.log_path.parent.mkdir(exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
