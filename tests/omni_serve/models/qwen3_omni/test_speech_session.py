@@ -45,6 +45,12 @@ async def thinker_stream(run, sizes, delay=0.0, empty_final=False, rows=None):
                "num_prompt_tokens": n}  # fmt: skip
 
 
+def spoken_codes(events) -> torch.Tensor:
+    """The Talker's frames among ``speak``'s events, as codes [groups, frames]."""
+    frames = [e["codes"] for e in events if e["kind"] == "codes"]
+    return torch.tensor(frames).T if frames else torch.empty(0, 0, dtype=torch.long)
+
+
 def session_request(run):
     mask = run.inputs.get("feature_attention_mask")
     return {
@@ -93,7 +99,7 @@ async def test_codes_match_transformers(talker_parts, reference_runs, kind, size
         )
     ]  # fmt: skip
     await engine.shutdown()
-    codes = torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
+    codes = spoken_codes(events)
     assert torch.equal(codes, run.codes)
     text_tokens = [t for e in events if e["kind"] == "text" for t in e["token_ids"]]
     assert text_tokens == run.generated
@@ -110,7 +116,7 @@ async def codes_spoken(talker_parts, chunks, run, drop_rows=kept) -> torch.Tenso
         )
     ]  # fmt: skip
     await engine.shutdown()
-    return torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
+    return spoken_codes(events)
 
 
 async def with_doubts(chunks, in_doubt):
@@ -173,7 +179,7 @@ async def test_a_prompt_without_media_speaks_from_the_token_embeddings(
         )
     ]  # fmt: skip
     await engine.shutdown()
-    codes = torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
+    codes = spoken_codes(events)
     assert torch.equal(codes, run.codes)
 
 
@@ -236,7 +242,7 @@ async def test_a_talker_that_ends_first_leaves_the_reply_to_finish(
     await engine.shutdown()
     text_tokens = [t for e in events if e["kind"] == "text" for t in e["token_ids"]]
     assert text_tokens == (run.generated if then_text else run.generated[:4])
-    codes = torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
+    codes = spoken_codes(events)
     # max_tokens codes make max_tokens - 1 frames, as transformers' 40 make its 39
     assert torch.equal(codes, run.codes[..., :2])
 
@@ -278,7 +284,7 @@ async def test_given_reply_speaks_exactly_those_tokens(talker_parts, reference_r
         )
     ]  # fmt: skip
     await engine.shutdown()
-    codes = torch.tensor([e["codes"] for e in events if e["kind"] == "codes"]).T
+    codes = spoken_codes(events)
     assert torch.equal(codes, run.codes)
 
 
