@@ -23,11 +23,11 @@ from deployments.common import (
     serve_problems,
 )
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
-from omni_serve.api.errors import ApiError, refuse_unsupported, stage_failure
+from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
 from omni_serve.api.health import stage_health
 from omni_serve.api.images import ImageGenerationRequest, parse_size, png_b64
 from omni_serve.api.metrics import ApiMetrics
-from omni_serve.api.protocol import ChatCompletionRequest, model_list, new_id
+from omni_serve.api.protocol import ChatCompletionRequest, model_card, model_list, new_id
 from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
 from omni_serve.transport import announce, take
@@ -95,6 +95,11 @@ class ImageIngress(ReleasesSharedMemory):
     async def models(self) -> dict[str, Any]:
         return model_list(self.config.served_model_name, self.created)
 
+    @app.get("/v1/models/{model_id:path}")  # an id may hold a slash (org/name)
+    async def model(self, model_id: str) -> dict[str, Any]:
+        check_model(model_id, self.config.served_model_name)
+        return model_card(model_id, self.created)
+
     @app.get("/health")
     async def health(self) -> JSONResponse:
         return await stage_health(self.handles, explain=serve_problems)
@@ -142,9 +147,7 @@ class ImageIngress(ReleasesSharedMemory):
 
     def _options(self, body: ImageGenerationRequest) -> ImageOptions:
         api = self.config.api
-        if body.model is not None and body.model != self.config.served_model_name:
-            raise ApiError(404, f"model {body.model!r} is not served here", "model",
-                           code="model_not_found")  # fmt: skip
+        check_model(body.model, self.config.served_model_name)
         try:
             width, height = parse_size(body.size or api.image_default_size, api.image_max_pixels)
         except ValueError as exc:

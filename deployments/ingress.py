@@ -31,7 +31,7 @@ from deployments.omni_stage_clients import HandleStageClients
 from deployments.session_store import SessionStoreClient
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
-from omni_serve.api.errors import ApiError, refuse_unsupported, stage_failure
+from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
 from omni_serve.api.health import stage_health
 from omni_serve.api.media import MediaError
 from omni_serve.api.media_proxy import ProxyUnreachable
@@ -41,6 +41,7 @@ from omni_serve.api.protocol import (
     SpeechRequest,
     chat_completion_response,
     error_body,
+    model_card,
     model_list,
     new_id,
     usage_dict,
@@ -182,6 +183,11 @@ class Ingress(ReleasesSharedMemory):
     async def models(self) -> dict[str, Any]:
         return model_list(self.config.served_model_name, self.created)
 
+    @app.get("/v1/models/{model_id:path}")  # an id may hold a slash (org/name)
+    async def model(self, model_id: str) -> dict[str, Any]:
+        check_model(model_id, self.config.served_model_name)
+        return model_card(model_id, self.created)
+
     @app.get("/health")
     async def health(self) -> JSONResponse:
         return await stage_health(self.handles, explain=serve_problems)
@@ -242,7 +248,7 @@ class Ingress(ReleasesSharedMemory):
     @app.post("/v1/audio/speech")
     async def speech(self, body: SpeechRequest) -> Response:
         """Text to speech: the Talker speaks ``input`` as the reply to it."""
-        self._check_model(body.model)
+        check_model(body.model, self.config.served_model_name)
         self._check_speaks("model")
         if body.voice.lower() not in self.voices:
             message = f"unknown voice {body.voice!r}; voices: {sorted(self.voices)}"
@@ -317,7 +323,7 @@ class Ingress(ReleasesSharedMemory):
             self._check_speaks("type")
             if body.voice.lower() not in self.voices:
                 raise ApiError(400, f"unknown voice {body.voice!r}", "voice")
-            self._check_model(body.model)
+            check_model(body.model, self.config.served_model_name)
             return await self._speech_events(body)
         spoken = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"}}
         if "talker" not in self.handles:  # a text-only pipeline: the text streams alone
@@ -407,17 +413,11 @@ class Ingress(ReleasesSharedMemory):
             message = "this deployment answers in text only: its pipeline has no talker stage"
             raise ApiError(400, message, param)
 
-    def _check_model(self, model: str) -> None:
-        if model != self.config.served_model_name:
-            served = self.config.served_model_name
-            message = f"model {model!r} does not exist; this server serves {served!r}"
-            raise ApiError(404, message, "model", code="model_not_found")
-
     async def _prepare(self, body: ChatCompletionRequest) -> tuple[PreparedPrompt, ChatOptions]:
         """The request's options checked, then its prompt built (off the event loop: see
         ``PromptWorker``), so a request with bad options is refused before its media decode."""
         api = self.config.api
-        self._check_model(body.model)
+        check_model(body.model, self.config.served_model_name)
         refuse_unsupported(body)
         max_tokens = body.max_completion_tokens or body.max_tokens or api.default_max_tokens
         if max_tokens > api.max_tokens_limit:

@@ -7,6 +7,8 @@ import math
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 
 from omni_serve.api.protocol import ChatCompletionRequest, error_body
 
@@ -24,6 +26,13 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.body = status, error_body(message, type_, param, code)
         self.message, self.type, self.headers = message, type_, headers
+
+
+def check_model(requested: str | None, served: str) -> None:
+    """A 404 naming the served model when a request names another (None: it named none)."""
+    if requested is not None and requested != served:
+        message = f"model {requested!r} does not exist; this server serves {served!r}"
+        raise ApiError(404, message, "model", code="model_not_found")
 
 
 def refuse_unsupported(body: ChatCompletionRequest) -> None:
@@ -114,7 +123,36 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return JSONResponse(error_body(message, param=where), status_code=400)
 
 
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own answers (no such route, a method the route does not take) in the shape
+    every other error has, saying what the server does take."""
+    method, path = request.method, request.url.path
+    if exc.status_code == 404:
+        message = f"no route {method} {path} on this server; it has {_routes(request.app)}"
+        code = "not_found"
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "other methods")
+        message, code = f"{path} takes {allowed}, not {method}", "method_not_allowed"
+    else:
+        message, code = str(exc.detail), None
+    body = error_body(message, code=code)
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def _routes(app: FastAPI) -> str:
+    """The API's routes, ``METHOD /path``: the generated docs' own routes left out."""
+    routes = [
+        f"{method} {route.path}"
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        for method in sorted(route.methods - {"HEAD"})
+    ]
+    return ", ".join(sorted(routes, key=lambda r: r.split(" ", 1)[::-1]))
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """400 (not FastAPI's 422) for malformed bodies, with the failing field named."""
+    """Every error in OpenAI's shape: 400 (not FastAPI's 422) for malformed bodies, with the
+    failing field named; 404 and 405 naming the routes and methods there are."""
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)

@@ -203,10 +203,14 @@ class ChatCompletionRequest(OmniExtensions):
         return self.use_audio_in_video or bool(vllm_form)
 
 
+def model_card(model_id: str, created: int) -> dict[str, Any]:
+    """``GET /v1/models/{id}``, and the one entry of ``GET /v1/models``: one pipeline serves
+    one model."""
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "omni-serve"}
+
+
 def model_list(model_id: str, created: int) -> dict[str, Any]:
-    """``GET /v1/models``: one pipeline serves one model."""
-    card = {"id": model_id, "object": "model", "created": created, "owned_by": "omni-serve"}
-    return {"object": "list", "data": [card]}
+    return {"object": "list", "data": [model_card(model_id, created)]}
 
 
 def new_id(prefix: str) -> str:

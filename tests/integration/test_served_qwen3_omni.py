@@ -38,6 +38,19 @@ def client(served):
 
 def test_models_lists_the_served_model(client):
     assert [m.id for m in client.models.list().data] == ["qwen3-omni"]
+    assert client.models.retrieve("qwen3-omni").id == "qwen3-omni"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4o")
+    assert missing.value.code == "model_not_found"
+
+
+def test_a_route_this_graph_lacks_is_a_404_naming_its_routes(served):
+    """The image route on the speech graph: the error shape, with the routes there are."""
+    r = httpx.post(f"{URL}/v1/images/generations", json={"prompt": "a fox"}, timeout=30)
+    assert r.status_code == 404
+    message = r.json()["error"]["message"]
+    assert message.startswith("no route POST /v1/images/generations on this server")
+    assert "POST /v1/chat/completions" in message and "POST /v1/audio/speech" in message
 
 
 def test_chat_returns_text_and_wav_audio(client):

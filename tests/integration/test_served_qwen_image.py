@@ -34,6 +34,13 @@ def client(served):
     return openai.OpenAI(base_url=f"{URL}/v1", api_key="unused")
 
 
+def test_the_served_model_is_listed_and_retrievable(client):
+    assert [m.id for m in client.models.list().data] == ["qwen-image"]
+    assert client.models.retrieve("qwen-image").id == "qwen-image"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("dall-e-3")
+
+
 def png(b64: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
 

@@ -3,14 +3,17 @@ rejected a 400 with its reason; any other stage failure a 500."""
 
 from __future__ import annotations
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from omni_serve.api.errors import (
+    ApiError,
     ReplicaDied,
     StageRejectedInput,
     StageUnavailable,
+    check_model,
     install_error_handlers,
     stage_failure,
 )
@@ -101,3 +104,30 @@ def test_json_content_types_are_parsed_and_a_json_body_of_the_wrong_shape_stays_
         response.json()["error"]["message"]
         == "Input should be a valid dictionary or object to extract fields from"
     )
+
+
+def test_no_such_route_and_a_wrong_method_get_the_error_shape_naming_what_there_is():
+    client = _echo_app()
+    missing = client.post("/v1/images/generations", json={})
+    assert missing.status_code == 404
+    error = missing.json()["error"]
+    assert error["code"] == "not_found"
+    assert error["message"] == (
+        "no route POST /v1/images/generations on this server; it has POST /echo"
+    )
+    wrong = client.get("/echo")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"] == {"message": "/echo takes POST, not GET", "type":
+                                     "invalid_request_error", "param": None,
+                                     "code": "method_not_allowed"}  # fmt: skip
+
+
+def test_a_request_for_another_model_is_a_404_naming_the_served_one():
+    check_model("qwen3-omni", "qwen3-omni")
+    check_model(None, "qwen3-omni")  # no model named: the served one
+    with pytest.raises(ApiError) as refused:
+        check_model("gpt-4o", "qwen3-omni")
+    assert refused.value.status == 404 and refused.value.body["error"] == {
+        "message": "model 'gpt-4o' does not exist; this server serves 'qwen3-omni'",
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found",
+    }  # fmt: skip
