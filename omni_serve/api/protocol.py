@@ -6,7 +6,8 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 
 class TextPart(BaseModel):
@@ -67,9 +68,43 @@ class VideoPart(BaseModel):
 ContentPart = TextPart | AudioPart | AudioUrlPart | ImagePart | VideoPart
 
 
+class EarlierAudio(BaseModel):
+    id: str = Field(description="The audio id of an earlier spoken reply.")
+
+
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"] = Field(description="Who wrote the message.")
-    content: str | list[ContentPart] = Field(description="Text, or a list of content parts.")
+    role: Literal["system", "developer", "user", "assistant"] = Field(
+        description="Who wrote the message; 'developer', OpenAI's newer name for the system "
+        "role, is taken as 'system'."
+    )
+    content: str | list[ContentPart] | None = Field(
+        None,
+        description="Text, or a list of content parts. Required: an earlier spoken reply comes "
+        "back as its text (its transcript).",
+    )
+    audio: EarlierAudio | None = Field(
+        None,
+        description="OpenAI's way back to an earlier spoken reply, by its id. This server keeps "
+        "no replies, so without content it is a 400 asking for the transcript instead.",
+    )
+
+    @field_validator("role")
+    @classmethod
+    def _developer_is_system(cls, role: str) -> str:
+        return "system" if role == "developer" else role
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is not None:
+            return self
+        if self.audio is not None:
+            raise PydanticCustomError(  # no context: the id is not a template
+                "audio_by_id",
+                f"an earlier spoken reply cannot be named by its audio id {self.audio.id!r}: "
+                "this server keeps no replies; send the reply's transcript as the message's "
+                "content",
+            )
+        raise PydanticCustomError("content_missing", "content is required")
 
 
 class AudioOptions(BaseModel):

@@ -179,6 +179,9 @@ def test_a_sessions_next_turn_reuses_its_prefix_also_when_spoken(client):
           "modalities": ["text", "audio"], "audio": {"voice": "nobody"}}, 400, "unknown voice"),
         ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "word " * 5000}]},
          400, "this model's context is 4096 tokens"),
+        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "x"},
+                                              {"role": "assistant", "audio": {"id": "audio-1"}}]},
+         400, "messages.1: an earlier spoken reply cannot be named by its audio id 'audio-1'"),
     ],
 )  # fmt: skip
 def test_bad_input_gets_a_4xx_with_a_reason(served, body, status, fragment):

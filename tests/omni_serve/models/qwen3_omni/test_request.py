@@ -242,3 +242,15 @@ def test_audio_placeholders_expand_as_the_processor_expands_them(omni_processor,
     text = omni_processor.tokenizer.decode(prompt.prompt_ids)
     theirs = omni_processor(text=text, audio=clips, return_tensors="pt")["input_ids"][0]
     assert prompt.expanded_ids == theirs.tolist()
+
+
+def test_a_developer_message_is_the_system_prompt(omni_processor):
+    """OpenAI's newer name for the system role: the model sees a system turn."""
+    chats = [
+        [ChatMessage(role=role, content="Answer briefly."), ChatMessage(role="user", content="Hi")]
+        for role in ("developer", "system")
+    ]
+    prompts = [prepare_prompt(omni_processor, chat, ApiSettings()).prompt_ids for chat in chats]
+    assert prompts[0] == prompts[1]
+    system = omni_processor.tokenizer.encode("<|im_start|>system")
+    assert prompts[0][: len(system)] == system
