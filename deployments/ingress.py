@@ -422,6 +422,9 @@ class Ingress(ReleasesSharedMemory):
         max_tokens = body.max_completion_tokens or body.max_tokens or api.default_max_tokens
         if max_tokens > api.max_tokens_limit:
             raise ApiError(400, f"max_tokens must be <= {api.max_tokens_limit}", "max_tokens")
+        if body.min_tokens > max_tokens:
+            message = f"min_tokens ({body.min_tokens}) is over max_tokens ({max_tokens})"
+            raise ApiError(400, message, "min_tokens")
         if "image" in body.modalities:
             raise ApiError(400, "modalities: this model answers in text and audio, not images",
                            "modalities")  # fmt: skip
@@ -456,7 +459,9 @@ class Ingress(ReleasesSharedMemory):
                     "top_p": body.top_p, "top_k": body.top_k, "seed": body.seed,
                     "stop": body.stop, "presence_penalty": body.presence_penalty,
                     "frequency_penalty": body.frequency_penalty,
-                    "repetition_penalty": body.repetition_penalty}  # fmt: skip
+                    "repetition_penalty": body.repetition_penalty, "min_p": body.min_p,
+                    "min_tokens": body.min_tokens, "ignore_eos": body.ignore_eos,
+                    "logit_bias": body.token_biases}  # fmt: skip
         options = ChatOptions(sampling, want_audio, voice, _talker_overrides(body),
                               session_id=body.session_id)  # fmt: skip
         return prompt, options

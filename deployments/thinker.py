@@ -112,7 +112,9 @@ class ThinkerDeployment(ReleasesSharedMemory):
         self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
     async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        sampling = SamplingConfig(**request["sampling"], stop_token_ids=[self.eos])
+        sampling = SamplingConfig(**request["sampling"])
+        if not sampling.ignore_eos:  # vLLM's ignore_eos passes over stop_token_ids' too
+            sampling.stop_token_ids = [self.eos]
         layers: tuple[int, ...] = ()
         if request.get("capture") and needs_captured_rows(request["prompt_ids"], self.model_config):
             layers = (0, self.accept_layer)

@@ -161,6 +161,9 @@ class OmniExtensions(BaseModel):
     )
 
 
+MAX_LOGIT_BIAS_TOKENS = 300
+
+
 class ChatCompletionRequest(OmniExtensions):
     model_config = ConfigDict(extra="ignore")
 
@@ -189,9 +192,32 @@ class ChatCompletionRequest(OmniExtensions):
     frequency_penalty: float = Field(
         0.0, ge=-2.0, le=2.0, description="Penalty on tokens by how often they appeared so far."
     )
+    logit_bias: dict[str, float] | None = Field(
+        None,
+        description="Added to the Thinker's logits per token id (OpenAI's form: ids as "
+        "strings), each -100..100, at most 300 tokens.",
+    )
     top_k: int = Field(-1, ge=-1, description="vLLM extension: top-k sampling; -1 or 0 = off.")
     repetition_penalty: float = Field(
         1.0, gt=0.0, le=2.0, description="vLLM extension: penalty on repeated tokens (1 = off)."
+    )
+    min_p: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="vLLM extension: tokens less likely than this fraction of the likeliest "
+        "one are never drawn (0 = off).",
+    )
+    min_tokens: int = Field(
+        0,
+        ge=0,
+        description="vLLM extension: neither the end of the turn nor a stop sequence ends the "
+        "reply before this many tokens.",
+    )
+    ignore_eos: bool = Field(
+        False,
+        description="vLLM extension: the reply goes on past the end of the turn, to max_tokens "
+        "(what benchmarks that fix reply lengths send).",
     )
     n: int = Field(1, ge=1, description="Choices to generate; this server makes 1.")
     logprobs: bool = Field(False, description="Not offered by this server: true is a 400.")
@@ -210,6 +236,20 @@ class ChatCompletionRequest(OmniExtensions):
     mm_processor_kwargs: MmProcessorKwargs | None = Field(
         None, description="vLLM's form of use_audio_in_video, for clients written for vLLM."
     )
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_biases(cls, biases: dict[str, float] | None) -> dict[str, float] | None:
+        if biases is None:
+            return None
+        if len(biases) > MAX_LOGIT_BIAS_TOKENS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS_TOKENS} tokens, not {len(biases)}")
+        for token, bias in biases.items():
+            if not token.isdigit():
+                raise ValueError(f"keys are token ids, not {token!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases are -100..100, not {bias} (token {token})")
+        return biases
 
     @field_validator("stop")
     @classmethod
@@ -231,6 +271,11 @@ class ChatCompletionRequest(OmniExtensions):
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format", "this server has no structured output (only type 'text')"
         return None
+
+    @property
+    def token_biases(self) -> dict[int, float] | None:
+        """``logit_bias`` keyed by token id, as the Thinker's sampler takes it."""
+        return {int(t): b for t, b in self.logit_bias.items()} if self.logit_bias else None
 
     @property
     def hears_video_audio(self) -> bool:

@@ -221,14 +221,35 @@ async def test_stops_and_penalties_reach_the_thinkers_sampling(ingress):
     _, options = await ingress._prepare(request(
         TEXT, stop="\n\n", presence_penalty=0.5, frequency_penalty=-0.5, top_k=20,
         repetition_penalty=1.1, response_format={"type": "text"}, n=1,
+        logit_bias={"151645": -100, "7": 2.5}, min_p=0.05, min_tokens=3, ignore_eos=True,
     ))  # fmt: skip
     assert options.sampling == {
         "max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 20, "seed": None,
         "stop": ["\n\n"], "presence_penalty": 0.5, "frequency_penalty": -0.5,
-        "repetition_penalty": 1.1,
+        "repetition_penalty": 1.1, "logit_bias": {151645: -100, 7: 2.5}, "min_p": 0.05,
+        "min_tokens": 3, "ignore_eos": True,
     }  # fmt: skip
     _, default = await ingress._prepare(request(TEXT))
     assert default.sampling["stop"] == [] and default.sampling["top_k"] == -1
+    assert default.sampling["logit_bias"] is None and not default.sampling["ignore_eos"]
+
+
+@pytest.mark.parametrize(
+    ("logit_bias", "reason"),
+    [({"x": 1}, "keys are token ids, not 'x'"), ({"-3": 1}, "keys are token ids, not '-3'"),
+     ({"5": 101}, "biases are -100..100, not 101"),
+     ({str(i): 1 for i in range(301)}, "at most 300 tokens, not 301")],
+)  # fmt: skip
+def test_a_logit_bias_openai_would_refuse_is_refused(logit_bias, reason):
+    with pytest.raises(ValidationError, match=reason):
+        request(TEXT, logit_bias=logit_bias)
+
+
+async def test_min_tokens_over_max_tokens_is_a_400_before_any_media(ingress):
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(request(TEXT, max_tokens=4, min_tokens=5))
+    assert caught.value.status == 400 and caught.value.body["error"]["param"] == "min_tokens"
+    assert caught.value.message == "min_tokens (5) is over max_tokens (4)"
 
 
 @pytest.mark.parametrize("stop", [["a", "b", "c", "d", "e"], [""]])

@@ -88,6 +88,26 @@ def test_a_stop_sequence_ends_the_text_before_it_and_penalties_change_it(client)
     assert penalised.choices[0].message.content != full  # greedy, and it repeats itself
 
 
+def test_logit_bias_and_vllms_length_settings_reach_the_thinker(client, omni_processor):
+    """User story: a client steers tokens with logit_bias, and a benchmark fixes reply lengths
+    with vLLM's ignore_eos and min_tokens (all were silently ignored)."""
+    end = omni_processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ask = dict(model="qwen3-omni", messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+               logit_bias={str(end): 100})  # fmt: skip
+    ended = client.chat.completions.create(**ask)  # the end of the turn comes first
+    assert (ended.usage.completion_tokens, ended.choices[0].finish_reason) == (1, "stop")
+    past = client.chat.completions.create(**ask, extra_body={"ignore_eos": True})
+    assert (past.usage.completion_tokens, past.choices[0].finish_reason) == (8, "length")
+    held = client.chat.completions.create(**ask, extra_body={"min_tokens": 3})
+    assert (held.usage.completion_tokens, held.choices[0].finish_reason) == (4, "stop")
+    plain = dict(model="qwen3-omni", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+    greedy = client.chat.completions.create(**plain).choices[0].message.content
+    hot = dict(plain, temperature=1.5, seed=3)
+    assert client.chat.completions.create(**hot).choices[0].message.content != greedy
+    only_the_likeliest = client.chat.completions.create(**hot, extra_body={"min_p": 1.0})
+    assert only_the_likeliest.choices[0].message.content == greedy
+
+
 def test_a_spoken_reply_says_no_more_than_its_stop_string_left_of_the_text(
     served, reference_runs, omni_processor
 ):

@@ -27,11 +27,24 @@ class SamplingConfig:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     repetition_penalty: float = 1.0
-    # Text-level settings: vLLM's (its detokenizer finds stop strings); the torch engine,
-    # which decodes codec frames, has no text and takes none of them.
+    # Text-level settings: vLLM's (its detokenizer finds stop strings; its sampler biases and
+    # cuts); the torch engine, which decodes codec frames, has no text and takes none of them.
     stop: list[str] = field(default_factory=list)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    min_p: float = 0.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+    @property
+    def text_level(self) -> list[str]:
+        """The text-level settings this asks for, by name."""
+        wanted = {"stop": self.stop, "presence_penalty": self.presence_penalty,
+                  "frequency_penalty": self.frequency_penalty, "logit_bias": self.logit_bias,
+                  "min_p": self.min_p, "min_tokens": self.min_tokens,
+                  "ignore_eos": self.ignore_eos}  # fmt: skip
+        return [name for name, value in wanted.items() if value]
 
     @property
     def greedy(self) -> bool:

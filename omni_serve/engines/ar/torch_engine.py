@@ -113,10 +113,9 @@ class TorchAREngine:
         """Register the request now (so ``feed`` works at once) and return its chunk stream."""
         if request.request_id in self._sequences:
             raise ValueError(f"request id {request.request_id!r} is already running")
-        s = request.sampling
-        if s.stop or s.presence_penalty or s.frequency_penalty:
-            raise ValueError("stop strings and presence/frequency penalties act on text, which "
-                             "the torch engine does not make")  # fmt: skip
+        if request.sampling.text_level:
+            raise ValueError(f"{', '.join(request.sampling.text_level)}: text-level settings, "
+                             "which the torch engine (it makes no text) does not take")  # fmt: skip
         seq = _Sequence(request, self.runner.new_state(request), asyncio.Queue())
         if request.sampling.seed is not None:
             seq.generator = torch.Generator().manual_seed(request.sampling.seed)

@@ -157,6 +157,10 @@ class VLLMEngine:
             repetition_penalty=s.repetition_penalty,
             presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty,
+            logit_bias=s.logit_bias,
+            min_p=s.min_p,
+            min_tokens=s.min_tokens,
+            ignore_eos=s.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra or None,
             # Captured rows cover computed tokens only: a cache hit skips them.

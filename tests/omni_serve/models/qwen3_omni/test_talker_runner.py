@@ -129,7 +129,11 @@ async def test_bfloat16_talker_runs(tiny_omni_path, reference_runs):
     assert int(codes.min()) >= 0 and int(codes.max()) < 2048
 
 
-@pytest.mark.parametrize("text_setting", [{"stop": ["."]}, {"presence_penalty": 1.0}])
+@pytest.mark.parametrize(
+    "text_setting",
+    [{"stop": ["."]}, {"presence_penalty": 1.0}, {"logit_bias": {5: 10.0}}, {"min_p": 0.1},
+     {"min_tokens": 2}, {"ignore_eos": True}],
+)  # fmt: skip
 def test_text_only_settings_are_refused_by_the_engine_that_makes_no_text(
     talker_parts, text_setting
 ):
@@ -137,5 +141,6 @@ def test_text_only_settings_are_refused_by_the_engine_that_makes_no_text(
     request = ARRequest(
         "t", prompt_embeds=torch.zeros(3, 8), sampling=SamplingConfig(**text_setting)
     )
-    with pytest.raises(ValueError, match="act on text"):
+    (name,) = text_setting
+    with pytest.raises(ValueError, match=f"^{name}: text-level settings"):
         engine.generate(request)
