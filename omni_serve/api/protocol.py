@@ -221,8 +221,23 @@ class ChatCompletionRequest(OmniExtensions):
     )
     n: int = Field(1, ge=1, description="Choices to generate; this server makes 1.")
     logprobs: bool = Field(False, description="Not offered by this server: true is a 400.")
+    top_logprobs: int | None = Field(
+        None, description="Not offered by this server: above 0 is a 400."
+    )
     tools: list[dict[str, Any]] | None = Field(
         None, description="Not offered by this server: a non-empty list is a 400."
+    )
+    functions: list[dict[str, Any]] | None = Field(
+        None, description="OpenAI's older tools: a non-empty list is a 400, as tools is."
+    )
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description="Only 'none' or 'auto': one that asks for a call is a 400."
+    )
+    function_call: str | dict[str, Any] | None = Field(
+        None, description="OpenAI's older tool_choice: only 'none' or 'auto'."
+    )
+    web_search_options: dict[str, Any] | None = Field(
+        None, description="Not offered by this server: present is a 400."
     )
     response_format: dict[str, Any] | None = Field(
         None, description="Only {'type': 'text'} (the default): structured output is a 400."
@@ -264,10 +279,17 @@ class ChatCompletionRequest(OmniExtensions):
         for: a 400, not an answer that silently ignores it."""
         if self.n != 1:
             return "n", "this server generates 1 choice per request (n=1)"
-        if self.logprobs:
-            return "logprobs", "this server does not return logprobs"
-        if self.tools:
-            return "tools", "this server does not call tools"
+        if self.logprobs or self.top_logprobs:
+            param = "logprobs" if self.logprobs else "top_logprobs"
+            return param, "this server does not return logprobs"
+        for param in ("tools", "functions"):
+            if getattr(self, param):
+                return param, "this server does not call tools"
+        for param in ("tool_choice", "function_call"):
+            if getattr(self, param) not in (None, "none", "auto"):
+                return param, "this server does not call tools (only 'none' or 'auto')"
+        if self.web_search_options is not None:
+            return "web_search_options", "this server does not search the web"
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format", "this server has no structured output (only type 'text')"
         return None

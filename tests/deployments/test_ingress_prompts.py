@@ -205,8 +205,15 @@ async def test_a_fetched_audio_url_is_the_clip_inline_audio_is(fetching_ingress)
         ({"logprobs": True}, "logprobs", "does not return logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "call tools"),
         ({"response_format": {"type": "json_object"}}, "response_format", "structured output"),
+        ({"top_logprobs": 2}, "top_logprobs", "does not return logprobs"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions", "call tools"),
+        ({"tool_choice": "required"}, "tool_choice", "only 'none' or 'auto'"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
+         "call tools"),
+        ({"function_call": {"name": "f"}}, "function_call", "call tools"),
+        ({"web_search_options": {}}, "web_search_options", "search the web"),
     ],
-)
+)  # fmt: skip
 async def test_openai_settings_this_server_does_not_honour_are_a_400(
     ingress, fields, param, reason
 ):
@@ -220,7 +227,8 @@ async def test_openai_settings_this_server_does_not_honour_are_a_400(
 async def test_stops_and_penalties_reach_the_thinkers_sampling(ingress):
     _, options = await ingress._prepare(request(
         TEXT, stop="\n\n", presence_penalty=0.5, frequency_penalty=-0.5, top_k=20,
-        repetition_penalty=1.1, response_format={"type": "text"}, n=1,
+        repetition_penalty=1.1, response_format={"type": "text"}, n=1, tool_choice="none",
+        function_call="auto", top_logprobs=0, user="u1", store=False, metadata={"a": "b"},
         logit_bias={"151645": -100, "7": 2.5}, min_p=0.05, min_tokens=3, ignore_eos=True,
     ))  # fmt: skip
     assert options.sampling == {
