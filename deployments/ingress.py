@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -29,7 +28,12 @@ from deployments.common import (
 )
 from deployments.omni_stage_clients import HandleStageClients
 from deployments.session_store import SessionStoreClient
-from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
+from omni_serve.api.audio_codec import (
+    STREAMABLE_FORMATS,
+    change_speed,
+    encode_audio,
+    wav_stream_header,
+)
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
 from omni_serve.api.health import stage_health
@@ -40,14 +44,13 @@ from omni_serve.api.protocol import (
     ChatCompletionRequest,
     SpeechRequest,
     chat_completion_response,
-    error_body,
     model_card,
     model_list,
     new_id,
     usage_dict,
 )
 from omni_serve.api.sse import DONE, ChunkWriter, sse
-from omni_serve.api.websocket import IdleTimeout, receive_request
+from omni_serve.api.websocket import IdleTimeout, error_event, receive_request
 from omni_serve.config import PipelineConfig
 from omni_serve.engines.ar.vllm_engine import DEFAULT_ENGINE_ARGS
 from omni_serve.models import resolve_model
@@ -69,29 +72,6 @@ log = logging.getLogger("ray.serve")
 
 SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac",
                       "mp3": "audio/mpeg", "opus": "audio/ogg"}  # fmt: skip
-
-
-def _change_speed(samples: np.ndarray, speed: float) -> np.ndarray:
-    """Playback speed by resampling (tempo and pitch change together)."""
-    if speed == 1.0:
-        return samples
-    import soxr
-
-    return soxr.resample(samples, SAMPLE_RATE * speed, SAMPLE_RATE).astype(np.float32)
-
-
-def _ws_error(exc: Exception) -> dict[str, Any]:
-    if isinstance(exc, ApiError):
-        return {"type": "error", **exc.body}
-    if isinstance(exc, RequestTimeout):
-        return {"type": "error", **error_body(str(exc), "timeout_error")}
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return {"type": "error", **error_body(f"{where}: {first['msg']}", param=where)}
-    if isinstance(exc, ValueError | KeyError | TypeError):  # incl. JSON decode errors
-        return {"type": "error", **error_body(str(exc)[:500])}
-    return {"type": "error", **stage_failure(exc).body}
 
 
 def chat_usage(result: ChatResult) -> dict[str, Any]:
@@ -248,11 +228,7 @@ class Ingress(ReleasesSharedMemory):
     @app.post("/v1/audio/speech")
     async def speech(self, body: SpeechRequest) -> Response:
         """Text to speech: the Talker speaks ``input`` as the reply to it."""
-        check_model(body.model, self.config.served_model_name)
-        self._check_speaks("model")
-        if body.voice.lower() not in self.voices:
-            message = f"unknown voice {body.voice!r}; voices: {sorted(self.voices)}"
-            raise ApiError(400, message, "voice")
+        self._check_speech(body, "model")
         fmt = "pcm16" if body.response_format == "pcm" else body.response_format
         if body.stream_format == "audio" and fmt not in STREAMABLE_FORMATS:
             raise ApiError(400, "streamed audio must be wav or pcm", "response_format")
@@ -282,7 +258,7 @@ class Ingress(ReleasesSharedMemory):
         except Exception as exc:
             log.exception("speech request failed in a stage")
             raise stage_failure(exc) from None
-        data = encode_audio(_change_speed(audio, body.speed), SAMPLE_RATE, fmt)
+        data = encode_audio(change_speed(audio, body.speed, SAMPLE_RATE), SAMPLE_RATE, fmt)
         return Response(data, media_type=media_type)
 
     async def _speech_events(self, body: SpeechRequest, deadline: bool = True):
@@ -305,7 +281,7 @@ class Ingress(ReleasesSharedMemory):
                 except (WebSocketDisconnect, IdleTimeout):
                     raise
                 except Exception as exc:  # bad input: say why, keep the socket
-                    await ws.send_json(_ws_error(exc))
+                    await ws.send_json(error_event(exc))
                     continue
                 await self._ws_answer(ws, events)
         except (WebSocketDisconnect, IdleTimeout):
@@ -320,10 +296,7 @@ class Ingress(ReleasesSharedMemory):
         voice = fields.pop("voice", "ethan")
         if message["type"] == "speech":
             body = SpeechRequest.model_validate({**fields, "voice": voice})
-            self._check_speaks("type")
-            if body.voice.lower() not in self.voices:
-                raise ApiError(400, f"unknown voice {body.voice!r}", "voice")
-            check_model(body.model, self.config.served_model_name)
+            self._check_speech(body, "type")
             return await self._speech_events(body)
         spoken = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"}}
         if "talker" not in self.handles:  # a text-only pipeline: the text streams alone
@@ -354,7 +327,7 @@ class Ingress(ReleasesSharedMemory):
             raise
         except Exception as exc:
             log.exception("websocket request failed in a stage")
-            await ws.send_json(_ws_error(exc))
+            await ws.send_json(error_event(exc))
 
     async def _until_audio(self, events) -> list[ChatEvent]:
         """The events up to the first audio chunk, before any byte is sent: a deadline or a
@@ -408,6 +381,18 @@ class Ingress(ReleasesSharedMemory):
     def _deadline(self, body: ChatCompletionRequest | SpeechRequest) -> float | None:
         return request_deadline(body.timeout_s, self.config.api.request_timeout_s)
 
+    def _check_speech(self, body: SpeechRequest, param: str) -> None:
+        """A speech request's checks, before anything runs; ``param`` names the field that
+        asked for speech on a text-only deployment."""
+        check_model(body.model, self.config.served_model_name)
+        self._check_speaks(param)
+        refuse_unsupported(body)
+        self._check_voice(body.voice, "voice")
+
+    def _check_voice(self, voice: str, param: str) -> None:
+        if voice.lower() not in self.voices:
+            raise ApiError(400, f"unknown voice {voice!r}; voices: {sorted(self.voices)}", param)
+
     def _check_speaks(self, param: str) -> None:
         if "talker" not in self.handles:
             message = "this deployment answers in text only: its pipeline has no talker stage"
@@ -434,9 +419,8 @@ class Ingress(ReleasesSharedMemory):
         if want_audio and body.audio is None:
             raise ApiError(400, "modalities includes 'audio': give audio {voice, format}", "audio")
         voice = body.audio.voice if body.audio else "ethan"
-        if want_audio and voice.lower() not in self.voices:
-            message = f"unknown voice {voice!r}; voices: {sorted(self.voices)}"
-            raise ApiError(400, message, "audio.voice")
+        if want_audio:
+            self._check_voice(voice, "audio.voice")
         if want_audio and body.stream and body.audio.format not in STREAMABLE_FORMATS:
             message = f"streamed audio must be one of {list(STREAMABLE_FORMATS)}"
             raise ApiError(400, message, "audio.format")

@@ -57,3 +57,12 @@ def wav_stream_header(sample_rate: int, channels: int = 1) -> bytes:
     fmt = struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block, block, 16)
     unknown = struct.pack("<I", 0xFFFFFFFF)
     return b"RIFF" + unknown + b"WAVE" + b"fmt " + fmt + b"data" + unknown
+
+
+def change_speed(samples: np.ndarray, speed: float, sample_rate: int) -> np.ndarray:
+    """Playback speed by resampling (tempo and pitch change together)."""
+    if speed == 1.0:
+        return samples
+    import soxr
+
+    return soxr.resample(samples, sample_rate * speed, sample_rate).astype(np.float32)

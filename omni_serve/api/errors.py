@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from omni_serve.api.protocol import ChatCompletionRequest, error_body
+from omni_serve.api.protocol import ChatCompletionRequest, SpeechRequest, error_body
 
 
 class ApiError(Exception):
@@ -35,8 +35,9 @@ def check_model(requested: str | None, served: str) -> None:
         raise ApiError(404, message, "model", code="model_not_found")
 
 
-def refuse_unsupported(body: ChatCompletionRequest) -> None:
-    """A 400 for an OpenAI setting this server does not honour, for every chat route."""
+def refuse_unsupported(body: ChatCompletionRequest | SpeechRequest) -> None:
+    """A 400 for an OpenAI setting this server does not honour, for every chat and speech
+    route."""
     unsupported = body.unsupported()
     if unsupported:
         raise ApiError(400, unsupported[1], unsupported[0])

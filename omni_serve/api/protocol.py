@@ -368,3 +368,15 @@ class SpeechRequest(OmniExtensions):
     stream_format: Literal["audio", "sse"] | None = Field(
         None, description="Stream raw audio chunks (wav/pcm) or SSE events; None = one response."
     )
+    instructions: str | None = Field(
+        None,
+        description="OpenAI's steering of the voice's tone and style: not offered by this "
+        "model, so any is a 400.",
+    )
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(param, reason) of an OpenAI setting this server does not honour but was asked
+        for: a 400, not speech that silently ignores it."""
+        if self.instructions:
+            return "instructions", "this model's voice cannot be steered by instructions"
+        return None

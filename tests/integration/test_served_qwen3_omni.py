@@ -540,6 +540,7 @@ def test_speech_streams_as_audio_bytes_and_as_sse(served):
         ({"input": "x", "voice": "nobody"}, "unknown voice"),
         ({"input": "x", "stream_format": "audio", "response_format": "mp3"}, "wav or pcm"),
         ({"input": "x", "speed": 9}, "speed"),
+        ({"input": "x", "instructions": "Speak cheerfully."}, "cannot be steered by instructions"),
     ],
 )
 def test_speech_bad_input_is_a_400(served, body, fragment):

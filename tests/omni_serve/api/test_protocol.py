@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from omni_serve.api.protocol import ChatMessage
+from omni_serve.api.protocol import ChatMessage, SpeechRequest
 
 
 def test_an_earlier_spoken_reply_named_by_its_audio_id_asks_for_its_transcript():
@@ -27,3 +27,12 @@ def test_a_message_without_content_is_refused_and_developer_reads_as_system():
     with pytest.raises(ValidationError, match="content is required"):
         ChatMessage.model_validate({"role": "user"})
     assert ChatMessage(role="developer", content="Be brief.").role == "system"
+
+
+def test_speech_instructions_are_refused_not_ignored():
+    steered = SpeechRequest(model="m", input="Hi", instructions="Whisper.")
+    assert steered.unsupported() == (
+        "instructions",
+        "this model's voice cannot be steered by instructions",
+    )
+    assert SpeechRequest(model="m", input="Hi", instructions="").unsupported() is None
