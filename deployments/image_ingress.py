@@ -3,6 +3,7 @@ with ``modalities: ["image"]``, orchestrating TextEncoder -> DiT -> VAE."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -25,7 +26,7 @@ from deployments.common import (
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
 from omni_serve.api.health import stage_health
-from omni_serve.api.images import ImageGenerationRequest, parse_size, png_b64
+from omni_serve.api.images import ImageGenerationRequest, images_b64, parse_size
 from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import ChatCompletionRequest, model_card, model_list, new_id
 from omni_serve.config import PipelineConfig
@@ -113,9 +114,12 @@ class ImageIngress(ReleasesSharedMemory):
     @app.post("/v1/images/generations")
     async def generations(self, body: ImageGenerationRequest) -> dict[str, Any]:
         result = await self._run(self._options(body), body.timeout_s)
+        fmt, quality = body.output_format, body.output_compression
+        encoded = await asyncio.to_thread(images_b64, result.images, fmt, quality)
         return {
             "created": int(time.time()),
-            "data": [{"b64_json": png_b64(image)} for image in result.images],
+            "data": [{"b64_json": data} for data in encoded],
+            "output_format": fmt,
             "seeds": result.seeds,
             "timings": result.timings,
         }
@@ -135,8 +139,9 @@ class ImageIngress(ReleasesSharedMemory):
             message = f"messages: the last user message is not a usable prompt ({reason})"
             raise ApiError(400, message, "messages") from None
         result = await self._run(self._options(request), body.timeout_s)
-        parts = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png_b64(i)}"}}
-                 for i in result.images]  # fmt: skip
+        encoded = await asyncio.to_thread(images_b64, result.images)
+        parts = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+                 for data in encoded]  # fmt: skip
         return {
             "id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
             "model": self.config.served_model_name,

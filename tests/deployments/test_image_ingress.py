@@ -62,3 +62,40 @@ async def test_a_second_death_is_a_503_with_retry_after():
     with pytest.raises(ApiError) as failed:
         await _ingress(FakeClients(deaths=2))._run(OPTIONS, None)
     assert failed.value.status == 503 and failed.value.headers == {"Retry-After": "5"}
+
+
+@pytest.mark.parametrize("route", ["generations", "chat_completions"])
+async def test_images_are_encoded_off_the_event_loop(monkeypatch, route):
+    """A few large images take a second of CPU to encode: on the loop they would stall every
+    other request of the replica."""
+    import threading
+
+    from omni_serve.api.images import ImageGenerationRequest
+    from omni_serve.api.protocol import ChatCompletionRequest
+
+    threads = []
+
+    def recording(images, *args):
+        threads.append(threading.current_thread())
+        return ["aW1n"] * len(images)
+
+    # the globals the route methods read (Serve's decorator may hold a copy of the module's)
+    monkeypatch.setitem(IngressClass.generations.__globals__, "images_b64", recording)
+    ingress = _ingress(FakeClients(deaths=0))
+    ingress.config = types.SimpleNamespace(
+        served_model_name="qwen-image",
+        api=types.SimpleNamespace(request_timeout_s=30.0, image_default_size="64x64",
+                                  image_max_pixels=1024 * 1024, image_default_steps=2),
+    )  # fmt: skip
+    ingress.step_mask_length = None
+    if route == "generations":
+        body = ImageGenerationRequest(prompt="a red kite", output_format="jpeg")
+        answer = await IngressClass.generations(ingress, body)
+        assert answer["data"] == [{"b64_json": "aW1n"}] and answer["output_format"] == "jpeg"
+    else:
+        kite = [{"role": "user", "content": "a red kite"}]
+        body = ChatCompletionRequest(model="qwen-image", modalities=["image"], messages=kite)
+        answer = await IngressClass.chat_completions(ingress, body)
+        url = answer["choices"][0]["message"]["content"][0]["image_url"]["url"]
+        assert url == "data:image/png;base64,aW1n"
+    assert threads and threading.main_thread() not in threads

@@ -78,6 +78,18 @@ def test_openai_client_and_default_size(client):
     assert png(result.data[0].b64_json).shape == (256, 256, 3)  # the pipeline's default
 
 
+def test_the_openai_client_asks_for_jpeg_and_webp(client):
+    """The same seed's image, encoded as asked (output_format, output_compression)."""
+    ask = dict(prompt="a red cube", size="64x64", extra_body={"seed": 5, "num_inference_steps": 2})
+    reference = png(client.images.generate(**ask).data[0].b64_json)
+    for fmt, pil in (("jpeg", "JPEG"), ("webp", "WEBP")):
+        result = client.images.generate(**ask, output_format=fmt, output_compression=90)
+        encoded = Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json)))
+        assert encoded.format == pil and result.output_format == fmt
+        lossy = np.asarray(encoded.convert("RGB"), dtype=int)
+        assert np.abs(lossy - reference).mean() < 20  # the same picture, roughly
+
+
 def test_concurrent_requests_batch_in_the_dit(served):
     body = {"prompt": "a cat", "size": "64x64", "num_inference_steps": 8}
 
