@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import time
@@ -30,7 +31,6 @@ from deployments.omni_stage_clients import HandleStageClients
 from deployments.session_store import SessionStoreClient
 from omni_serve.api.audio_codec import (
     STREAMABLE_FORMATS,
-    change_speed,
     encode_audio,
     wav_stream_header,
 )
@@ -212,8 +212,8 @@ class Ingress(ReleasesSharedMemory):
         audio = None
         audio_s = 0.0
         if options.want_audio and result.audio is not None:
-            audio_s = len(result.audio) / SAMPLE_RATE
-            data = encode_audio(result.audio, SAMPLE_RATE, body.audio.format)
+            audio_s, fmt = len(result.audio) / SAMPLE_RATE, body.audio.format
+            data = await asyncio.to_thread(encode_audio, result.audio, SAMPLE_RATE, fmt)
             audio = {"id": new_id("audio"), "data": base64.b64encode(data).decode(),
                      "expires_at": int(time.time()) + 3600, "transcript": result.text}  # fmt: skip
         self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
@@ -258,7 +258,7 @@ class Ingress(ReleasesSharedMemory):
         except Exception as exc:
             log.exception("speech request failed in a stage")
             raise stage_failure(exc) from None
-        data = encode_audio(change_speed(audio, body.speed, SAMPLE_RATE), SAMPLE_RATE, fmt)
+        data = await asyncio.to_thread(encode_audio, audio, SAMPLE_RATE, fmt, body.speed)
         return Response(data, media_type=media_type)
 
     async def _speech_events(self, body: SpeechRequest, deadline: bool = True):
