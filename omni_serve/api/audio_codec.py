@@ -41,7 +41,10 @@ def decode_audio(data: bytes, target_rate: int) -> np.ndarray:
     try:
         samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as exc:  # libsndfile raises several types for corrupt input
-        raise AudioDecodeError(f"could not decode audio: {exc}") from None
+        # soundfile names the in-memory file it opened ("Error opening <_io.BytesIO object at
+        # 0x...>: Format not recognised."): only libsndfile's reason is the client's business.
+        reason = str(exc).rpartition(">: ")[2] or type(exc).__name__
+        raise AudioDecodeError(f"could not decode audio: {reason}") from None
     mono = samples.mean(axis=1)
     if rate != target_rate:
         mono = soxr.resample(mono, rate, target_rate).astype(np.float32)

@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
-from omni_serve.api.audio_codec import decode_audio, encode_audio
+from omni_serve.api.audio_codec import AudioDecodeError, decode_audio, encode_audio
 from omni_serve.api.media import (
     MediaError,
     input_audio_bytes,
@@ -97,3 +97,9 @@ def test_an_image_over_the_pixel_limit_is_refused_before_it_decodes(side):
     with pytest.raises(MediaError, match="pixels") as caught:
         load_image(raw, 1_000_000, "messages[0].content[2]")
     assert caught.value.param == "messages[0].content[2]"
+
+
+def test_undecodable_audio_gives_libsndfiles_reason_not_the_in_memory_files_name():
+    with pytest.raises(AudioDecodeError) as err:
+        decode_audio(b"not audio at all", RATE)
+    assert str(err.value) == "could not decode audio: Format not recognised."
