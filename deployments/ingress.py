@@ -10,30 +10,26 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
 from fastapi import WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
+from deployments.audio_routes import AudioRoutes
 from deployments.common import (
     ReleasesSharedMemory,
     configure_http_guards,
     edge_channel,
     export_stage_metrics,
     in_serve_replica,
-    ingress_app,
     ingress_stats,
     serve_problems,
 )
+from deployments.omni_api import app
 from deployments.omni_stage_clients import HandleStageClients
 from deployments.session_store import SessionStoreClient
-from omni_serve.api.audio_codec import (
-    STREAMABLE_FORMATS,
-    encode_audio,
-    wav_stream_header,
-)
+from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
 from omni_serve.api.health import stage_health
@@ -49,7 +45,7 @@ from omni_serve.api.protocol import (
     new_id,
     usage_dict,
 )
-from omni_serve.api.sse import DONE, ChunkWriter, sse
+from omni_serve.api.sse import DONE, ChunkWriter
 from omni_serve.api.websocket import IdleTimeout, error_event, receive_request
 from omni_serve.config import PipelineConfig
 from omni_serve.engines.ar.vllm_engine import DEFAULT_ENGINE_ARGS
@@ -66,12 +62,7 @@ from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
 from omni_serve.models.qwen3_omni.request import PreparedPrompt, over_media_limits
 from omni_serve.transport.session_prefixes import free_prefix
 
-app = ingress_app("omni-serve")
 log = logging.getLogger("ray.serve")
-
-
-SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac",
-                      "mp3": "audio/mpeg", "opus": "audio/ogg"}  # fmt: skip
 
 
 def chat_usage(result: ChatResult) -> dict[str, Any]:
@@ -84,18 +75,11 @@ def _outcome(failure: ApiError) -> str:
     return "unavailable" if failure.status == 503 else "error"
 
 
-def _talker_overrides(body: ChatCompletionRequest | SpeechRequest) -> dict[str, Any]:
-    overrides = body.stage_overrides.talker if body.stage_overrides else None
-    if overrides is None:
-        return {}
-    return overrides.model_dump(exclude_none=True)
-
-
 # Keep module-level helpers ABOVE this class: Serve pickles the class by value when the
 # decorator runs, so a global defined below it is missing in the replica (NameError).
 @serve.deployment
 @serve.ingress(app)
-class Ingress(ReleasesSharedMemory):
+class Ingress(AudioRoutes, ReleasesSharedMemory):
     def __init__(
         self,
         pipeline: dict[str, Any],
@@ -186,29 +170,15 @@ class Ingress(ReleasesSharedMemory):
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest) -> Response:
         prompt, options = await self._prepare(body)
-        request_id = uuid.uuid4().hex
         if body.stream:
-            return StreamingResponse(
-                self._sse(body, prompt, options, request_id), media_type="text/event-stream"
-            )
-        self.metrics.in_flight.inc()
-        try:
-            result = await await_within(
-                handle_calls.rerun_after_replica_death(
-                    lambda: collect(self._chat(prompt, options, request_id))
-                ),
-                self._deadline(body),
-            )
-        except RequestTimeout as exc:
-            self.metrics.requests.labels("timeout").inc()
-            raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
-        except Exception as exc:  # a stage failed: say so, in the API's error shape
-            log.exception("chat request failed in a stage")
-            failure = stage_failure(exc)
-            self.metrics.requests.labels(_outcome(failure)).inc()
-            raise failure from None
-        finally:
-            self.metrics.in_flight.dec()
+            writer = ChunkWriter(
+                new_id("chatcmpl"), self.config.served_model_name, new_id("audio"), SAMPLE_RATE,
+                body.audio.format if body.audio else "pcm16",
+                include_usage=bool(body.stream_options and body.stream_options.include_usage),
+            )  # fmt: skip
+            answer = self._sse(body, prompt, options, uuid.uuid4().hex, writer)
+            return StreamingResponse(answer, media_type="text/event-stream")
+        result = await self._complete(body, prompt, options)
         audio = None
         audio_s = 0.0
         if options.want_audio and result.audio is not None:
@@ -224,50 +194,6 @@ class Ingress(ReleasesSharedMemory):
         )
         response["timings"] = result.timings
         return JSONResponse(response)
-
-    @app.post("/v1/audio/speech")
-    async def speech(self, body: SpeechRequest) -> Response:
-        """Text to speech: the Talker speaks ``input`` as the reply to it."""
-        self._check_speech(body, "model")
-        fmt = "pcm16" if body.response_format == "pcm" else body.response_format
-        if body.stream_format == "audio" and fmt not in STREAMABLE_FORMATS:
-            raise ApiError(400, "streamed audio must be wav or pcm", "response_format")
-        if body.stream_format and body.speed != 1.0:
-            raise ApiError(400, "speed other than 1.0 is not supported when streaming", "speed")
-        media_type = SPEECH_MEDIA_TYPES[body.response_format]
-        if body.stream_format == "audio":
-            events = await self._speech_events(body)
-            first = await self._until_audio(events)
-            return StreamingResponse(self._speech_bytes(first, events, fmt), media_type=media_type)
-        if body.stream_format == "sse":
-            events = await self._speech_events(body)
-            return StreamingResponse(self._speech_sse(events), media_type="text/event-stream")
-
-        async def spoken() -> np.ndarray:
-            async for event in await self._speech_events(body, deadline=False):
-                if event.kind == "done":
-                    return event.result.audio
-            return np.zeros(0, dtype=np.float32)
-
-        try:
-            audio = await await_within(
-                handle_calls.rerun_after_replica_death(spoken), self._deadline(body)
-            )
-        except RequestTimeout as exc:
-            raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
-        except Exception as exc:
-            log.exception("speech request failed in a stage")
-            raise stage_failure(exc) from None
-        data = await asyncio.to_thread(encode_audio, audio, SAMPLE_RATE, fmt, body.speed)
-        return Response(data, media_type=media_type)
-
-    async def _speech_events(self, body: SpeechRequest, deadline: bool = True):
-        prompt, reply = await self.prompts.speech(body.input)
-        sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
-        options = ChatOptions(sampling, True, body.voice, _talker_overrides(body), reply_ids=reply,
-                              session_id=body.session_id)  # fmt: skip
-        events = self._chat(prompt, options, uuid.uuid4().hex)
-        return iterate_within(events, self._deadline(body)) if deadline else events
 
     @app.websocket("/v1/audio/stream")
     async def audio_stream(self, ws: WebSocket) -> None:
@@ -329,74 +255,8 @@ class Ingress(ReleasesSharedMemory):
             log.exception("websocket request failed in a stage")
             await ws.send_json(error_event(exc))
 
-    async def _until_audio(self, events) -> list[ChatEvent]:
-        """The events up to the first audio chunk, before any byte is sent: a deadline or a
-        stage failure before it is an error response (504, 503) instead of a 200 whose body
-        breaks off (raw audio has no way to say why)."""
-        taken = []
-        try:
-            async for event in events:  # leaving the loop leaves the generator open
-                taken.append(event)
-                if event.kind in ("audio", "done"):
-                    break
-        except RequestTimeout as exc:
-            raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
-        except ApiError:
-            raise
-        except Exception as exc:
-            log.exception("streamed speech request failed in a stage")
-            raise stage_failure(exc) from None
-        return taken
-
-    async def _speech_bytes(self, first: list[ChatEvent], events, fmt: str) -> AsyncIterator[bytes]:
-        """The audio as it comes. Past the deadline the stream ends with the audio so far
-        (the client's own limit; ``stream_format: sse`` says so in an event)."""
-        if fmt == "wav":
-            yield wav_stream_header(SAMPLE_RATE)
-        for event in first:
-            if event.kind == "audio":
-                yield encode_audio(event.audio, SAMPLE_RATE, "pcm16")
-        try:
-            async for event in events:
-                if event.kind == "audio":
-                    yield encode_audio(event.audio, SAMPLE_RATE, "pcm16")
-        except RequestTimeout as exc:
-            log.info("streamed speech ended at its deadline: %s", exc)
-
-    async def _speech_sse(self, events) -> AsyncIterator[str]:
-        try:
-            async for event in events:
-                if event.kind == "audio":
-                    data = base64.b64encode(encode_audio(event.audio, SAMPLE_RATE, "pcm16"))
-                    yield sse({"type": "speech.audio.delta", "audio": data.decode()})
-                elif event.kind == "done":
-                    seconds = len(event.result.audio) / SAMPLE_RATE
-                    yield sse({"type": "speech.audio.done", "audio_seconds": seconds,
-                               "timings": event.result.timings})  # fmt: skip
-        except Exception as exc:  # headers are out: report in-band
-            log.exception("streamed speech request failed in a stage")
-            failure = stage_failure(exc)
-            yield sse({"type": "error", "error": failure.body["error"]})
-
     def _deadline(self, body: ChatCompletionRequest | SpeechRequest) -> float | None:
         return request_deadline(body.timeout_s, self.config.api.request_timeout_s)
-
-    def _check_speech(self, body: SpeechRequest, param: str) -> None:
-        """A speech request's checks, before anything runs; ``param`` names the field that
-        asked for speech on a text-only deployment."""
-        check_model(body.model, self.config.served_model_name)
-        self._check_speaks(param)
-        refuse_unsupported(body)
-        self._check_voice(body.voice, "voice")
-
-    def _check_voice(self, voice: str, param: str) -> None:
-        if voice.lower() not in self.voices:
-            raise ApiError(400, f"unknown voice {voice!r}; voices: {sorted(self.voices)}", param)
-
-    def _check_speaks(self, param: str) -> None:
-        if "talker" not in self.handles:
-            message = "this deployment answers in text only: its pipeline has no talker stage"
-            raise ApiError(400, message, param)
 
     async def _prepare(self, body: ChatCompletionRequest) -> tuple[PreparedPrompt, ChatOptions]:
         """The request's options checked, then its prompt built (off the event loop: see
@@ -446,29 +306,51 @@ class Ingress(ReleasesSharedMemory):
                     "repetition_penalty": body.repetition_penalty, "min_p": body.min_p,
                     "min_tokens": body.min_tokens, "ignore_eos": body.ignore_eos,
                     "logit_bias": body.token_biases}  # fmt: skip
-        options = ChatOptions(sampling, want_audio, voice, _talker_overrides(body),
+        options = ChatOptions(sampling, want_audio, voice, body.talker_sampling(),
                               session_id=body.session_id)  # fmt: skip
         return prompt, options
 
-    async def _sse(self, body, prompt, options, request_id) -> AsyncIterator[str]:
-        writer = ChunkWriter(new_id("chatcmpl"), self.config.served_model_name, new_id("audio"),
-                             SAMPLE_RATE, body.audio.format if body.audio else "pcm16")  # fmt: skip
+    async def _complete(
+        self, body: ChatCompletionRequest, prompt: PreparedPrompt, options: ChatOptions
+    ) -> ChatResult:
+        """A chat run whole (again from the start if a replica died before it answered),
+        within its deadline; a failure is the API's error (504, 503, 400, 500)."""
+        request_id = uuid.uuid4().hex
         self.metrics.in_flight.inc()
         try:
-            yield writer.role()
+            return await await_within(
+                handle_calls.rerun_after_replica_death(
+                    lambda: collect(self._chat(prompt, options, request_id))
+                ),
+                self._deadline(body),
+            )
+        except RequestTimeout as exc:
+            self.metrics.requests.labels("timeout").inc()
+            raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
+        except Exception as exc:  # a stage failed: say so, in the API's error shape
+            log.exception("chat request failed in a stage")
+            failure = stage_failure(exc)
+            self.metrics.requests.labels(_outcome(failure)).inc()
+            raise failure from None
+        finally:
+            self.metrics.in_flight.dec()
+
+    async def _sse(self, body, prompt, options, request_id, writer) -> AsyncIterator[str]:
+        """A chat streamed as server-sent events ``writer`` shapes (``omni_serve.api.sse``):
+        past the deadline or on a stage failure the headers are out, so an error event ends
+        the stream."""
+        self.metrics.in_flight.inc()
+        try:
+            for line in writer.start():
+                yield line
             events = self._chat(prompt, options, request_id)
             async for event in iterate_within(events, self._deadline(body)):
-                if event.kind == "text":
-                    yield writer.text(event.text)
-                elif event.kind == "audio":
-                    yield writer.audio(event.audio)
-                else:
+                if event.kind == "done":
                     result = event.result
                     audio_s = len(result.audio) / SAMPLE_RATE if result.audio is not None else 0
                     self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
-                    yield writer.finish(result.finish_reason, result.timings)
-                    if body.stream_options and body.stream_options.include_usage:
-                        yield writer.usage(chat_usage(result))
+                for line in writer.event(event):
+                    yield line
             self.metrics.requests.labels("ok").inc()
         except RequestTimeout as exc:
             self.metrics.requests.labels("timeout").inc()

@@ -25,7 +25,7 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.body = status, error_body(message, type_, param, code)
-        self.message, self.type, self.headers = message, type_, headers
+        self.message, self.type, self.param, self.headers = message, type_, param, headers
 
 
 def check_model(requested: str | None, served: str) -> None:

@@ -160,6 +160,11 @@ class OmniExtensions(BaseModel):
         "Thinker replica (its prefix cache holds the conversation) while it has room.",
     )
 
+    def talker_sampling(self) -> dict[str, Any]:
+        """The Talker's sampling settings this request overrides."""
+        talker = self.stage_overrides.talker if self.stage_overrides else None
+        return talker.model_dump(exclude_none=True) if talker else {}
+
 
 MAX_LOGIT_BIAS_TOKENS = 300
 

@@ -1,4 +1,9 @@
-"""Server-sent events in the OpenAI chat.completion.chunk shape."""
+"""Server-sent events in the OpenAI chat.completion.chunk shape.
+
+A streamed answer is written by a writer with ``start()``, ``event(event)`` (one event of the
+chat's stream: ``kind`` "text", "audio" or "done") and ``error(message, type)``; the
+ingress's one streaming loop drives whichever the route needs (this one for chats,
+``transcription.TranscriptWriter`` for transcriptions)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import time
 from typing import Any
 
 from omni_serve.api.audio_codec import encode_audio, wav_stream_header
+from omni_serve.api.protocol import usage_dict
 
 DONE = "data: [DONE]\n\n"
 
@@ -20,11 +26,27 @@ class ChunkWriter:
     """Builds the chunks of one streamed chat completion."""
 
     def __init__(self, completion_id: str, model: str, audio_id: str, sample_rate: int,
-                 audio_format: str) -> None:  # fmt: skip
+                 audio_format: str, include_usage: bool = False) -> None:  # fmt: skip
         self.completion_id, self.model = completion_id, model
         self.audio_id, self.sample_rate, self.audio_format = audio_id, sample_rate, audio_format
+        self.include_usage = include_usage
         self.created = int(time.time())
         self._audio_started = False
+
+    def start(self) -> list[str]:
+        return [self.role()]
+
+    def event(self, event: Any) -> list[str]:
+        if event.kind == "text":
+            return [self.text(event.text)]
+        if event.kind == "audio":
+            return [self.audio(event.audio)]
+        result = event.result
+        chunks = [self.finish(result.finish_reason, result.timings)]
+        if self.include_usage:
+            tokens = (result.prompt_tokens, len(result.token_ids), result.cached_tokens)
+            chunks.append(self.usage(usage_dict(*tokens)))
+        return chunks
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         return {

@@ -51,8 +51,8 @@ async def test_a_whole_reply_is_encoded_in_a_worker_thread(monkeypatch, route):
         threads.append(threading.current_thread())
         return b"encoded"
 
-    # the globals the route methods read (Serve's decorator may hold a copy of the module's)
-    monkeypatch.setitem(IngressClass.speech.__globals__, "encode_audio", recording)
+    # the globals the route reads (Serve's decorator may hold a copy of its module's)
+    monkeypatch.setitem(getattr(IngressClass, route).__globals__, "encode_audio", recording)
     ingress = _ingress()
     if route == "speech":
         body = SpeechRequest(model="qwen3-omni", input="Hi", response_format="mp3")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import httpx
@@ -72,6 +73,14 @@ def test_a_text_only_pipeline_answers_in_text_and_refuses_audio_output(
         kinds = {e["type"] for e in events}
         assert kinds <= {"response.created", "response.text.delta", "response.done"}, events
         assert events[-1]["type"] == "response.done" and events[-1]["usage"]["completion_tokens"]
+        clip = base64.b64decode(request_parts("audio")[0]["input_audio"]["data"])
+        heard = httpx.post(
+            f"{URL}/v1/audio/transcriptions",
+            timeout=60,
+            files={"file": ("clip.wav", clip)},
+            data={"model": "qwen3-omni", "max_completion_tokens": 4},
+        )
+        assert heard.status_code == 200 and heard.json()["usage"]["output_tokens"] == 4, heard.text
     finally:
         server.stop()
 

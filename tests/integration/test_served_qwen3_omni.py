@@ -12,6 +12,7 @@ import signal
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import soundfile as sf
@@ -531,6 +532,47 @@ def test_speech_streams_as_audio_bytes_and_as_sse(served):
         base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"
     )
     assert len(pcm) // 2 == len(whole) and events[-1]["type"] == "speech.audio.done"
+
+
+def test_transcriptions_and_translations_answer_as_the_chat_would(client):
+    """User story: the openai client's audio.transcriptions (json, text, streamed) and
+    audio.translations: the Thinker hears the clip and is told what to do after it, so the
+    text is what a chat with those two parts gets (greedy)."""
+    from omni_serve.testing.media import wav_b64
+
+    wav = base64.b64decode(wav_b64(0.3 * np.sin(np.arange(16000) / 8).astype(np.float32), 16000))
+    short = {"extra_body": {"max_completion_tokens": 12}}
+    asks = [("transcriptions", "Transcribe this audio into French.", {"language": "fr"}),
+            ("translations", "Translate this audio into English.", {})]  # fmt: skip
+    for route, told, fields in asks:
+        create = getattr(client.audio, route).create
+        heard = create(model="qwen3-omni", file=("clip.wav", wav), **fields, **short)
+        chat = client.chat.completions.create(model="qwen3-omni", max_tokens=12, messages=[
+            {"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode()}},
+                {"type": "text", "text": told}]}])  # fmt: skip
+        assert heard.text == chat.choices[0].message.content, route
+        plain = create(model="qwen3-omni", file=("clip.wav", wav), response_format="text",
+                       **fields, **short)  # fmt: skip
+        assert plain == heard.text
+        if route == "transcriptions":  # the SDK's Translation has no usage
+            assert (heard.usage.input_tokens, heard.usage.output_tokens) == (
+                chat.usage.prompt_tokens, chat.usage.completion_tokens)  # fmt: skip
+    french = client.audio.transcriptions.create(
+        model="qwen3-omni", file=("clip.wav", wav), language="fr", stream=True, **short
+    )
+    events = list(french)
+    deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
+    assert events[-1].type == "transcript.text.done" and deltas == events[-1].text
+    first = client.audio.transcriptions.create(
+        model="qwen3-omni", file=("clip.wav", wav), language="fr", **short
+    )
+    assert deltas == first.text
+    for fields, param in (({"language": "xx"}, "language"), ({"file": ("x.wav", b"nope")}, "file")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.audio.transcriptions.create(**{"model": "qwen3-omni", "file": ("clip.wav", wav),
+                                                  **fields})  # fmt: skip
+        assert refused.value.body["param"] == param
 
 
 @pytest.mark.parametrize(

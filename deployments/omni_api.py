@@ -1,0 +1,8 @@
+"""The FastAPI app of the Qwen3-Omni ingress. Its routes are methods of ``Ingress`` and of
+the route mixins it is made of (``audio_routes``), which all decorate this one app."""
+
+from __future__ import annotations
+
+from deployments.common import ingress_app
+
+app = ingress_app("omni-serve")
