@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +25,10 @@ from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
 from omni_serve.models.qwen3_omni.request import prepare_prompt
 from omni_serve.models.registry import resolve_model
+from omni_serve.testing.loop_stall import burst, median
 from omni_serve.testing.media import png_data_url, wav_b64
 
 RESULTS = Path(__file__).parent / "results"
-TICK_S = 0.001
 
 
 def media_chat(seed: int) -> list[ChatMessage]:
@@ -41,29 +40,6 @@ def media_chat(seed: int) -> list[ChatMessage]:
         {"type": "input_audio", "input_audio": {"data": wav_b64(clip, 16000)}},
         {"type": "text", "text": "Describe both."},
     ]})]  # fmt: skip
-
-
-async def ticker(stop: asyncio.Event, lateness: list[float]) -> None:
-    while not stop.is_set():
-        asked = time.perf_counter()
-        await asyncio.sleep(TICK_S)
-        lateness.append(time.perf_counter() - asked - TICK_S)
-
-
-async def burst(prepare, chats: list[list[ChatMessage]]) -> dict[str, float]:
-    lateness: list[float] = []
-    stop = asyncio.Event()
-    ticks = asyncio.create_task(ticker(stop, lateness))
-    await asyncio.sleep(0.05)
-    start = time.perf_counter()
-    await asyncio.gather(*(prepare(chat) for chat in chats))
-    wall = time.perf_counter() - start
-    stop.set()
-    await ticks
-    late = np.array(lateness) * 1000
-    return {"wall_s": round(wall, 3), "max_stall_ms": round(float(late.max()), 2),
-            "p99_stall_ms": round(float(np.percentile(late, 99)), 2),
-            "stalled_ms_total": round(float(late[late > 5].sum()), 1)}  # fmt: skip
 
 
 async def main(requests: int, rounds: int) -> dict:
@@ -85,17 +61,14 @@ async def main(requests: int, rounds: int) -> dict:
         runs["worker"].append(await burst(worker.chat, chats))
     worker.close()
 
-    def median(mode: str, key: str) -> float:
-        return float(np.median([r[key] for r in runs[mode]]))
-
     summary = {
         "requests": requests,
         "rounds": rounds,
         "runs": runs,
-        "max_stall_ms": {m: median(m, "max_stall_ms") for m in runs},
-        "wall_s": {m: median(m, "wall_s") for m in runs},
+        "max_stall_ms": {m: median(runs[m], "max_stall_ms") for m in runs},
+        "wall_s": {m: median(runs[m], "wall_s") for m in runs},
         "max_stall_ratio_worker_over_inline": round(
-            median("worker", "max_stall_ms") / median("inline", "max_stall_ms"), 3
+            median(runs["worker"], "max_stall_ms") / median(runs["inline"], "max_stall_ms"), 3
         ),
     }
     RESULTS.mkdir(exist_ok=True)
