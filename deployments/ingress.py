@@ -307,7 +307,8 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
                     "min_tokens": body.min_tokens, "ignore_eos": body.ignore_eos,
                     "logit_bias": body.token_biases}  # fmt: skip
         options = ChatOptions(sampling, want_audio, voice, body.talker_sampling(),
-                              session_id=body.session_id)  # fmt: skip
+                              session_id=body.session_id,
+                              cache_key=body.prompt_cache_key)  # fmt: skip
         return prompt, options
 
     async def _complete(

@@ -197,6 +197,13 @@ class ChatCompletionRequest(OmniExtensions):
     frequency_penalty: float = Field(
         0.0, ge=-2.0, le=2.0, description="Penalty on tokens by how often they appeared so far."
     )
+    prompt_cache_key: str | None = Field(
+        None,
+        max_length=256,
+        description="OpenAI's prefix-cache hint: requests with the same key go to the same "
+        "Thinker replica, whose prefix cache holds what they share (session_id does this "
+        "too, and hands a conversation's KV over between turns).",
+    )
     logit_bias: dict[str, float] | None = Field(
         None,
         description="Added to the Thinker's logits per token id (OpenAI's form: ids as "

@@ -5,7 +5,8 @@ holds their prefix in its KV cache (vLLM prefix caching), so a multi-turn reques
 only its new turn (a spoken reply to a prompt with media still computes all of it: the Talker
 needs the Thinker's rows of every media position). A turn sent elsewhere can load the KV its
 previous turn exported (the pipeline's ``session_kv`` edge). A request's affinity key is its
-``session_id`` when the client sent one, else a hash of its first ``prefix_tokens`` prompt
+``session_id`` when the client sent one, else its ``cache_key`` (OpenAI's ``prompt_cache_key``),
+else a hash of its first ``prefix_tokens`` prompt
 tokens (the system prompt and first user turn, shared by every later turn of the
 conversation). Keys map to replicas by rendezvous
 hashing, so adding or removing a replica moves only the keys that replica owned. When the
@@ -31,15 +32,17 @@ DEFAULT_LOCAL_SLACK = 2
 
 
 def affinity_key(request: Any, prefix_tokens: int = DEFAULT_PREFIX_TOKENS) -> str | None:
-    """The key of a stage request: a dict with ``session_id`` and/or ``prompt_ids``, or a
-    list of codec decode jobs of one stream (their ``stream_id``: the replica holding the
-    stream's decoder state)."""
+    """The key of a stage request: a dict with ``session_id``, ``cache_key`` and/or
+    ``prompt_ids``, or a list of codec decode jobs of one stream (their ``stream_id``: the
+    replica holding the stream's decoder state)."""
     if isinstance(request, list) and request and getattr(request[0], "stream_id", None):
         return f"stream:{request[0].stream_id}"
     if not isinstance(request, Mapping):
         return None
     if request.get("session_id"):
         return f"session:{request['session_id']}"
+    if request.get("cache_key"):
+        return f"cache:{request['cache_key']}"
     ids = request.get("prompt_ids")
     if not isinstance(ids, Sequence) or len(ids) < prefix_tokens:
         return None  # too short to share a cached prefix worth routing for

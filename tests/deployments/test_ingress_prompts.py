@@ -237,6 +237,9 @@ async def test_stops_and_penalties_reach_the_thinkers_sampling(ingress):
         "repetition_penalty": 1.1, "logit_bias": {151645: -100, 7: 2.5}, "min_p": 0.05,
         "min_tokens": 3, "ignore_eos": True,
     }  # fmt: skip
+    assert options.cache_key is None
+    _, keyed = await ingress._prepare(request(TEXT, prompt_cache_key="tenant-7"))
+    assert keyed.cache_key == "tenant-7" and keyed.session_id is None
     _, default = await ingress._prepare(request(TEXT))
     assert default.sampling["stop"] == [] and default.sampling["top_k"] == -1
     assert default.sampling["logit_bias"] is None and not default.sampling["ignore_eos"]

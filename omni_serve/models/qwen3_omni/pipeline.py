@@ -88,6 +88,7 @@ class ChatOptions:
     talker_sampling: dict[str, Any] = field(default_factory=dict)
     reply_ids: list[int] | None = None
     session_id: str | None = None  # routing affinity (omni_serve.routing.policy)
+    cache_key: str | None = None  # routing affinity, without a session's KV handover
     session_kv: str | None = None  # the session's last exported KV prefix, for the Thinker
 
 
@@ -153,6 +154,7 @@ async def stream_chat(
         "capture": options.want_audio,
         "session_id": options.session_id,
         "session_kv": options.session_kv,
+        "cache_key": options.cache_key,
     }
     expanded_ids = prompt.prompt_ids  # media placeholders expanded by the Thinker's processor
     timings: dict[str, float] = {}

@@ -20,6 +20,9 @@ def test_turns_of_one_conversation_share_a_key_and_different_ones_do_not():
     assert policy.affinity_key(other) != policy.affinity_key(turn1)
     assert policy.affinity_key({"prompt_ids": [1, 2, 3]}) is None  # nothing worth caching
     assert policy.affinity_key({"prompt_ids": [1], "session_id": "s1"}) == "session:s1"
+    # OpenAI's prompt_cache_key groups requests too; a session id goes first
+    assert policy.affinity_key({**turn1, "cache_key": "k"}) == "cache:k"
+    assert policy.affinity_key({"cache_key": "k", "session_id": "s1"}) == "session:s1"
     assert policy.affinity_key(["not", "a", "request"]) is None
 
 
