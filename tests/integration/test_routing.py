@@ -60,6 +60,11 @@ def test_a_conversation_keeps_its_replica_and_conversations_spread(serve_instanc
     by_session = {handle.remote({"session_id": "s-7", "prompt_ids": [n]}).result()
                   for n in range(6)}  # fmt: skip
     assert len(by_session) == 1
+    # OpenAI's prompt_cache_key (the Thinker request's cache_key) holds short prompts together
+    by_key = {k: {handle.remote({"cache_key": k, "prompt_ids": [n]}).result() for n in range(3)}
+              for k in (f"tenant-{i}" for i in range(10))}  # fmt: skip
+    assert all(len(replicas) == 1 for replicas in by_key.values()), by_key
+    assert len(set.union(*by_key.values())) >= 2  # one replica for all ten: 3 / 3**10 odds
 
 
 def test_least_loaded_sends_quick_work_to_the_idle_replica(serve_instance):
