@@ -94,6 +94,15 @@ async def test_a_spoken_image_turn_sends_the_stages_no_torch_tensors():
     assert torch.equal(job.codes, torch.arange(16)[:, None])  # the frame, as a tensor again
 
 
+async def test_the_thinker_request_carries_what_its_router_keys_on():
+    """The affinity router reads the Thinker request: a session id, or a prompt_cache_key."""
+    clients = RecordingClients()
+    options = ChatOptions({}, want_audio=True, session_id=None, cache_key="tenant-7")
+    await collect(stream_chat(clients, PreparedPrompt([1, 2, 3], {}), options, "r2"))
+    thinker = clients.sent["speak"]["thinker"]
+    assert thinker["cache_key"] == "tenant-7" and thinker["session_id"] is None
+
+
 def clip() -> np.ndarray:
     return np.linspace(-1, 1, 1600, dtype=np.float32)
 
