@@ -37,7 +37,7 @@ async def burst(work: Callable[[Any], Awaitable[Any]], items: Iterable[Any]) -> 
     late = np.array(lateness) * 1000
     return {"wall_s": round(wall, 3), "max_stall_ms": round(float(late.max()), 2),
             "p99_stall_ms": round(float(np.percentile(late, 99)), 2),
-            "stalled_ms_total": round(float(late[late > 5].sum()), 1)}  # fmt: skip
+            "stalled_ms_total": round(float(late[late > 5].sum()), 2)}  # fmt: skip
 
 
 def median(runs: list[dict[str, float]], key: str) -> float:
