@@ -43,7 +43,7 @@ from omni_serve.api.protocol import (
     model_card,
     model_list,
     new_id,
-    usage_dict,
+    reply_usage,
 )
 from omni_serve.api.sse import DONE, ChunkWriter
 from omni_serve.api.websocket import IdleTimeout, error_event, receive_request
@@ -63,10 +63,6 @@ from omni_serve.models.qwen3_omni.request import PreparedPrompt, over_media_limi
 from omni_serve.transport.session_prefixes import free_prefix
 
 log = logging.getLogger("ray.serve")
-
-
-def chat_usage(result: ChatResult) -> dict[str, Any]:
-    return usage_dict(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
 
 
 def _outcome(failure: ApiError) -> str:
@@ -188,7 +184,7 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
                      "expires_at": int(time.time()) + 3600, "transcript": result.text}  # fmt: skip
         self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
         self.metrics.requests.labels("ok").inc()
-        usage = chat_usage(result)
+        usage = reply_usage(result)
         response = chat_completion_response(
             self.config.served_model_name, result.text, audio, result.finish_reason, usage
         )
@@ -246,7 +242,7 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
                     await ws.send_bytes(pcm)
                 else:
                     result = event.result
-                    usage = chat_usage(result)
+                    usage = reply_usage(result)
                     await ws.send_json({"type": "response.done", "id": response_id,
                                         "usage": usage, "timings": result.timings})  # fmt: skip
         except WebSocketDisconnect:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -361,6 +361,19 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+
+
+class TokenCounts(Protocol):
+    """What a finished reply knows of its tokens (the Qwen3-Omni pipeline's ``ChatResult``)."""
+
+    prompt_tokens: int
+    token_ids: list[int]
+    cached_tokens: int
+
+
+def reply_usage(result: TokenCounts) -> dict:
+    """``usage_dict`` of a finished reply, the same in a response body and a stream's last chunk."""
+    return usage_dict(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
 
 
 class SpeechRequest(OmniExtensions):

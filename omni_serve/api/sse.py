@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from omni_serve.api.audio_codec import encode_audio, wav_stream_header
-from omni_serve.api.protocol import usage_dict
+from omni_serve.api.protocol import reply_usage
 
 DONE = "data: [DONE]\n\n"
 
@@ -44,8 +44,7 @@ class ChunkWriter:
         result = event.result
         chunks = [self.finish(result.finish_reason, result.timings)]
         if self.include_usage:
-            tokens = (result.prompt_tokens, len(result.token_ids), result.cached_tokens)
-            chunks.append(self.usage(usage_dict(*tokens)))
+            chunks.append(self.usage(reply_usage(result)))
         return chunks
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
