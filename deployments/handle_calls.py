@@ -129,3 +129,17 @@ async def rerun_after_replica_death(run: Callable[[], Awaitable[T]]) -> T:
     except ReplicaDied as exc:
         log.warning("%s; running the request again", exc)
         return await run()
+
+
+FAILED = object()  # what ``call_cache`` answers for a call that failed or did not answer
+
+
+async def call_cache(method: Any, *args: Any, timeout_s: float) -> Any:
+    """``await method.remote(*args)`` on one of the app's caches (the session store, the
+    spoken replies): its answer, or ``FAILED`` (logged) when it fails or takes longer than
+    ``timeout_s`` (being replaced, say). A cache that fails never fails a request."""
+    try:
+        return await asyncio.wait_for(method.remote(*args), timeout_s)
+    except Exception as exc:
+        log.warning("%s failed (%s): the request goes on without it", method, exc)
+        return FAILED

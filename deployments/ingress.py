@@ -29,15 +29,23 @@ from deployments.common import (
 from deployments.omni_api import app
 from deployments.omni_stage_clients import HandleStageClients
 from deployments.session_store import SessionStoreClient
+from deployments.spoken_replies import SpokenReplyClient
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
-from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
+from omni_serve.api.errors import (
+    ApiError,
+    StageUnavailable,
+    check_model,
+    refuse_unsupported,
+    stage_failure,
+)
 from omni_serve.api.health import stage_health
 from omni_serve.api.media import MediaError
 from omni_serve.api.media_proxy import ProxyUnreachable
 from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import (
     ChatCompletionRequest,
+    ChatMessage,
     SpeechRequest,
     chat_completion_response,
     model_card,
@@ -84,6 +92,7 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
         code2wav: DeploymentHandle | None,
         encoder: DeploymentHandle | None = None,
         session_store: DeploymentHandle | None = None,
+        spoken_replies: DeploymentHandle | None = None,
     ) -> None:
         from transformers import AutoProcessor
 
@@ -107,6 +116,8 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
         )
         # With the Thinker's session_kv edge: the app's store of sessions' prefixes.
         self.sessions = SessionStoreClient(session_store) if session_store else None
+        # With a Talker: the app's transcripts of spoken replies, by audio id.
+        self.replies = SpokenReplyClient(spoken_replies) if spoken_replies else None
         thinker = self.config.stage("thinker").engine
         args = {**DEFAULT_ENGINE_ARGS, **(thinker.args if thinker else {})}
         self.context_tokens = int(args["max_model_len"])  # prompts this long get a 400
@@ -116,10 +127,15 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
         self.created = int(time.time())
 
     async def _chat(
-        self, prompt: PreparedPrompt, options: ChatOptions, request_id: str
+        self,
+        prompt: PreparedPrompt,
+        options: ChatOptions,
+        request_id: str,
+        audio_id: str | None = None,
     ) -> AsyncIterator[ChatEvent]:
         """One chat through the stages; a session's turn takes the KV prefix its previous turn
-        exported (for whichever Thinker replica it lands on) and leaves its own for the next."""
+        exported (for whichever Thinker replica it lands on) and leaves its own for the next.
+        A spoken reply's transcript is kept under ``audio_id`` for a later turn to name."""
         if self.sessions is not None:
             options.session_kv = await self.sessions.pop(options.session_id)
         done = False
@@ -134,6 +150,8 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
                     self.metrics.observe_prompt(
                         event.result.prompt_tokens, event.result.cached_tokens
                     )
+                    if audio_id and self.replies and event.result.audio is not None:
+                        await self.replies.keep(audio_id, event.result.text)
                 yield event
         finally:
             if not done:  # failed or cancelled: free it unless the Thinker loaded it already
@@ -161,27 +179,34 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
             kept = await self.sessions.stats()
             self.metrics.session_kv.labels("prefixes").set(kept["prefixes"])
             self.metrics.session_kv.labels("bytes").set(kept["bytes"])
+        if self.replies is not None:
+            kept = await self.replies.stats()
+            self.metrics.spoken_replies.labels("replies").set(kept["replies"])
+            self.metrics.spoken_replies.labels("bytes").set(kept["bytes"])
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest) -> Response:
         prompt, options = await self._prepare(body)
+        audio_id = new_id("audio")
+        expires_at = int(time.time() + self.config.api.spoken_reply_ttl_s)
         if body.stream:
             writer = ChunkWriter(
-                new_id("chatcmpl"), self.config.served_model_name, new_id("audio"), SAMPLE_RATE,
+                new_id("chatcmpl"), self.config.served_model_name, audio_id, SAMPLE_RATE,
                 body.audio.format if body.audio else "pcm16",
                 include_usage=bool(body.stream_options and body.stream_options.include_usage),
+                audio_expires_at=expires_at,
             )  # fmt: skip
-            answer = self._sse(body, prompt, options, uuid.uuid4().hex, writer)
+            answer = self._sse(body, prompt, options, uuid.uuid4().hex, writer, audio_id)
             return StreamingResponse(answer, media_type="text/event-stream")
-        result = await self._complete(body, prompt, options)
+        result = await self._complete(body, prompt, options, audio_id)
         audio = None
         audio_s = 0.0
         if options.want_audio and result.audio is not None:
             audio_s, fmt = len(result.audio) / SAMPLE_RATE, body.audio.format
             data = await asyncio.to_thread(encode_audio, result.audio, SAMPLE_RATE, fmt)
-            audio = {"id": new_id("audio"), "data": base64.b64encode(data).decode(),
-                     "expires_at": int(time.time()) + 3600, "transcript": result.text}  # fmt: skip
+            audio = {"id": audio_id, "data": base64.b64encode(data).decode(),
+                     "expires_at": expires_at, "transcript": result.text}  # fmt: skip
         self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
         self.metrics.requests.labels("ok").inc()
         usage = reply_usage(result)
@@ -281,11 +306,12 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
             message = f"streamed audio must be one of {list(STREAMABLE_FORMATS)}"
             raise ApiError(400, message, "audio.format")
         hear_video = body.hears_video_audio
-        too_many = over_media_limits(body.messages, self.media_limits, hear_video)
+        messages = await self._recall_replies(body.messages)
+        too_many = over_media_limits(messages, self.media_limits, hear_video)
         if too_many:
             raise ApiError(400, too_many, "messages")
         try:
-            prompt = await self.prompts.chat(body.messages, hear_video)
+            prompt = await self.prompts.chat(messages, hear_video)
         except MediaError as exc:
             raise ApiError(400, str(exc), exc.param) from None
         except ProxyUnreachable as exc:
@@ -307,8 +333,37 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
                               cache_key=body.prompt_cache_key)  # fmt: skip
         return prompt, options
 
+    async def _recall_replies(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """The messages, each earlier spoken reply named only by its audio id given the
+        transcript kept under that id (the model hears its earlier turns as text)."""
+        named = [(i, m.reply_by_id) for i, m in enumerate(messages) if m.reply_by_id]
+        if not named:
+            return messages
+        if self.replies is None:
+            i, audio_id = named[0]
+            why = "this deployment makes no spoken replies"
+            if "talker" in self.handles:
+                why = "this server keeps none (api.spoken_reply_ttl_s is 0)"
+            message = f"no spoken reply {audio_id!r} to recall: {why}; send its transcript"
+            raise ApiError(400, message, f"messages[{i}].audio.id")
+        transcripts = await self.replies.transcripts([audio_id for _, audio_id in named])
+        if transcripts is None:
+            raise stage_failure(StageUnavailable("the store of spoken replies did not answer", 5))
+        recalled = list(messages)
+        for (i, audio_id), transcript in zip(named, transcripts, strict=True):
+            if transcript is None:
+                message = (f"no spoken reply {audio_id!r} is kept: unknown, or past its "
+                           "expires_at; send its transcript as content")  # fmt: skip
+                raise ApiError(400, message, f"messages[{i}].audio.id")
+            recalled[i] = messages[i].model_copy(update={"content": transcript})
+        return recalled
+
     async def _complete(
-        self, body: ChatCompletionRequest, prompt: PreparedPrompt, options: ChatOptions
+        self,
+        body: ChatCompletionRequest,
+        prompt: PreparedPrompt,
+        options: ChatOptions,
+        audio_id: str | None = None,
     ) -> ChatResult:
         """A chat run whole (again from the start if a replica died before it answered),
         within its deadline; a failure is the API's error (504, 503, 400, 500)."""
@@ -317,7 +372,7 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
         try:
             return await await_within(
                 handle_calls.rerun_after_replica_death(
-                    lambda: collect(self._chat(prompt, options, request_id))
+                    lambda: collect(self._chat(prompt, options, request_id, audio_id))
                 ),
                 self._deadline(body),
             )
@@ -332,7 +387,9 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
         finally:
             self.metrics.in_flight.dec()
 
-    async def _sse(self, body, prompt, options, request_id, writer) -> AsyncIterator[str]:
+    async def _sse(
+        self, body, prompt, options, request_id, writer, audio_id: str | None = None
+    ) -> AsyncIterator[str]:
         """A chat streamed as server-sent events ``writer`` shapes (``omni_serve.api.sse``):
         past the deadline or on a stage failure the headers are out, so an error event ends
         the stream."""
@@ -340,7 +397,7 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
         try:
             for line in writer.start():
                 yield line
-            events = self._chat(prompt, options, request_id)
+            events = self._chat(prompt, options, request_id, audio_id)
             async for event in iterate_within(events, self._deadline(body)):
                 if event.kind == "done":
                     result = event.result

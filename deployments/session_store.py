@@ -10,18 +10,13 @@ prefix cache). Reaching it is one handle call per turn, for requests with a ``se
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from typing import Any
-
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from deployments.handle_calls import FAILED, call_cache
 from omni_serve.transport.session_prefixes import SessionPrefixes, free_prefix
 
-log = logging.getLogger("ray.serve")
 STORE_TIMEOUT_S = 5.0  # a store that does not answer (being replaced): the turn goes without
-_FAILED = object()
 
 
 @serve.deployment(
@@ -58,25 +53,19 @@ class SessionStoreClient:
     async def pop(self, session_id: str | None) -> str | None:
         if not session_id:
             return None
-        encoded = await self._call(self.handle.pop, session_id)
-        return None if encoded is _FAILED else encoded
+        encoded = await call_cache(self.handle.pop, session_id, timeout_s=STORE_TIMEOUT_S)
+        return None if encoded is FAILED else encoded
 
     async def keep(self, session_id: str | None, encoded: str | None) -> None:
         if not session_id:  # nobody could ask for it
             free_prefix(encoded)
             return
-        if await self._call(self.handle.keep, session_id, encoded) is _FAILED:
+        kept = await call_cache(self.handle.keep, session_id, encoded, timeout_s=STORE_TIMEOUT_S)
+        if kept is FAILED:
             # Safe even if the store got it after all: a freed prefix loads as a miss (the
             # Thinker recomputes it) and a second free is a no-op.
             free_prefix(encoded)
 
     async def stats(self) -> dict[str, int]:
-        stats = await self._call(self.handle.stats)
-        return {"prefixes": 0, "bytes": 0} if stats is _FAILED else stats
-
-    async def _call(self, method: Any, *args: Any) -> Any:
-        try:
-            return await asyncio.wait_for(method.remote(*args), STORE_TIMEOUT_S)
-        except Exception as exc:  # the store is a cache: the turn goes on
-            log.warning("session store: %s failed (%s): the turn goes without", method, exc)
-            return _FAILED
+        stats = await call_cache(self.handle.stats, timeout_s=STORE_TIMEOUT_S)
+        return {"prefixes": 0, "bytes": 0} if stats is FAILED else stats

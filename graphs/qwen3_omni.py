@@ -17,6 +17,7 @@ from deployments.common import find_edge
 from deployments.encoder import EncoderDeployment
 from deployments.ingress import Ingress
 from deployments.session_store import SessionStore
+from deployments.spoken_replies import SpokenReplyStore
 from deployments.talker import TalkerDeployment
 from deployments.thinker import ThinkerDeployment
 from graphs.common import REPO, pipeline_path
@@ -61,10 +62,17 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         store = SessionStore.options(name="sessions").bind(
             api.session_kv_max_bytes, api.session_kv_ttl_s
         )
+    # One keeper of spoken replies' transcripts, so a later turn may name a reply by its id.
+    replies = None
+    if "talker" in kinds and config.api.spoken_reply_ttl_s > 0:
+        api = config.api
+        replies = SpokenReplyStore.options(name="spoken_replies").bind(
+            api.spoken_reply_ttl_s, api.spoken_reply_max_bytes
+        )
     ingress = next(s for s in config.stages if s.kind == "ingress")
     return Ingress.options(name=ingress.name, **ingress.deployment.serve_options()).bind(
         data, bound["thinker"], bound.get("talker"), bound.get("code2wav"), bound.get("encoder"),
-        store,
+        store, replies,
     )  # fmt: skip
 
 

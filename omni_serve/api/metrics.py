@@ -48,6 +48,12 @@ class ApiMetrics:
             "replica reports the one store): 'prefixes', 'bytes'.",
             ["what"], registry=self.registry,  # one store: /metrics is right about it
         )  # fmt: skip
+        self.spoken_replies = Series(
+            "gauge", "omni_spoken_replies",
+            "Transcripts the app keeps under spoken replies' audio ids for later turns to name "
+            "(every ingress replica reports the one store): 'replies', 'bytes'.",
+            ["what"], registry=self.registry,
+        )  # fmt: skip
         self.audio_seconds = Series(
             "counter", "omni_audio_seconds", "Seconds of audio produced.", **own
         )

@@ -79,13 +79,14 @@ class ChatMessage(BaseModel):
     )
     content: str | list[ContentPart] | None = Field(
         None,
-        description="Text, or a list of content parts. Required: an earlier spoken reply comes "
-        "back as its text (its transcript).",
+        description="Text, or a list of content parts. Required, except on an assistant "
+        "message that names an earlier spoken reply by its audio id.",
     )
     audio: EarlierAudio | None = Field(
         None,
-        description="OpenAI's way back to an earlier spoken reply, by its id. This server keeps "
-        "no replies, so without content it is a 400 asking for the transcript instead.",
+        description="OpenAI's way back to an earlier spoken reply (assistant messages): its "
+        "audio id, whose transcript the server kept until the reply's expires_at. With "
+        "content, the content is what the model hears of it.",
     )
 
     @field_validator("role")
@@ -95,16 +96,19 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _has_content(self) -> ChatMessage:
-        if self.content is not None:
-            return self
-        if self.audio is not None:
-            raise PydanticCustomError(  # no context: the id is not a template
-                "audio_by_id",
-                f"an earlier spoken reply cannot be named by its audio id {self.audio.id!r}: "
-                "this server keeps no replies; send the reply's transcript as the message's "
-                "content",
+        if self.audio is not None and self.role != "assistant":
+            raise PydanticCustomError(
+                "audio_not_assistant", "audio names an earlier spoken reply: assistant only"
             )
-        raise PydanticCustomError("content_missing", "content is required")
+        if self.content is None and self.audio is None:
+            raise PydanticCustomError("content_missing", "content is required")
+        return self
+
+    @property
+    def reply_by_id(self) -> str | None:
+        """The audio id of the earlier spoken reply this message stands for, when only its id
+        was sent (the ingress puts the kept transcript in as its content)."""
+        return self.audio.id if self.content is None and self.audio is not None else None
 
 
 class AudioOptions(BaseModel):

@@ -26,11 +26,13 @@ class ChunkWriter:
     """Builds the chunks of one streamed chat completion."""
 
     def __init__(self, completion_id: str, model: str, audio_id: str, sample_rate: int,
-                 audio_format: str, include_usage: bool = False) -> None:  # fmt: skip
+                 audio_format: str, include_usage: bool = False,
+                 audio_expires_at: int | None = None) -> None:  # fmt: skip
         self.completion_id, self.model = completion_id, model
         self.audio_id, self.sample_rate, self.audio_format = audio_id, sample_rate, audio_format
         self.include_usage = include_usage
         self.created = int(time.time())
+        self.audio_expires_at = self.created if audio_expires_at is None else audio_expires_at
         self._audio_started = False
 
     def start(self) -> list[str]:
@@ -68,7 +70,7 @@ class ChunkWriter:
             data = wav_stream_header(self.sample_rate) + data
         self._audio_started = True
         audio = {"id": self.audio_id, "data": base64.b64encode(data).decode(),
-                 "expires_at": self.created + 3600, "transcript": transcript}  # fmt: skip
+                 "expires_at": self.audio_expires_at, "transcript": transcript}  # fmt: skip
         return sse(self._chunk({"audio": audio}))
 
     def finish(self, reason: str, timings: dict[str, float] | None = None) -> str:

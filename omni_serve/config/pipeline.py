@@ -234,6 +234,19 @@ class ApiSettings(_Strict):
         description="With a session_kv edge: a session's prefix is kept this long for its next "
         "turn (a later turn computes it, or finds it in the replica's own prefix cache).",
     )
+    spoken_reply_ttl_s: float = Field(
+        3600.0,
+        ge=0,
+        description="A spoken reply's transcript is kept this long under its audio id (the "
+        "reply's expires_at), so a later turn may name the reply by that id as OpenAI's "
+        "multi-turn audio does. 0 = keep none (such a turn must send the transcript).",
+    )
+    spoken_reply_max_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="The most transcript bytes kept under audio ids; past it the least "
+        "recently used are dropped (a turn naming one then gets a 400 asking for its text).",
+    )
     image_default_size: str = Field(
         "1024x1024", description="Image size ('WxH') when a request omits it (image models)."
     )

@@ -12,6 +12,7 @@ import pytest
 from deployments.ingress import Ingress
 from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import ChatCompletionRequest, SpeechRequest
+from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.pipeline import ChatEvent, ChatOptions, ChatResult
 
 IngressClass = next(k for k in Ingress.func_or_class.__mro__[1:] if k.__name__ == "Ingress")
@@ -22,7 +23,7 @@ REPLY = ChatResult(text="hi", token_ids=[1, 2], finish_reason="stop", prompt_tok
 def _ingress() -> object:
     ingress = object.__new__(IngressClass)
     ingress.config = types.SimpleNamespace(
-        served_model_name="qwen3-omni", api=types.SimpleNamespace(request_timeout_s=30.0)
+        served_model_name="qwen3-omni", api=ApiSettings(request_timeout_s=30.0)
     )
     ingress.handles, ingress.voices, ingress.metrics = {"talker": None}, {"ethan"}, ApiMetrics()
 

@@ -6,7 +6,6 @@ without a session keep nothing; a store that fails or hangs costs the turn its p
 from __future__ import annotations
 
 import asyncio
-import types
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from deployments.session_store import SessionStore, SessionStoreClient
 from omni_serve.api.metrics import ApiMetrics
 from omni_serve.models.qwen3_omni.pipeline import ChatOptions, collect
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
+from omni_serve.testing.local_handle import LocalHandle
 from omni_serve.transport import SharedMemoryChannel
 from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.kv_blocks import KVPrefix
@@ -51,16 +51,6 @@ def clients():
     yield fake
     for encoded in fake.exported:
         free_prefix(encoded)
-
-
-class LocalHandle:
-    """A DeploymentHandle's ``handle.method.remote(*args)`` over a local replica object."""
-
-    def __init__(self, replica) -> None:
-        self.replica = replica
-
-    def __getattr__(self, method: str):
-        return types.SimpleNamespace(remote=lambda *args: getattr(self.replica, method)(*args))
 
 
 def _store():

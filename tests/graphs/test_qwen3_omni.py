@@ -36,8 +36,16 @@ def stage_names(app: Application) -> set[str]:
 def test_the_text_only_config_binds_no_talker_or_code2wav():
     app = build_app({"pipeline_config": "configs/pipelines/qwen3_omni_text_tiny.yaml"})
     assert stage_names(app) == {"ingress", "encoder", "thinker"}
-    full = {"ingress", "encoder", "thinker", "talker", "code2wav", "sessions"}
+    full = {"ingress", "encoder", "thinker", "talker", "code2wav", "sessions", "spoken_replies"}
     assert stage_names(build_app()) == full
+
+
+def test_spoken_replies_are_kept_only_with_a_talker_and_a_ttl(tmp_path):
+    config = yaml.safe_load((REPO / "configs/pipelines/qwen3_omni_tiny.yaml").read_text())
+    config.setdefault("api", {})["spoken_reply_ttl_s"] = 0
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert "spoken_replies" not in stage_names(build_app({"pipeline_config": str(path)}))
 
 
 @pytest.mark.parametrize("left_out", [("talker",), ("code2wav",)])

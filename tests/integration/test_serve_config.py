@@ -63,6 +63,11 @@ def test_a_text_only_pipeline_answers_in_text_and_refuses_audio_output(
             refused = httpx.post(f"{URL}/v1/{path}", json=body, timeout=60)
             assert refused.status_code == 400, refused.text
             assert "answers in text only" in refused.json()["error"]["message"]
+        earlier = {"role": "assistant", "audio": {"id": "audio-1"}}
+        named = {**chat, "messages": [*chat["messages"], earlier, {"role": "user", "content": "?"}]}
+        refused = httpx.post(f"{URL}/v1/chat/completions", json=named, timeout=60).json()
+        assert refused["error"]["param"] == "messages[1].audio.id"
+        assert "this deployment makes no spoken replies" in refused["error"]["message"]
         health = httpx.get(f"{URL}/health", timeout=30).json()
         assert health == {"status": "ok", "stages": ["encoder", "thinker"]}
         with connect("ws://127.0.0.1:8000/v1/audio/stream", max_size=None) as ws:

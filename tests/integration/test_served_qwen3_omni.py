@@ -182,6 +182,50 @@ def test_a_sessions_next_turn_reuses_its_prefix_also_when_spoken(client):
     assert float(counted[0].split()[-1]) >= cached
 
 
+def _streamed_reply(body: dict) -> tuple[str, str]:
+    """A streamed spoken reply's audio id (every audio delta carries it) and text."""
+    ids, text = set(), ""
+    with httpx.stream("POST", f"{URL}/v1/chat/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"choices":[{' in line:
+                delta = json.loads(line[len("data: ") :])["choices"][0]["delta"]
+                text += delta.get("content") or ""
+                ids |= {delta["audio"]["id"]} if "audio" in delta else set()
+    assert len(ids) == 1
+    return ids.pop(), text
+
+
+def test_a_later_turn_names_an_earlier_spoken_reply_by_its_audio_id(client):
+    """User story: OpenAI's multi-turn audio; the client sends a spoken reply back by its
+    audio.id alone (non-streamed or streamed), and the next turn hears what the reply said."""
+    ask = {"model": "qwen3-omni", "max_tokens": 6, "temperature": 0}
+    hello = {"role": "user", "content": "Say hello."}
+    first = client.chat.completions.create(
+        messages=[hello], modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"},
+        **ask,
+    )  # fmt: skip
+    audio = first.choices[0].message.audio
+    assert 3500 <= audio.expires_at - time.time() <= 3600  # api.spoken_reply_ttl_s
+    streamed = _chat_body(stream=True, max_tokens=6)
+    replies = [
+        (hello, audio.id, audio.transcript),
+        (streamed["messages"][0], *_streamed_reply(streamed)),
+    ]
+    for question, audio_id, text in replies:
+        again = {"role": "user", "content": "Again."}
+        by_id = client.chat.completions.create(
+            messages=[question, {"role": "assistant", "audio": {"id": audio_id}}, again], **ask
+        )
+        by_text = client.chat.completions.create(
+            messages=[question, {"role": "assistant", "content": text}, again], **ask
+        )
+        assert text and by_id.usage.prompt_tokens == by_text.usage.prompt_tokens
+        assert by_id.choices[0].message.content == by_text.choices[0].message.content
+    lines = httpx.get(f"{URL}/metrics", timeout=30).text.splitlines()
+    kept = [line for line in lines if line.startswith('omni_spoken_replies{what="replies"}')]
+    assert float(kept[0].split()[-1]) >= 2
+
+
 @pytest.mark.parametrize(
     ("body", "status", "fragment"),
     [
@@ -202,7 +246,7 @@ def test_a_sessions_next_turn_reuses_its_prefix_also_when_spoken(client):
          400, "this model's context is 4096 tokens"),
         ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "x"},
                                               {"role": "assistant", "audio": {"id": "audio-1"}}]},
-         400, "messages.1: an earlier spoken reply cannot be named by its audio id 'audio-1'"),
+         400, "no spoken reply 'audio-1' is kept: unknown, or past its expires_at"),
     ],
 )  # fmt: skip
 def test_bad_input_gets_a_4xx_with_a_reason(served, body, status, fragment):

@@ -1,5 +1,5 @@
-"""Chat messages as OpenAI's clients send them: the roles they use, and a clear 400 for an
-earlier spoken reply named by id, which this server cannot look up."""
+"""Chat messages as OpenAI's clients send them: the roles they use, and an earlier spoken
+reply named by its audio id (which the ingress looks up)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,17 @@ from pydantic import ValidationError
 from omni_serve.api.protocol import ChatMessage, SpeechRequest
 
 
-def test_an_earlier_spoken_reply_named_by_its_audio_id_asks_for_its_transcript():
-    with pytest.raises(ValidationError) as refused:
-        ChatMessage.model_validate({"role": "assistant", "content": None,
-                                    "audio": {"id": "audio-abc"}})  # fmt: skip
-    error = refused.value.errors()[0]
-    assert error["type"] == "audio_by_id"
-    assert "'audio-abc'" in error["msg"] and "send the reply's transcript" in error["msg"]
-    # with its text, the id is not needed
+def test_an_earlier_spoken_reply_may_be_named_by_its_audio_id_alone():
+    named = ChatMessage.model_validate({"role": "assistant", "audio": {"id": "audio-abc"}})
+    assert named.content is None and named.reply_by_id == "audio-abc"
+    # with its text, the text is what the model hears: nothing to look up
     spoken = ChatMessage.model_validate(
         {"role": "assistant", "content": "Hello.", "audio": {"id": "audio-abc"}}
     )
-    assert spoken.content == "Hello."
+    assert spoken.content == "Hello." and spoken.reply_by_id is None
+    with pytest.raises(ValidationError, match="assistant only") as refused:
+        ChatMessage.model_validate({"role": "user", "audio": {"id": "audio-abc"}})
+    assert refused.value.errors()[0]["type"] == "audio_not_assistant"
 
 
 def test_a_message_without_content_is_refused_and_developer_reads_as_system():
