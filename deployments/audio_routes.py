@@ -1,5 +1,6 @@
-"""The Qwen3-Omni ingress's HTTP audio routes: speech (text to speech) and transcriptions and
-translations (speech to text), OpenAI's ``/v1/audio/*``.
+"""The Qwen3-Omni ingress's audio routes: speech (text to speech) and transcriptions and
+translations (speech to text), OpenAI's ``/v1/audio/*``, and the WebSocket for voice chats
+(``/v1/audio/stream``: a voice in as binary frames, text and speech streamed out).
 
 A mixin of ``Ingress``: the routes run through its chat path (``_prepare``, ``_chat``,
 ``_complete``, ``_sse``), stages and prompt worker, so they only shape requests and answers.
@@ -12,10 +13,11 @@ import base64
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated
+from contextlib import aclosing
+from typing import Annotated, Any
 
 import numpy as np
-from fastapi import Form
+from fastapi import Form, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response, StreamingResponse
 
 from deployments import handle_calls
@@ -23,7 +25,7 @@ from deployments.omni_api import app
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
-from omni_serve.api.protocol import ChatCompletionRequest, SpeechRequest
+from omni_serve.api.protocol import ChatCompletionRequest, SpeechRequest, new_id, reply_usage
 from omni_serve.api.sse import sse
 from omni_serve.api.transcription import (
     TranscriptionForm,
@@ -33,6 +35,7 @@ from omni_serve.api.transcription import (
     transcription_response,
     usage_tokens,
 )
+from omni_serve.api.websocket import IdleTimeout, VoiceSocket, clip_message, error_event
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.pipeline import ChatEvent, ChatOptions
 from omni_serve.models.qwen3_omni.transcription import instruction, unknown_language
@@ -131,6 +134,74 @@ class AudioRoutes:
         self.metrics.requests.labels("ok").inc()
         usage = usage_tokens(result.prompt_tokens, len(result.token_ids))
         return transcription_response(result.text, usage, form.response_format)
+
+    @app.websocket("/v1/audio/stream")
+    async def audio_stream(self, ws: WebSocket) -> None:
+        """Requests one at a time (``omni_serve.api.websocket``): JSON in, the client's voice
+        as binary PCM16 frames; JSON events and binary PCM16 frames out."""
+        await ws.accept()
+        api = self.config.api
+        socket = VoiceSocket(ws, api.ws_idle_timeout_s, api.max_audio_bytes)
+        try:
+            while True:
+                message, clip = await socket.next_request()
+                try:
+                    events = await self._ws_events(message, clip)
+                except Exception as exc:  # bad input: say why, keep the socket
+                    await socket.send(error_event(exc))
+                    continue
+                response_id = new_id("resp")
+                await socket.answer(response_id, self._ws_answer(socket, response_id, events))
+        except (WebSocketDisconnect, IdleTimeout):
+            return
+        finally:
+            await socket.close()
+
+    async def _ws_events(self, message: Any, clip: bytes | None):
+        if not isinstance(message, dict) or message.get("type") not in ("chat", "speech"):
+            raise ValueError('send {"type": "chat", "messages": [...]} or {"type": "speech", '
+                             '"input": "..."}')  # fmt: skip
+        fields = {k: v for k, v in message.items() if k not in ("type", "input_audio")}
+        fields.setdefault("model", self.config.served_model_name)
+        voice = fields.pop("voice", "ethan")
+        if message["type"] == "speech":
+            body = SpeechRequest.model_validate({**fields, "voice": voice})
+            self._check_speech(body, "type")
+            return await self._speech_events(body)
+        if clip is not None:  # the frames sent before it, as the conversation's last message
+            said = clip_message(message["input_audio"], clip, self.config.api.max_audio_seconds)
+            messages = fields.get("messages", [])
+            fields["messages"] = [*messages, said] if isinstance(messages, list) else messages
+        spoken = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"}}
+        if "talker" not in self.handles:  # a text-only pipeline: the text streams alone
+            spoken = {"modalities": ["text"]}
+        body = ChatCompletionRequest.model_validate({**fields, "stream": True, **spoken})
+        prompt, options = await self._prepare(body)
+        events = self._chat(prompt, options, uuid.uuid4().hex)
+        return iterate_within(events, self._deadline(body))
+
+    async def _ws_answer(self, socket: VoiceSocket, response_id: str, events) -> None:
+        await socket.send({"type": "response.created", "id": response_id})
+        try:
+            async with aclosing(events):  # also when cancelled: the stages stop at once
+                async for event in events:
+                    if event.kind == "text":
+                        await socket.send({"type": "response.text.delta", "delta": event.text})
+                    elif event.kind == "audio":
+                        pcm = encode_audio(event.audio, SAMPLE_RATE, "pcm16")
+                        meta = {"type": "response.audio.delta", "bytes": len(pcm),
+                                "sample_rate": SAMPLE_RATE, "format": "pcm16"}  # fmt: skip
+                        await socket.send(meta, pcm)
+                    else:
+                        result = event.result
+                        await socket.send({"type": "response.done", "id": response_id,
+                                           "status": "completed", "usage": reply_usage(result),
+                                           "timings": result.timings})  # fmt: skip
+        except WebSocketDisconnect:
+            raise
+        except Exception as exc:
+            log.exception("websocket request failed in a stage")
+            await socket.send(error_event(exc))
 
     async def _speech_events(self, body: SpeechRequest, deadline: bool = True):
         prompt, reply = await self.prompts.speech(body.input)

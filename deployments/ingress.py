@@ -10,7 +10,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -54,7 +53,6 @@ from omni_serve.api.protocol import (
     reply_usage,
 )
 from omni_serve.api.sse import DONE, ChunkWriter
-from omni_serve.api.websocket import IdleTimeout, error_event, receive_request
 from omni_serve.config import PipelineConfig
 from omni_serve.engines.ar.vllm_engine import DEFAULT_ENGINE_ARGS
 from omni_serve.models import resolve_model
@@ -215,66 +213,6 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
         )
         response["timings"] = result.timings
         return JSONResponse(response)
-
-    @app.websocket("/v1/audio/stream")
-    async def audio_stream(self, ws: WebSocket) -> None:
-        """Requests one at a time: JSON in; JSON events and binary PCM16 frames out."""
-        await ws.accept()
-        try:
-            while True:
-                try:
-                    message = await receive_request(ws, self.config.api.ws_idle_timeout_s)
-                    events = await self._ws_events(message)
-                except (WebSocketDisconnect, IdleTimeout):
-                    raise
-                except Exception as exc:  # bad input: say why, keep the socket
-                    await ws.send_json(error_event(exc))
-                    continue
-                await self._ws_answer(ws, events)
-        except (WebSocketDisconnect, IdleTimeout):
-            return
-
-    async def _ws_events(self, message: Any):
-        if not isinstance(message, dict) or message.get("type") not in ("chat", "speech"):
-            raise ValueError('send {"type": "chat", "messages": [...]} or {"type": "speech", '
-                             '"input": "..."}')  # fmt: skip
-        fields = {k: v for k, v in message.items() if k != "type"}
-        fields.setdefault("model", self.config.served_model_name)
-        voice = fields.pop("voice", "ethan")
-        if message["type"] == "speech":
-            body = SpeechRequest.model_validate({**fields, "voice": voice})
-            self._check_speech(body, "type")
-            return await self._speech_events(body)
-        spoken = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"}}
-        if "talker" not in self.handles:  # a text-only pipeline: the text streams alone
-            spoken = {"modalities": ["text"]}
-        body = ChatCompletionRequest.model_validate({**fields, "stream": True, **spoken})
-        prompt, options = await self._prepare(body)
-        events = self._chat(prompt, options, uuid.uuid4().hex)
-        return iterate_within(events, self._deadline(body))
-
-    async def _ws_answer(self, ws: WebSocket, events) -> None:
-        response_id = new_id("resp")
-        await ws.send_json({"type": "response.created", "id": response_id})
-        try:
-            async for event in events:
-                if event.kind == "text":
-                    await ws.send_json({"type": "response.text.delta", "delta": event.text})
-                elif event.kind == "audio":
-                    pcm = encode_audio(event.audio, SAMPLE_RATE, "pcm16")
-                    await ws.send_json({"type": "response.audio.delta", "bytes": len(pcm),
-                                        "sample_rate": SAMPLE_RATE, "format": "pcm16"})  # fmt: skip
-                    await ws.send_bytes(pcm)
-                else:
-                    result = event.result
-                    usage = reply_usage(result)
-                    await ws.send_json({"type": "response.done", "id": response_id,
-                                        "usage": usage, "timings": result.timings})  # fmt: skip
-        except WebSocketDisconnect:
-            raise
-        except Exception as exc:
-            log.exception("websocket request failed in a stage")
-            await ws.send_json(error_event(exc))
 
     def _deadline(self, body: ChatCompletionRequest | SpeechRequest) -> float | None:
         return request_deadline(body.timeout_s, self.config.api.request_timeout_s)

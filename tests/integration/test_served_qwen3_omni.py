@@ -687,6 +687,52 @@ async def test_websocket_streams_text_and_pcm_and_survives_bad_input(served):
         assert sum(len(f) for f in events if isinstance(f, bytes)) > 0
 
 
+async def test_a_voice_sent_as_frames_is_heard_and_a_spoken_answer_can_be_cut_short(served):
+    """User story: a voice client streams the microphone as PCM16 frames while the user talks,
+    then asks for the reply, which hears what a chat sending the same clip hears; the user
+    talks over the spoken reply (barge-in), the client cancels it, every stage stops, and the
+    socket takes the next request."""
+    import websockets
+
+    from tests.reference import sample_audio
+
+    pcm = np.round(sample_audio() * 32767).astype("<i2")
+    wav = io.BytesIO()
+    sf.write(wav, pcm, 16000, format="WAV", subtype="PCM_16")
+    data = base64.b64encode(wav.getvalue()).decode()
+    clip = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+    ask = {"max_tokens": 6, "temperature": 0}
+    chat = {"model": "qwen3-omni", "messages": [{"role": "user", "content": [clip]}], **ask}
+    sent = httpx.post(f"{URL}/v1/chat/completions", json=chat, timeout=120).json()
+    async with websockets.connect("ws://127.0.0.1:8000/v1/audio/stream", max_size=None) as ws:
+        for chunk in np.array_split(pcm, 5):  # 0.3 s of voice per frame
+            await ws.send(chunk.tobytes())
+        talker = {"talker": {"max_tokens": 20}}
+        await ws.send(json.dumps({"type": "chat", "input_audio": {"sample_rate": 16000},
+                                  "stage_overrides": talker, **ask}))  # fmt: skip
+        events = await _ws_collect(ws)
+        heard = "".join(e["delta"] for e in events if isinstance(e, dict) and "delta" in e)
+        assert heard == sent["choices"][0]["message"]["content"]
+        assert events[-1]["status"] == "completed"
+        assert events[-1]["usage"]["prompt_tokens"] == sent["usage"]["prompt_tokens"]
+
+        long = _chat_body(max_tokens=200)  # seconds of work left after its first audio
+        long["stage_overrides"]["talker"]["max_tokens"] = 500
+        await ws.send(json.dumps({"type": "chat", **{k: long[k] for k in (
+            "messages", "max_tokens", "temperature", "stage_overrides")}}))  # fmt: skip
+        while not isinstance(await ws.recv(), bytes):  # up to the first audio frame
+            pass
+        await ws.send(json.dumps({"type": "response.cancel"}))
+        events = await _ws_collect(ws)
+        assert events[-1] == {"type": "response.done", "id": events[-1]["id"],
+                              "status": "cancelled"}  # fmt: skip
+        assert _stages_idle_within(1.5)
+        await ws.send(json.dumps({"type": "speech", "input": "Bye.",
+                                  "stage_overrides": {"talker": {"max_tokens": 10}}}))  # fmt: skip
+        events = await _ws_collect(ws)
+        assert events[-1]["status"] == "completed" and any(isinstance(e, bytes) for e in events)
+
+
 def test_a_killed_code2wav_replica_is_replaced_and_the_spoken_reply_still_arrives(client, served):
     """Code2wav (its only replica) dies mid-request: the request's later decode calls wait for
     the replacement Serve starts, and the client gets its whole spoken reply, not a 500. (The
