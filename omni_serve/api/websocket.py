@@ -4,8 +4,8 @@ an answer that can be cut short, and no idle client holding a slot forever.
 - A reader task takes every message as it arrives, also while an answer streams: binary
   frames (PCM16 mono, the client's microphone) go into the connection's audio buffer, a chat
   with ``input_audio`` takes the buffer as its clip at that moment (so frames sent after it
-  belong to the next one), ``response.cancel`` stops the answer running (in every stage, as
-  a disconnect does) and other requests wait their turn.
+  belong to the next one), ``response.cancel`` stops the answer running in every stage (so
+  does the client leaving) and other requests wait their turn.
 - Sends go through one lock, and an audio event and its binary frame go together even when
   the answer is cancelled between them: the client reads a frame after each audio event.
 - An open WebSocket holds one of the ingress replica's ``max_ongoing_requests`` slots for as
@@ -92,6 +92,7 @@ class VoiceSocket:
         self._send_lock = asyncio.Lock()
         self._answering: asyncio.Task | None = None
         self._done = False  # whether the answer running has sent its response.done
+        self._gone = False  # whether the client has left
         self._last_heard = time.monotonic()
         self._reader = asyncio.create_task(self._read())
 
@@ -132,6 +133,8 @@ class VoiceSocket:
             self._last_heard = time.monotonic()  # the idle clock starts after the answer
         if not task.cancelled():
             task.result()  # re-raises a disconnect
+        elif self._gone:
+            raise WebSocketDisconnect(1000)
         elif not self._done:  # (a cancel that came as the answer ended changes nothing)
             await self.send({"type": "response.done", "id": response_id, "status": "cancelled"})
 
@@ -163,7 +166,10 @@ class VoiceSocket:
                     await self.send({"type": "error", **error_body(problem)})
         except (WebSocketDisconnect, RuntimeError):  # gone, or closed by the server
             return
-        finally:
+        finally:  # nobody is listening: stop the answer's work in every stage
+            self._gone = True
+            if self._answering is not None:
+                self._answering.cancel()
             self._requests.put_nowait(_CLOSED)
 
     def _take(self, message: dict[str, Any]) -> str | None:

@@ -203,3 +203,24 @@ def test_a_clip_becomes_a_user_message_with_its_samples():
         clip_message(None, b"\x00\x00" * 32000, max_seconds=1)
     with pytest.raises(ValidationError, match="sample_rate"):
         clip_message({"sample_rate": 100}, samples.tobytes(), max_seconds=60)
+
+
+async def test_a_client_that_leaves_mid_answer_stops_it():
+    """Also where the server does not cancel the connection's handler when its client goes."""
+    ws = SlowSocket()
+    socket = VoiceSocket(ws, idle_timeout_s=None, max_audio_bytes=64)
+    stopped = asyncio.Event()
+
+    async def speaking():
+        try:
+            await asyncio.sleep(10)
+        finally:
+            stopped.set()
+
+    answering = asyncio.create_task(socket.answer("r1", speaking()))
+    await asyncio.sleep(0.01)
+    await ws.incoming.put({"type": "websocket.disconnect"})
+    with pytest.raises(WebSocketDisconnect):
+        await asyncio.wait_for(answering, 5)
+    assert stopped.is_set() and ws.sent == []  # nothing sent to a client that is gone
+    await socket.close()
