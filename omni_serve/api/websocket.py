@@ -68,7 +68,12 @@ class InputAudio(BaseModel):
 def clip_message(input_audio: Any, pcm: bytes, max_seconds: float) -> dict[str, Any]:
     """The user message the buffered frames become: PCM16 mono as a WAV ``input_audio`` part,
     so the clip is resampled and encoded as any clip a chat sends."""
-    spec = InputAudio.model_validate(input_audio if input_audio is not None else {})
+    try:
+        spec = InputAudio.model_validate(input_audio if input_audio is not None else {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(["input_audio", *(str(p) for p in first["loc"])])
+        raise ApiError(400, f"{where}: {first['msg']}", where) from None
     if not pcm:
         message = ("no audio was sent since the last clip (send it as binary frames of PCM16 "
                    "mono samples before the chat)")  # fmt: skip

@@ -206,18 +206,14 @@ def test_a_later_turn_names_an_earlier_spoken_reply_by_its_audio_id(client):
     )  # fmt: skip
     audio = first.choices[0].message.audio
     assert 3500 <= audio.expires_at - time.time() <= 3600  # api.spoken_reply_ttl_s
-    streamed = _chat_body(stream=True, max_tokens=6)
-    replies = [
-        (hello, audio.id, audio.transcript),
-        (streamed["messages"][0], *_streamed_reply(streamed)),
-    ]
-    for question, audio_id, text in replies:
+    streamed = _chat_body(stream=True, max_tokens=6, messages=[hello])
+    for audio_id, text in ((audio.id, audio.transcript), _streamed_reply(streamed)):
         again = {"role": "user", "content": "Again."}
         by_id = client.chat.completions.create(
-            messages=[question, {"role": "assistant", "audio": {"id": audio_id}}, again], **ask
+            messages=[hello, {"role": "assistant", "audio": {"id": audio_id}}, again], **ask
         )
         by_text = client.chat.completions.create(
-            messages=[question, {"role": "assistant", "content": text}, again], **ask
+            messages=[hello, {"role": "assistant", "content": text}, again], **ask
         )
         assert text and by_id.usage.prompt_tokens == by_text.usage.prompt_tokens
         assert by_id.choices[0].message.content == by_text.choices[0].message.content

@@ -15,7 +15,6 @@ import pytest
 import soundfile as sf
 from fastapi import FastAPI, WebSocket
 from fastapi.testclient import TestClient
-from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect
 
 from omni_serve.api.errors import ApiError
@@ -201,8 +200,11 @@ def test_a_clip_becomes_a_user_message_with_its_samples():
         clip_message({}, b"", max_seconds=60)
     with pytest.raises(ApiError, match=r"2.0 s of audio is over max_audio_seconds \(1\)"):
         clip_message(None, b"\x00\x00" * 32000, max_seconds=1)
-    with pytest.raises(ValidationError, match="sample_rate"):
-        clip_message({"sample_rate": 100}, samples.tobytes(), max_seconds=60)
+    for bad, where in (({"sample_rate": 100}, "input_audio.sample_rate"), ([], "input_audio"),
+                       ({"rate": 1}, "input_audio.rate")):  # fmt: skip
+        with pytest.raises(ApiError) as refused:
+            clip_message(bad, samples.tobytes(), max_seconds=60)
+        assert refused.value.param == where and refused.value.message.startswith(f"{where}: ")
 
 
 async def test_a_client_that_leaves_mid_answer_stops_it():
