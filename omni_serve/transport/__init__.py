@@ -21,7 +21,7 @@ from omni_serve.transport.base import (
     payload_spec,
 )
 from omni_serve.transport.direct import DirectChannel
-from omni_serve.transport.hosts import announce, cluster_is_one_host
+from omni_serve.transport.hosts import announce, cluster_is_one_host, ray_is_running
 from omni_serve.transport.inline import InlineChannel
 from omni_serve.transport.object_store import ObjectStoreChannel
 from omni_serve.transport.shared_memory import SharedMemoryChannel, pool_bytes, unlink_pool
@@ -120,9 +120,7 @@ def _overflow(full: ChannelFull) -> Channel:
     replica reads (slower, but the request is answered). Said once per process. Not from a
     process outside Ray (vLLM's engine core, exporting KV blocks), where ``ray.put`` would start
     a Ray instance of its own: there ``full`` is raised."""
-    import ray
-
-    if not ray.is_initialized():
+    if not ray_is_running():
         raise full
     global _overflowed
     counts.record_overflow()

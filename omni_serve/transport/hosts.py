@@ -70,15 +70,26 @@ def describe_host(hostname: str, shm_dir: Path, boot_id: Path) -> str:
     return f"{hostname}#{digest}"
 
 
+def ray_is_running() -> bool:
+    """Whether this process is in a Ray cluster. False also where Ray is not installed: the
+    channel runs without Ray too (a stage's torch code on a lent GPU machine, a benchmark's
+    spawned consumer), with every process on one host."""
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized()
+
+
 def announce() -> None:
     """Record this node's host id once per process and node (a driver that shuts Ray down and
     joins another cluster is on another node). It is written by node id, so a restarted node
     writes a new entry and the dead one's is never read again."""
     global _announced_on
+    if not ray_is_running():
+        return
     import ray
 
-    if not ray.is_initialized():
-        return
     node = ray.get_runtime_context().get_node_id()
     if node == _announced_on:
         return
@@ -92,10 +103,10 @@ def cluster_is_one_host() -> bool | None:
     running here), so any consumer can map a shared-memory payload made here. None while some
     node with this hostname has not said yet (it has been asked; treat as False and look again
     soon)."""
+    if not ray_is_running():
+        return True
     import ray
 
-    if not ray.is_initialized():
-        return True
     announce()  # this node's own entry, for the others' checks
     here = ray.get_runtime_context().get_node_id()
     records = ray.nodes()

@@ -12,8 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_serve.transport import SharedMemoryChannel, take
-from omni_serve.transport.hosts import describe_host, host_id, one_host
+from omni_serve.transport import ChannelFull, SharedMemoryChannel, make_channel, take
+from omni_serve.transport import _overflow as overflow
+from omni_serve.transport.hosts import (
+    cluster_is_one_host,
+    describe_host,
+    host_id,
+    one_host,
+    ray_is_running,
+)
 
 
 def test_a_host_id_is_the_hostname_plus_the_machine_boot_and_dev_shm_mount(tmp_path):
@@ -176,3 +183,17 @@ def test_a_node_that_never_answers_is_named_in_the_log_once(monkeypatch, caplog)
     said = [r for r in caplog.records if SILENT in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING", said
     assert list(hosts._asking) == [SILENT]  # still asked: an answer may yet come
+
+
+async def test_without_ray_installed_payloads_go_and_come_back_on_one_host(monkeypatch):
+    """A process without Ray (a stage's torch code on a machine without it, a benchmark's
+    spawned consumer) is one host on its own. Found on a lent GPU machine, where every take
+    failed with "No module named 'ray'"."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    assert not ray_is_running() and cluster_is_one_host()
+    want = torch.arange(1 << 20, dtype=torch.float32)
+    ref = make_channel().put(want)
+    assert ref.backend == "shared_memory"
+    assert torch.equal(await take(ref), want)
+    with pytest.raises(ChannelFull):  # no object store to overflow to
+        overflow(ChannelFull("segments full"))
