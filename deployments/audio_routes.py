@@ -35,7 +35,7 @@ from omni_serve.api.transcription import (
     transcription_response,
     usage_tokens,
 )
-from omni_serve.api.websocket import IdleTimeout, VoiceSocket, clip_message, error_event
+from omni_serve.api.websocket import IdleTimeout, VoiceSocket, error_event
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.pipeline import ChatEvent, ChatOptions
 from omni_serve.models.qwen3_omni.transcription import instruction, unknown_language
@@ -141,12 +141,12 @@ class AudioRoutes:
         as binary PCM16 frames; JSON events and binary PCM16 frames out."""
         await ws.accept()
         api = self.config.api
-        socket = VoiceSocket(ws, api.ws_idle_timeout_s, api.max_audio_bytes)
+        socket = VoiceSocket(ws, api.ws_idle_timeout_s, api.max_audio_bytes, api.max_audio_seconds)
         try:
             while True:
-                message, clip = await socket.next_request()
+                message, said = await socket.next_request()
                 try:
-                    events = await self._ws_events(message, clip)
+                    events = await self._ws_events(message, said)
                 except Exception as exc:  # bad input: say why, keep the socket
                     await socket.send(error_event(exc))
                     continue
@@ -157,7 +157,7 @@ class AudioRoutes:
         finally:
             await socket.close()
 
-    async def _ws_events(self, message: Any, clip: bytes | None):
+    async def _ws_events(self, message: Any, said: dict[str, Any] | None):
         if not isinstance(message, dict) or message.get("type") not in ("chat", "speech"):
             raise ValueError('send {"type": "chat", "messages": [...]} or {"type": "speech", '
                              '"input": "..."}')  # fmt: skip
@@ -168,8 +168,7 @@ class AudioRoutes:
             body = SpeechRequest.model_validate({**fields, "voice": voice})
             self._check_speech(body, "type")
             return await self._speech_events(body)
-        if clip is not None:  # the frames sent before it, as the conversation's last message
-            said = clip_message(message["input_audio"], clip, self.config.api.max_audio_seconds)
+        if said is not None:  # the frames sent before it, as the conversation's last message
             messages = fields.get("messages", [])
             fields["messages"] = [*messages, said] if isinstance(messages, list) else messages
         spoken = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"}}

@@ -4,8 +4,10 @@ an answer that can be cut short, and no idle client holding a slot forever.
 - A reader task takes every message as it arrives, also while an answer streams: binary
   frames (PCM16 mono, the client's microphone) go into the connection's audio buffer, a chat
   with ``input_audio`` takes the buffer as its clip at that moment (so frames sent after it
-  belong to the next one), ``response.cancel`` stops the answer running in every stage (so
-  does the client leaving) and other requests wait their turn.
+  belong to the next one; a chat whose ``input_audio`` is refused takes nothing, so the client
+  can send it again fixed without sending its voice again), ``response.cancel`` stops the
+  answer running in every stage (so does the client leaving) and other requests wait their
+  turn.
 - Sends go through one lock, and an audio event and its binary frame go together even when
   the answer is cancelled between them: the client reads a frame after each audio event.
 - An open WebSocket holds one of the ingress replica's ``max_ongoing_requests`` slots for as
@@ -21,7 +23,7 @@ import io
 import json
 import time
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import soundfile as sf
@@ -89,9 +91,20 @@ def clip_message(input_audio: Any, pcm: bytes, max_seconds: float) -> dict[str, 
     return {"role": "user", "content": [part]}
 
 
+def _refuse(message: str) -> NoReturn:
+    raise ApiError(400, message)
+
+
 class VoiceSocket:
-    def __init__(self, ws: WebSocket, idle_timeout_s: float | None, max_audio_bytes: int) -> None:
+    def __init__(
+        self,
+        ws: WebSocket,
+        idle_timeout_s: float | None,
+        max_audio_bytes: int,
+        max_audio_seconds: float = float("inf"),
+    ) -> None:
         self.ws, self.idle_timeout_s, self.max_audio_bytes = ws, idle_timeout_s, max_audio_bytes
+        self.max_audio_seconds = max_audio_seconds
         self.audio = bytearray()  # PCM16 frames not yet taken by a chat
         self._requests: asyncio.Queue[Any] = asyncio.Queue()
         self._send_lock = asyncio.Lock()
@@ -101,9 +114,10 @@ class VoiceSocket:
         self._last_heard = time.monotonic()
         self._reader = asyncio.create_task(self._read())
 
-    async def next_request(self) -> tuple[Any, bytes | None]:
-        """The next request (parsed JSON), with the clip it took from the audio buffer
-        (``None`` unless it asked for ``input_audio``). Raises ``WebSocketDisconnect`` once
+    async def next_request(self) -> tuple[Any, dict[str, Any] | None]:
+        """The next request (parsed JSON), with the user message the clip it took from the
+        audio buffer became (``clip_message``; ``None`` unless it asked for ``input_audio``).
+        Raises ``WebSocketDisconnect`` once
         the client left, ``IdleTimeout`` (after telling it why and closing) when it fell
         silent."""
         while True:
@@ -166,9 +180,10 @@ class VoiceSocket:
                 if message["type"] == "websocket.disconnect":
                     return
                 self._last_heard = time.monotonic()
-                problem = self._take(message)
-                if problem:
-                    await self.send({"type": "error", **error_body(problem)})
+                try:
+                    self._take(message)
+                except ApiError as refused:
+                    await self.send(error_event(refused))
         except (WebSocketDisconnect, RuntimeError):  # gone, or closed by the server
             return
         finally:  # nobody is listening: stop the answer's work in every stage
@@ -177,37 +192,38 @@ class VoiceSocket:
                 self._answering.cancel()
             self._requests.put_nowait(_CLOSED)
 
-    def _take(self, message: dict[str, Any]) -> str | None:
-        """What one message does; a reason when it is refused."""
+    def _take(self, message: dict[str, Any]) -> None:
+        """What one message does; an ``ApiError`` saying why when it is refused (then it
+        changes nothing)."""
         if message.get("bytes") is not None:
             frame = message["bytes"]
             if len(frame) % 2:
-                return "a binary frame holds whole PCM16 samples: an even number of bytes"
+                _refuse("a binary frame holds whole PCM16 samples: an even number of bytes")
             if len(self.audio) + len(frame) > self.max_audio_bytes:
-                return (f"the input audio buffer would pass max_audio_bytes "
+                _refuse(f"the input audio buffer would pass max_audio_bytes "
                         f"({self.max_audio_bytes}); this frame was dropped")  # fmt: skip
             self.audio += frame
-            return None
+            return
         try:
             request = json.loads(message.get("text") or "")
         except ValueError as exc:
-            return f"not JSON: {exc}"
+            _refuse(f"not JSON: {exc}")
         kind = request.get("type") if isinstance(request, dict) else None
         if kind == "response.cancel":
             if self._answering is None:
-                return "response.cancel: no response is running"
+                _refuse("response.cancel: no response is running")
             self._answering.cancel()
-            return None
+            return
         if kind == "input_audio.clear":
             self.audio.clear()
-            return None
+            return
         if self._requests.qsize() >= MAX_WAITING_REQUESTS:
-            return f"at most {MAX_WAITING_REQUESTS} requests may wait behind the running one"
-        clip = None
+            _refuse(f"at most {MAX_WAITING_REQUESTS} requests may wait behind the running one")
+        said = None
         if kind == "chat" and "input_audio" in request:
-            clip, self.audio = bytes(self.audio), bytearray()
-        self._requests.put_nowait((request, clip))
-        return None
+            said = clip_message(request["input_audio"], bytes(self.audio), self.max_audio_seconds)
+            self.audio.clear()
+        self._requests.put_nowait((request, said))
 
     async def _close_idle(self) -> None:
         message = f"no request for {self.idle_timeout_s:g} s: closing the idle connection"

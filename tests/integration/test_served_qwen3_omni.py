@@ -685,7 +685,8 @@ async def test_websocket_streams_text_and_pcm_and_survives_bad_input(served):
 
 async def test_a_voice_sent_as_frames_is_heard_and_a_spoken_answer_can_be_cut_short(served):
     """User story: a voice client streams the microphone as PCM16 frames while the user talks,
-    then asks for the reply, which hears what a chat sending the same clip hears; the user
+    then asks for the reply (a first ask with a bad sample rate is refused and takes none of
+    the voice), which hears what a chat sending the same clip hears; the user
     talks over the spoken reply (barge-in), the client cancels it, every stage stops, and the
     socket takes the next request."""
     import websockets
@@ -703,6 +704,9 @@ async def test_a_voice_sent_as_frames_is_heard_and_a_spoken_answer_can_be_cut_sh
     async with websockets.connect("ws://127.0.0.1:8000/v1/audio/stream", max_size=None) as ws:
         for chunk in np.array_split(pcm, 5):  # 0.3 s of voice per frame
             await ws.send(chunk.tobytes())
+        await ws.send(json.dumps({"type": "chat", "input_audio": {"sample_rate": 100}}))
+        refused = json.loads(await ws.recv())  # and the frames stay for the chat sent fixed
+        assert refused["error"]["param"] == "input_audio.sample_rate"
         talker = {"talker": {"max_tokens": 20}}
         await ws.send(json.dumps({"type": "chat", "input_audio": {"sample_rate": 16000},
                                   "stage_overrides": talker, **ask}))  # fmt: skip

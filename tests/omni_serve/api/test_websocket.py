@@ -27,8 +27,10 @@ from omni_serve.api.websocket import (
 )
 
 
-def echo_app(idle_timeout_s: float = 0.3, max_audio_bytes: int = 64) -> TestClient:
-    """Echoes each request and the size of the clip it took; ``{"type": "long", "ticks": n}``
+def echo_app(
+    idle_timeout_s: float = 0.3, max_audio_bytes: int = 64, max_audio_seconds: float = 60
+) -> TestClient:
+    """Echoes each request and the bytes of the clip it took; ``{"type": "long", "ticks": n}``
     streams n ticks 20 ms apart, or until cancelled (recorded in ``app.state.cancelled``)."""
     app = FastAPI()
     app.state.cancelled = []
@@ -46,23 +48,31 @@ def echo_app(idle_timeout_s: float = 0.3, max_audio_bytes: int = 64) -> TestClie
     @app.websocket("/ws")
     async def session(ws: WebSocket):
         await ws.accept()
-        socket = VoiceSocket(ws, idle_timeout_s, max_audio_bytes)
+        socket = VoiceSocket(ws, idle_timeout_s, max_audio_bytes, max_audio_seconds)
         try:
             n = 0
             while True:
-                message, clip = await socket.next_request()
+                message, said = await socket.next_request()
                 n += 1
                 if message.get("type") == "long":
                     ticks = message.get("ticks", 10**6)
                     await socket.answer(f"r{n}", ticking(socket, f"r{n}", ticks))
                     continue
-                await socket.send({"echo": message, "clip": None if clip is None else len(clip)})
+                await socket.send({"echo": message, "clip": clip_bytes(said)})
         except (IdleTimeout, WebSocketDisconnect):
             return
         finally:
             await socket.close()
 
     return TestClient(app)
+
+
+def clip_bytes(said: dict | None) -> int | None:
+    """How many bytes of PCM16 the user message a chat's clip became holds."""
+    if said is None:
+        return None
+    wav = base64.b64decode(said["content"][0]["input_audio"]["data"])
+    return sf.read(io.BytesIO(wav), dtype="int16")[0].nbytes
 
 
 def test_an_idle_client_gets_a_reason_and_a_close():
@@ -109,7 +119,21 @@ def test_a_chat_takes_the_frames_sent_before_it_and_no_later_ones():
         ws.send_bytes(b"\x04\x00")
         ws.send_json({"type": "input_audio.clear"})
         ws.send_json({"type": "chat", "input_audio": {}})
-        assert ws.receive_json()["clip"] == 0
+        refused = ws.receive_json()["error"]
+        assert refused["param"] == "input_audio" and "no audio was sent" in refused["message"]
+
+
+def test_a_chat_whose_input_audio_is_refused_takes_nothing_and_can_be_sent_again():
+    """The client fixes the request; its voice, already sent, is still there for it."""
+    with echo_app(idle_timeout_s=5, max_audio_seconds=0.001).websocket_connect("/ws") as ws:
+        ws.send_bytes(b"\x01\x00" * 8)  # 1 ms at 8 kHz
+        ws.send_json({"type": "chat", "input_audio": {"sample_rate": 100}})
+        assert ws.receive_json()["error"]["param"] == "input_audio.sample_rate"
+        ws.send_bytes(b"\x02\x00" * 8)  # 2 ms in all: over max_audio_seconds
+        ws.send_json({"type": "chat", "input_audio": {"sample_rate": 8000}})
+        assert "over max_audio_seconds" in ws.receive_json()["error"]["message"]
+        ws.send_json({"type": "chat", "input_audio": {"sample_rate": 16000}})  # 1 ms at 16 kHz
+        assert ws.receive_json()["clip"] == 32
 
 
 def test_frames_and_messages_it_cannot_take_are_errors_and_the_socket_stays():
