@@ -117,9 +117,8 @@ class VoiceSocket:
     async def next_request(self) -> tuple[Any, dict[str, Any] | None]:
         """The next request (parsed JSON), with the user message the clip it took from the
         audio buffer became (``clip_message``; ``None`` unless it asked for ``input_audio``).
-        Raises ``WebSocketDisconnect`` once
-        the client left, ``IdleTimeout`` (after telling it why and closing) when it fell
-        silent."""
+        Raises ``WebSocketDisconnect`` once the client left, ``IdleTimeout`` (after telling it
+        why and closing) when it fell silent."""
         while True:
             timeout = None
             if self.idle_timeout_s is not None:
