@@ -130,9 +130,9 @@ async def test_a_released_segment_is_reused_and_stale_refs_stay_dead():
     assert torch.equal(await take(again), torch.zeros(200, 200))
 
 
-async def test_dicts_and_payloads_beyond_the_pool_budget(monkeypatch):
+async def test_dicts_and_payloads_beyond_the_pool_budget(fresh_pool, monkeypatch):
     monkeypatch.setattr(shm, "POOL_BYTES", 0)
-    big = torch.ones(1024, 1100)  # larger than any pooled segment so far
+    big = torch.ones(1024, 1100)  # no pooled segment to reuse: an empty pool
     ref = SharedMemoryChannel().put({"a": big, 7: torch.zeros(3, dtype=torch.int8)})
     assert "-o-" in ref.key  # one-shot
     got = await take(ref)
