@@ -70,15 +70,23 @@ def describe_host(hostname: str, shm_dir: Path, boot_id: Path) -> str:
     return f"{hostname}#{digest}"
 
 
+@functools.cache
+def _ray() -> Any:
+    """The ``ray`` module, or None where Ray is not installed (looked for once: a failed
+    import costs ~50 us, and this is asked on every put and take)."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    return ray
+
+
 def ray_is_running() -> bool:
     """Whether this process is in a Ray cluster. False also where Ray is not installed: the
     channel runs without Ray too (a stage's torch code on a lent GPU machine, a benchmark's
     spawned consumer), with every process on one host."""
-    try:
-        import ray
-    except ImportError:
-        return False
-    return ray.is_initialized()
+    ray = _ray()
+    return ray is not None and ray.is_initialized()
 
 
 def announce() -> None:
