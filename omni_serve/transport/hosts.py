@@ -72,8 +72,8 @@ def describe_host(hostname: str, shm_dir: Path, boot_id: Path) -> str:
 
 @functools.cache
 def _ray() -> Any:
-    """The ``ray`` module, or None where Ray is not installed (looked for once: a failed
-    import costs ~50 us, and this is asked on every put and take)."""
+    """The ``ray`` module, or None where Ray is not installed (looked for once: this is asked
+    on every put and take, and a failed import is not cached by Python)."""
     try:
         import ray
     except ImportError:
