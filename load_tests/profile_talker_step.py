@@ -2,6 +2,7 @@
 
     .venv/bin/python load_tests/profile_talker_step.py 16          # ms per step at batch 16
     .venv/bin/python load_tests/profile_talker_step.py 16 --prof   # + torch profiler table
+    .venv/bin/python load_tests/profile_talker_step.py 16 --step static [--graph-mode compile]
 
 small-qwen3-omni, 1 torch thread, the served KV cache length (4096), sampled Talker and code
 predictor as served. Prints ms per step and the audio seconds per second that step rate makes.
@@ -19,6 +20,7 @@ from omni_serve.models import ensure_model
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
+from omni_serve.models.qwen3_omni.talker_static_runner import StaticTalkerRunner
 
 FRAME_SECONDS = 0.08  # 12.5 codec frames per second of audio
 
@@ -29,13 +31,30 @@ def main() -> None:
     parser.add_argument("--prof", action="store_true")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--step",
+        default="eager",
+        choices=["eager", "static"],
+        help="the eager TalkerRunner or the static-shape TalkerDecodeStep",
+    )
+    parser.add_argument(
+        "--graph-mode",
+        default="eager",
+        choices=["eager", "compile"],
+        help="with --step static: run it eagerly or torch.compile'd",
+    )
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.set_num_threads(1)
     path = ensure_model("small-qwen3-omni")
     talker, config = load_talker(path, dtype=dtype)
     builder = TalkerInputBuilder(talker, config, load_thinker_embeddings(path))
-    runner = TalkerRunner(talker, builder.tts_pad, max_batch_size=16, max_len=4096)
+    size = max(16, args.batch)
+    if args.step == "static":
+        runner = StaticTalkerRunner(talker, builder.tts_pad, max_batch_size=size, max_len=4096,
+                                    graph_mode=args.graph_mode)  # fmt: skip
+    else:
+        runner = TalkerRunner(talker, builder.tts_pad, max_batch_size=size, max_len=4096)
     hidden = builder.tts_pad.shape[-1]
     sampling = SamplingConfig(temperature=0.9, top_k=50)
     states = []
@@ -47,7 +66,7 @@ def main() -> None:
         runner.prefill(state)
         states.append(state)
     last = [5] * args.batch
-    for _ in range(3):
+    for _ in range(3):  # with --graph-mode compile, the first compiles
         runner.decode(states, last)
     if args.prof:
         from torch.profiler import ProfilerActivity, profile
@@ -61,7 +80,8 @@ def main() -> None:
         runner.decode(states, last)
     step = (time.perf_counter() - start) / args.steps
     rate = args.batch * FRAME_SECONDS / step
-    print(f"batch {args.batch}: {step * 1000:.1f} ms per step, {rate:.2f} audio s/s")
+    print(f"batch {args.batch} ({args.step}, {args.graph_mode}, {args.dtype}): "
+          f"{step * 1000:.1f} ms per step, {rate:.2f} audio s/s")  # fmt: skip
 
 
 if __name__ == "__main__":

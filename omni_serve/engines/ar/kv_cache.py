@@ -20,8 +20,11 @@ class SlotKVCache:
         max_len: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        spare_slot: bool = False,
     ) -> None:
-        shape = (num_slots, num_kv_heads, max_len, head_dim)
+        # A spare row is never allocated: a static-shape step points its padding rows at it.
+        self.spare_slot = num_slots if spare_slot else None
+        shape = (num_slots + int(spare_slot), num_kv_heads, max_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.device = torch.device(device)

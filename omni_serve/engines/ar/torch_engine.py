@@ -29,10 +29,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepOutput:
-    """One request's result of a prefill or decode step."""
+    """One request's result of a prefill or decode step: the logits the engine samples the
+    next token from, or the ``token`` a runner that samples on its device already drew."""
 
-    logits: torch.Tensor  # [V] for the next token
+    logits: torch.Tensor | None = None  # [V] for the next token
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. {"codes": [16]}
+    token: int | None = None
 
 
 class StepRunner(Protocol):
@@ -220,13 +222,10 @@ class TorchAREngine:
         if seq.request.request_id not in self._sequences:
             return  # aborted while the step ran
         sampling = seq.request.sampling
-        token = sample_one(
-            out.logits,
-            sampling,
-            seq.generated,
-            self.runner.suppress_tokens(seq.state),
-            seq.generator,
-        )
+        token = out.token
+        if token is None:
+            suppress = self.runner.suppress_tokens(seq.state)
+            token = sample_one(out.logits, sampling, seq.generated, suppress, seq.generator)
         seq.generated.append(token)
         stop_ids = self.stop_token_ids | set(sampling.stop_token_ids)
         reason = None

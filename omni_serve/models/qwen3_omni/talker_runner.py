@@ -56,10 +56,12 @@ class TalkerState:
     slot: int | None = None
     last_hidden: torch.Tensor | None = None
     generator: torch.Generator | None = None
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
 class TalkerRunner:
-    def __init__(self, talker, tts_pad: torch.Tensor, max_batch_size: int = 8, max_len: int = 4096):
+    def __init__(self, talker, tts_pad: torch.Tensor, max_batch_size: int = 8, max_len: int = 4096,
+                 spare_slot: bool = False):  # fmt: skip
         self.talker = talker.eval()
         self.model = talker.model
         self.predictor = talker.code_predictor
@@ -79,6 +81,7 @@ class TalkerRunner:
             max_len=max_len,
             dtype=talker.codec_head.weight.dtype,
             device=self.device,
+            spare_slot=spare_slot,
         )
         predictor_cfg = self.predictor.config
         self.num_residuals = predictor_cfg.num_code_groups - 1
@@ -114,6 +117,7 @@ class TalkerRunner:
             greedy=request.sampling.greedy,
             trailing=deque(extra.get("trailing", ())),
             text_done=bool(extra.get("text_done", False)),
+            sampling=request.sampling,
         )
         if request.sampling.seed is not None:
             state.generator = torch.Generator().manual_seed(request.sampling.seed + 1)

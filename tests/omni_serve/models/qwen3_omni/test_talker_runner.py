@@ -56,9 +56,11 @@ async def test_talker_codes_equal_transformers(talker_parts, reference_runs, kin
     assert torch.equal(codes, reference_runs[kind].codes)
 
 
-async def test_concurrent_requests_batch_and_stay_exact(talker_parts, reference_runs):
-    """Requests of different prompt lengths decode in one batch, each at its own position."""
-    engine = new_engine(talker_parts, max_batch_size=len(KINDS))
+@pytest.mark.parametrize("step", ["eager", "static"])
+async def test_concurrent_requests_batch_and_stay_exact(talker_parts, reference_runs, step):
+    """Requests of different prompt lengths decode in one batch, each at its own position;
+    the static-shape step (sampling on the device) gives transformers' greedy codes too."""
+    engine = new_engine(talker_parts, max_batch_size=len(KINDS), step=step)
     await engine.start()
     requests = [talker_request(talker_parts[1], reference_runs[k], k)[0] for k in KINDS]
     results = await asyncio.gather(*(collect_codes(engine, r) for r in requests))

@@ -1,0 +1,117 @@
+"""The Talker as a ``StepRunner`` whose decode step is ``TalkerDecodeStep``: static shapes,
+sampling on the device, and on a GPU one CUDA graph per (batch, KV window) bucket.
+
+Prefill stays eager (one request, any prompt length, once per reply) and samples its first
+token with the same device sampler. A decode step costs the host three things: stacking the
+rows' trailing text rows, one copy of the slot ids in, and one copy of the [B, 17] result
+out; the sampled token goes to the engine with the frame, so the engine does not sample.
+
+Seeded requests reproduce: a draw depends on the seed, the step and the code group only, so
+not on the batch a request shares or on the graph mode. Unseeded requests get a seed from
+the host's RNG when they arrive.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omni_serve.engines.ar.base import ARRequest
+from omni_serve.engines.ar.device_sampling import fold_seed
+from omni_serve.engines.ar.step_graphs import (
+    GraphMode,
+    StepGraphs,
+    batch_buckets,
+    bucket,
+    length_buckets,
+)
+from omni_serve.engines.ar.torch_engine import StepOutput
+from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner, TalkerState
+from omni_serve.models.qwen3_omni.talker_step import TalkerDecodeStep, TalkerSlots
+
+
+class StaticTalkerRunner(TalkerRunner):
+    """``graph_mode`` picks how the step runs (``step_graphs``). Outside ``eager`` the batch
+    is padded to a bucket and the KV window rounded up to one, so a bounded set of shapes
+    (at most len(batch buckets) x len(window buckets)) is ever compiled or captured."""
+
+    def __init__(self, talker, tts_pad: torch.Tensor, max_batch_size: int = 8,
+                 max_len: int = 4096, graph_mode: GraphMode = "eager",
+                 compile_backend: str = "inductor") -> None:  # fmt: skip
+        super().__init__(talker, tts_pad, max_batch_size, max_len, spare_slot=True)
+        hidden = tts_pad.shape[-1]
+        vocab = talker.config.text_config.vocab_size
+        suppress = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+        suppress[self._suppress.to(self.device)] = True
+        self.slots = TalkerSlots.allocate(
+            self.max_batch_size + 1, hidden, vocab, tts_pad.dtype, self.device
+        )
+        self.step = TalkerDecodeStep(talker, self.cache, self.slots, suppress)
+        self.padded = graph_mode != "eager"
+        self.batch_buckets = batch_buckets(max_batch_size)
+        self.window_buckets = length_buckets(max_len)
+        self.graphs = StepGraphs(self.step.__call__, graph_mode, self._scratch_inputs,
+                                 backend=compile_backend)  # fmt: skip
+
+    def new_state(self, request: ARRequest) -> TalkerState:
+        state = super().new_state(request)
+        state.generator = None  # draws come from the device hash, keyed by the seed
+        return state
+
+    @torch.no_grad()
+    def prefill(self, state: TalkerState) -> StepOutput:
+        embeds = state.prompt_embeds.to(self.device, self.tts_pad.dtype)[None]
+        positions = state.position_ids.to(self.device)[:, None, :]
+        state.slot = self.cache.allocate()
+        hidden = self._forward([state.slot], embeds, positions)[:, -1]
+        self._admit(state, hidden)
+        slot_idx = torch.tensor([state.slot], device=self.device)
+        token = self.step.sample_next(hidden, slot_idx, self.slots.rows(slot_idx))
+        s = self.slots
+        s.next_token[slot_idx] = token
+        s.seen[slot_idx, token] = True
+        s.counter[slot_idx] = 1
+        return StepOutput(token=int(token[0]))
+
+    @torch.no_grad()
+    def decode(self, states: list[TalkerState], last_tokens: list[int]) -> list[StepOutput]:
+        """``last_tokens`` are already on the device (each slot's ``next_token``)."""
+        rows = len(states)
+        longest = max(self.cache.lengths[s.slot] for s in states) + 1
+        if longest > self.cache.max_len:
+            raise RuntimeError(f"sequence longer than the KV cache ({self.cache.max_len})")
+        size = bucket(rows, self.batch_buckets) if self.padded else rows
+        window = bucket(longest, self.window_buckets) if self.padded else longest
+        slot_ids = [s.slot for s in states] + [self.cache.spare_slot] * (size - rows)
+        text = [s.trailing.popleft() if s.trailing else self.tts_pad for s in states]
+        text += [self.tts_pad] * (size - rows)
+        slot_idx = torch.tensor(slot_ids).to(self.device, non_blocking=True)
+        text_rows = torch.stack(text).to(self.device, self.tts_pad.dtype)
+        out = self.graphs.run((slot_idx, text_rows), (window,)).cpu()  # the step's one copy
+        outs = []
+        for i, state in enumerate(states):
+            self.cache.lengths[state.slot] += 1
+            state.step += 1
+            outs.append(StepOutput(outputs={"codes": out[i, :16]}, token=int(out[i, 16])))
+        return outs
+
+    def _admit(self, state: TalkerState, hidden: torch.Tensor) -> None:
+        """Write a prefilled request's row of the slot table."""
+        s, slot, sampling = self.slots, state.slot, state.sampling
+        seed = sampling.seed
+        if seed is None:
+            seed = int(torch.randint(0, 1 << 32, ()))
+        s.last_hidden[slot] = hidden[0]
+        s.length[slot] = self.cache.lengths[slot]
+        s.rope_delta[slot] = state.rope_delta
+        s.seen[slot] = False
+        s.temperature[slot] = sampling.temperature
+        s.top_k[slot] = sampling.top_k
+        s.top_p[slot] = sampling.top_p
+        s.repetition_penalty[slot] = sampling.repetition_penalty
+        s.seed[slot] = fold_seed(seed)
+
+    def _scratch_inputs(self, inputs, static):
+        """Inputs to capture a bucket on: every row on the spare slot, whose writes are
+        harmless."""
+        slot_idx, text_rows = inputs
+        return torch.full_like(slot_idx, self.cache.spare_slot), torch.zeros_like(text_rows)
