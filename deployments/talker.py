@@ -19,7 +19,7 @@ from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
 from omni_serve.models.qwen3_omni.speech_session import given_reply, speak
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
-from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
+from omni_serve.models.qwen3_omni.talker_static_runner import talker_runner
 from omni_serve.transport import channel_stats, release, take
 
 # transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
@@ -39,10 +39,7 @@ class TalkerDeployment(ReleasesSharedMemory):
         args = stage.engine.args
         self.max_tokens = int(args.get("max_new_tokens", TALKER_MAX_TOKENS))
         self.max_len = int(args.get("max_model_len", 8192))
-        runner = TalkerRunner(
-            talker, self.builder.tts_pad, max_batch_size=stage.engine.max_batch_size,
-            max_len=self.max_len,
-        )  # fmt: skip
+        runner = talker_runner(talker, self.builder.tts_pad, stage.engine, self.max_len)
         self.engine = TorchAREngine(runner, stop_token_ids=(runner.codec_eos_token_id,))
         await self.engine.start()
         self.thinker = thinker.options(stream=True)

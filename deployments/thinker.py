@@ -101,7 +101,7 @@ class ThinkerDeployment(ReleasesSharedMemory):
         self.embed_tokens = load_thinker_embeddings(model_path)
         self.engine = VLLMEngine(
             str(model_path),
-            stage.engine.args,
+            stage.engine.vllm_args(),
             capture_hidden=True,
             cpu_cores=stage.deployment.cpu_cores,
             kv_transfer_config=kv_config,

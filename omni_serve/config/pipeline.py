@@ -8,12 +8,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from omni_serve.config.deployment import DeploymentSettings
-from omni_serve.config.diffusion import DiTParallelSettings, StepCacheSettings
+from omni_serve.config.engine import EngineSettings, StageKind, check_stage_engine
 
-StageKind = Literal[
-    "encoder", "thinker", "talker", "code2wav", "text_encoder", "dit", "vae", "ingress"
-]
-EngineKind = Literal["vllm", "torch", "diffusers"]
 ChannelBackend = Literal[
     "auto", "inline", "object_store", "shared_memory", "direct", "shared_memory_direct"
 ]
@@ -21,60 +17,6 @@ ChannelBackend = Literal[
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class EngineSettings(_Strict):
-    kind: EngineKind = Field(description="Which engine implementation runs the stage.")
-    args: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Engine arguments passed through (e.g. vLLM AsyncEngineArgs fields).",
-    )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weights and activations dtype (float32 on CPU)."
-    )
-    max_batch_size: int = Field(
-        8, ge=1, description="Most requests the engine steps together (continuous batching)."
-    )
-    step_cache: StepCacheSettings | None = Field(
-        None, description="DiT stages: cache-dit step caching (off when unset)."
-    )
-    parallel: DiTParallelSettings | None = Field(
-        None, description="DiT stages: denoise on several workers with xfuser (one when unset)."
-    )
-
-    batching: Literal["auto", "request", "step"] = Field(
-        "auto",
-        description="DiT stages: 'step' re-forms the batch before every denoising step (a new "
-        "request joins at the next step, one that finishes leaves); 'request' batches requests "
-        "that arrive together and runs them to the end; 'auto' is 'step' unless step_cache or "
-        "parallel needs 'request'.",
-    )
-
-    @property
-    def step_batching(self) -> bool:
-        """Whether the DiT batches per step (see ``batching``)."""
-        return self.batching == "step" or (self.batching == "auto" and not self._per_batch())
-
-    def _per_batch(self) -> bool:
-        # cache-dit decides per transformer call whether a step is cached, for the whole batch;
-        # parallel workers would each have to agree on every join and leave.
-        cache = self.step_cache is not None and self.step_cache.enabled
-        return cache or (self.parallel is not None and self.parallel.world_size > 1)
-
-    @model_validator(mode="after")
-    def _step_batching_alone(self) -> EngineSettings:
-        if self.batching == "step" and self._per_batch():
-            raise ValueError("batching 'step' cannot be combined with step_cache or parallel")
-        return self
-
-    @model_validator(mode="after")
-    def _parallel_without_step_cache(self) -> EngineSettings:
-        # Each worker's cache-dit would decide on its own slice whether to skip a step, and
-        # workers that disagree wait on each other's collectives forever.
-        parallel = self.parallel is not None and self.parallel.world_size > 1
-        if parallel and self.step_cache is not None and self.step_cache.enabled:
-            raise ValueError("step_cache and parallel cannot be combined on one DiT stage")
-        return self
 
 
 class StageConfig(_Strict):
@@ -308,10 +250,8 @@ class PipelineConfig(_Strict):
                         f"edges[{i}].{end}: unknown stage {getattr(edge, end)!r} (stages: {names})"
                     )
         for stage in self.stages:
-            if stage.kind != "dit" and stage.engine is not None and stage.engine.parallel:
-                raise ValueError(f"stage {stage.name!r}: engine.parallel is for DiT stages only")
-            if stage.kind != "dit" and stage.engine is not None and stage.engine.batching != "auto":
-                raise ValueError(f"stage {stage.name!r}: engine.batching is for DiT stages only")
+            gpus = stage.deployment.ray_actor_options.num_gpus
+            check_stage_engine(stage.name, stage.kind, stage.engine, gpus)
         return self
 
     def stage(self, name: str) -> StageConfig:

@@ -94,7 +94,7 @@ def test_a_stage_that_cannot_start_shows_why_on_health_and_serve_run_fails(tmp_p
     """User story: an operator mistypes a vLLM engine argument; /health says which stage is
     down and vLLM's reason, and `serve run` exits naming the stage instead of hanging."""
     config = (REPO / "configs/pipelines/qwen3_omni_tiny.yaml").read_text()
-    good = "args: {max_model_len: 4096, max_num_seqs: 16}"
+    good = "args: {max_model_len: 4096}"
     broken = config.replace(good, good[:-1] + ", kv_cache_dtype: bogus}")
     assert broken != config
     (tmp_path / "broken.yaml").write_text(broken)

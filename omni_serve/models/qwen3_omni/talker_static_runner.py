@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from omni_serve.config import EngineSettings
 from omni_serve.engines.ar.base import ARRequest
 from omni_serve.engines.ar.device_sampling import fold_seed
 from omni_serve.engines.ar.step_graphs import (
@@ -27,6 +28,14 @@ from omni_serve.engines.ar.step_graphs import (
 from omni_serve.engines.ar.torch_engine import StepOutput
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner, TalkerState
 from omni_serve.models.qwen3_omni.talker_step import TalkerDecodeStep, TalkerSlots
+
+
+def talker_runner(talker, tts_pad: torch.Tensor, engine: EngineSettings, max_len: int):
+    """The runner a Talker stage's engine settings ask for: with ``cuda_graphs``, the static
+    step captured as CUDA graphs; otherwise the eager runner (the CPU path)."""
+    if engine.cuda_graphs:
+        return StaticTalkerRunner(talker, tts_pad, engine.max_batch_size, max_len, "cuda_graph")
+    return TalkerRunner(talker, tts_pad, max_batch_size=engine.max_batch_size, max_len=max_len)
 
 
 class StaticTalkerRunner(TalkerRunner):

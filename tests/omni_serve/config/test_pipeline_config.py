@@ -78,7 +78,7 @@ def test_defaults_fill_in():
         (
             one_stage("t", "thinker", kind="vllm", parallel={"ulysses_degree": 2}),
             "<root>",
-            "engine.parallel is for DiT stages only",
+            "engine.parallel: for DiT stages only",
         ),
         (
             one_stage(
@@ -111,7 +111,7 @@ def test_defaults_fill_in():
         (
             one_stage("v", "vae", kind="diffusers", batching="step"),
             "<root>",
-            "engine.batching is for DiT stages only",
+            "engine.batching: for DiT stages only",
         ),
     ],
 )
