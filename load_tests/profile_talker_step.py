@@ -11,6 +11,7 @@ predictor as served. Prints ms per step and the audio seconds per second that st
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -30,6 +31,7 @@ def main() -> None:
     parser.add_argument("batch", type=int, nargs="?", default=16)
     parser.add_argument("--prof", action="store_true")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=1, help="timed windows of --steps each")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument(
         "--step",
@@ -75,13 +77,18 @@ def main() -> None:
             for _ in range(10):
                 runner.decode(states, last)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        runner.decode(states, last)
-    step = (time.perf_counter() - start) / args.steps
-    rate = args.batch * FRAME_SECONDS / step
+    windows = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            runner.decode(states, last)
+        windows.append((time.perf_counter() - start) / args.steps * 1000)
+    step = statistics.median(windows)
+    rate = args.batch * FRAME_SECONDS / step * 1000
+    spread = f" (range {min(windows):.1f}-{max(windows):.1f}, {args.repeats} windows)"
     print(f"batch {args.batch} ({args.step}, {args.graph_mode}, {args.dtype}): "
-          f"{step * 1000:.1f} ms per step, {rate:.2f} audio s/s")  # fmt: skip
+          f"{step:.1f} ms per step{spread if args.repeats > 1 else ''}, "
+          f"{rate:.2f} audio s/s")  # fmt: skip
 
 
 if __name__ == "__main__":

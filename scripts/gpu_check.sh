@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On a GPU machine without this project's environment (a lent one: torch 2.11+cu130, Python
 # 3.12, no registry): installs the wheels scripts/gpu_wheels.sh fetched into .whl/, then runs
-# the `gpu` tests and the GPU channel benchmark. Logs and the benchmark's JSON go to $OUT
-# (or load_tests/results/). About 5 minutes with the machine's start.
+# the `gpu` tests, the GPU channel benchmark and the GPU stages benchmark (our Talker step,
+# eager and as CUDA graphs, and Code2wav against transformers' generate). Logs and the
+# benchmarks' JSON go to $OUT (or load_tests/results/). About 8 minutes with the machine's
+# start.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-load_tests/results}
@@ -24,4 +26,6 @@ PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 400 python3 -m pytest -p no:cacheprovid
 tests=${PIPESTATUS[0]}
 timeout 200 python3 load_tests/bench_channel_gpu.py 2>&1 | tail -12 | tee "$out/bench_channel_gpu.log"
 cp load_tests/results/bench_channel_gpu.json "$out/" 2>/dev/null
+timeout 300 python3 load_tests/bench_gpu_stages.py 2>&1 | tee "$out/bench_gpu_stages.log" | tail -30
+cp load_tests/results/bench_gpu_stages.json "$out/" 2>/dev/null
 exit "$tests"

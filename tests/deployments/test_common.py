@@ -8,6 +8,8 @@ import sys
 from deployments.common import edge_channel
 from omni_serve.config import parse_pipeline_config
 
+VLLM, TORCH, DIFFUSERS = {"kind": "vllm"}, {"kind": "torch"}, {"kind": "diffusers"}
+
 
 def test_pin_to_cores_sets_affinity_and_threads():
     code = (
@@ -22,7 +24,8 @@ def test_edge_channel_follows_the_edge_settings():
     config = parse_pipeline_config(
         {
             "name": "m", "family": "qwen3_omni", "model": "tiny-qwen3-omni",
-            "stages": [{"name": "a", "kind": "thinker"}, {"name": "b", "kind": "talker"}],
+            "stages": [{"name": "a", "kind": "thinker", "engine": VLLM},
+                       {"name": "b", "kind": "talker", "engine": TORCH}],
             "edges": [{"source": "a", "target": "b", "payload": "rows",
                        "channel": {"backend": "inline"}}],
         }
@@ -37,8 +40,9 @@ def test_an_edge_is_told_apart_by_its_target_where_one_payload_goes_two_ways():
     config = parse_pipeline_config(
         {
             "name": "m", "family": "qwen3_omni", "model": "tiny-qwen3-omni",
-            "stages": [{"name": "ingress", "kind": "ingress"}, {"name": "enc", "kind": "encoder"},
-                       {"name": "th", "kind": "thinker"}],
+            "stages": [{"name": "ingress", "kind": "ingress"},
+                       {"name": "enc", "kind": "encoder", "engine": TORCH},
+                       {"name": "th", "kind": "thinker", "engine": VLLM}],
             "edges": [{"source": "ingress", "target": "enc", "payload": "media",
                        "channel": {"backend": "shared_memory"}},
                       {"source": "ingress", "target": "th", "payload": "media",
@@ -57,9 +61,9 @@ def test_gpu_payloads_stay_on_the_gpu_only_toward_a_stage_that_reserves_one():
     config = parse_pipeline_config(
         {
             "name": "m", "family": "qwen_image", "model": "tiny-qwen-image",
-            "stages": [{"name": "dit", "kind": "dit", "deployment": gpu},
-                       {"name": "vae", "kind": "vae", "deployment": gpu},
-                       {"name": "text_encoder", "kind": "text_encoder"},
+            "stages": [{"name": "dit", "kind": "dit", "deployment": gpu, "engine": DIFFUSERS},
+                       {"name": "vae", "kind": "vae", "deployment": gpu, "engine": DIFFUSERS},
+                       {"name": "text_encoder", "kind": "text_encoder", "engine": TORCH},
                        {"name": "ingress", "kind": "ingress"}],
             "edges": [{"source": "text_encoder", "target": "dit", "payload": "prompt_rows"},
                       {"source": "dit", "target": "vae", "payload": "latents",
@@ -91,7 +95,7 @@ def test_every_stage_records_its_host_when_it_starts(monkeypatch):
     monkeypatch.setattr(common, "announce", lambda: calls.append("announce"))
     monkeypatch.setattr(common, "resolve_model", lambda model: calls.append("model") or model)
     pipeline = {"name": "m", "family": "qwen3_omni", "model": "tiny-qwen3-omni",
-                "stages": [{"name": "talker", "kind": "talker"}]}  # fmt: skip
+                "stages": [{"name": "talker", "kind": "talker", "engine": TORCH}]}  # fmt: skip
     _, stage, _ = common.stage_setup(pipeline, "talker")
     assert stage.name == "talker" and calls == ["announce", "model"]
 

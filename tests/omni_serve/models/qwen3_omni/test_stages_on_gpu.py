@@ -75,3 +75,29 @@ async def test_the_talker_on_the_gpu_makes_the_cpu_codes(tiny_omni_path, referen
             assert torch.equal(got, reference_runs[kind].codes), kind
     finally:
         await engine.shutdown()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+async def test_the_static_talker_step_as_cuda_graphs_gives_the_eager_steps_codes(
+    tiny_omni_path, dtype
+):
+    """Replayed graphs (batch padded to a bucket, KV window rounded up to one) make the codes
+    the same step makes eagerly on the GPU, greedy and seeded; in fp32 greedy they are
+    transformers' codes too (test_talker_step.py holds that on the CPU)."""
+    from omni_serve.engines.ar.base import SamplingConfig
+    from omni_serve.models.qwen3_omni.talker_static_runner import StaticTalkerRunner
+    from tests.omni_serve.models.qwen3_omni.test_talker_step import GREEDY, SEEDED, engine_codes
+    from tests.omni_serve.models.qwen3_omni.test_talker_step import requests as talker_requests
+
+    talker, config = load_talker(tiny_omni_path, dtype=dtype, device="cuda")
+    parts = (talker, TalkerInputBuilder(talker, config, load_thinker_embeddings(tiny_omni_path)))
+    for sampling in (GREEDY, SEEDED, SamplingConfig(**{**SEEDED.__dict__, "top_p": 0.7})):
+
+        def runner(mode: str) -> StaticTalkerRunner:
+            return StaticTalkerRunner(talker, parts[1].tts_pad, 4, 256, graph_mode=mode)
+
+        eager = await engine_codes(runner("eager"), talker_requests(parts, sampling))
+        graphed_runner = runner("cuda_graph")
+        graphed = await engine_codes(graphed_runner, talker_requests(parts, sampling))
+        assert graphed == eager
+        assert graphed_runner.graphs.captured >= 1

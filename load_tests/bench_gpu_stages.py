@@ -1,0 +1,284 @@
+"""Our Qwen3-Omni speech stages against transformers' ``generate`` on the same device, in one
+run: the Talker's decode step (eager runner, static step eager, static step as CUDA graphs,
+static step compiled), Code2wav per chunk, and Talker + Code2wav from the Thinker's rows to
+the waveform.
+
+    python load_tests/bench_gpu_stages.py                  # a CUDA GPU; small-qwen3-omni
+    python load_tests/bench_gpu_stages.py --quick          # CPU smoke run: tiny, batch 1, 2
+
+Runs bare (torch and transformers; no Ray, no vLLM), as ``scripts/gpu_check.sh`` runs it.
+A Talker step row counts everything the served step costs per frame: the eager runner's
+step plus the engine's host sampling of codebook 0; the static step samples on the device.
+Writes load_tests/results/bench_gpu_stages.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import omni_serve  # noqa: F401  (torchvision compat before transformers)
+from omni_serve.engines.ar.base import ARRequest, SamplingConfig
+from omni_serve.engines.ar.sampling import sample_one
+from omni_serve.engines.codec.chunked import ChunkPlanner
+from omni_serve.models import ensure_model
+from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
+from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
+from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
+from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
+from omni_serve.models.qwen3_omni.talker_static_runner import StaticTalkerRunner
+
+RESULTS = Path(__file__).parent / "results"
+FRAME_S = 0.08  # 12.5 codec frames per second of audio
+SAMPLING = SamplingConfig(temperature=0.9, top_k=50, repetition_penalty=1.05, max_tokens=1 << 20)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class Talker:
+    """One runner kind over a batch of live requests, stepped the way the engine steps it."""
+
+    def __init__(self, parts, step: str, batch: int, max_batch: int, max_len: int):
+        talker, builder = parts
+        if step == "eager":
+            self.runner = TalkerRunner(talker, builder.tts_pad, max_batch, max_len)
+        else:
+            mode = {"static": "eager", "cuda_graph": "cuda_graph", "compile": "compile"}[step]
+            self.runner = StaticTalkerRunner(talker, builder.tts_pad, max_batch, max_len, mode)
+        hidden, dtype = builder.tts_pad.shape[-1], builder.tts_pad.dtype
+        self.states, self.generated = [], []
+        for i in range(batch):
+            embeds = torch.randn(40 + i % 16, hidden, dtype=dtype)
+            request = ARRequest(str(i), prompt_embeds=embeds, sampling=SAMPLING,
+                                extra={"text_done": True})  # fmt: skip
+            state = self.runner.new_state(request)
+            self.states.append(state)
+            self.generated.append([self._token(state, self.runner.prefill(state), [])])
+
+    def _token(self, state, out, generated: list[int]) -> int:
+        if out.token is not None:
+            return out.token
+        suppress = self.runner.suppress_tokens(state)
+        return sample_one(out.logits, SAMPLING, generated, suppress)
+
+    def step(self) -> list[torch.Tensor]:
+        outs = self.runner.decode(self.states, [g[-1] for g in self.generated])
+        for state, out, generated in zip(self.states, outs, self.generated, strict=True):
+            generated.append(self._token(state, out, generated))
+        return [out.outputs["codes"] for out in outs]
+
+
+def time_steps(talker: Talker, steps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):  # captures or compiles this bucket
+        talker.step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        talker.step()
+    sync()
+    return (time.perf_counter() - start) / steps
+
+
+def bench_talker(path, device, dtypes, kinds, batches, steps, compile_batches) -> list[dict]:
+    """``compile`` rows only in bf16 and at ``compile_batches``: inductor takes minutes per
+    shape for this step's unrolled graph."""
+    rows = []
+    for dtype in dtypes:
+        talker, config = load_talker(path, dtype=getattr(torch, dtype), device=device)
+        parts = (talker, TalkerInputBuilder(talker, config, load_thinker_embeddings(path)))
+        for kind in kinds:
+            for batch in batches:
+                if kind == "compile" and (dtype != "bfloat16" or batch not in compile_batches):
+                    continue
+                try:
+                    run = Talker(parts, kind, batch, max(batches), 512)
+                    step_s = time_steps(run, steps)
+                    row = {"ms": round(step_s * 1e3, 2), "audio_s_per_s": batch * FRAME_S / step_s}
+                    row["graphs"] = getattr(getattr(run.runner, "graphs", None), "captured", 0)
+                except Exception as exc:  # one failing mode must not hide the others
+                    row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                rows.append({"dtype": dtype, "step": kind, "batch": batch, **row})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def bench_code2wav(path, device, dtype, frames: int) -> dict:
+    decoder, context = load_code2wav_decoder(path, dtype=getattr(torch, dtype), device=device)
+    codes = torch.randint(0, 2048, (16, frames), generator=torch.Generator().manual_seed(0))
+    planner = ChunkPlanner(decoder.samples_per_frame, first_chunk=2, chunk=25,
+                           left_context=context, stream_id="s")  # fmt: skip
+    jobs = planner.push(codes) + [planner.finish()]
+    decoder.run(jobs[:2])  # warm-up
+    times = []
+    for job in jobs[2:]:
+        sync()
+        start = time.perf_counter()
+        decoder.run([job])
+        sync()
+        times.append((time.perf_counter() - start) / job.num_frames * 25)
+    return {"dtype": dtype, "ms_per_25_frames": round(statistics.median(times) * 1e3, 2)}
+
+
+def bench_end_to_end(path, device, dtype, step: str, batch: int, frames: int) -> dict:
+    """From the Thinker's rows (the Talker's prompt) to waveforms: ``batch`` replies of
+    ``frames`` frames, the Talker stepping them together and Code2wav decoding each reply's
+    chunks as they fill, on one device."""
+    talker, config = load_talker(path, dtype=getattr(torch, dtype), device=device)
+    parts = (talker, TalkerInputBuilder(talker, config, load_thinker_embeddings(path)))
+    decoder, context = load_code2wav_decoder(path, dtype=getattr(torch, dtype), device=device)
+    warm = Talker(parts, step, batch, batch, frames + 64)
+    time_steps(warm, 1)  # capture the buckets this run will use
+    del warm
+    sync()
+    start = time.perf_counter()
+    run = Talker(parts, step, batch, batch, frames + 64)
+    planners = [
+        ChunkPlanner(decoder.samples_per_frame, 2, 25, context, stream_id=str(i))
+        for i in range(batch)
+    ]
+    samples = 0
+    for _ in range(frames):
+        for planner, frame in zip(planners, run.step(), strict=True):
+            samples += sum(w.numel() for w in decoder.run(planner.push(frame[:, None])))
+    for planner in planners:
+        samples += sum(w.numel() for w in decoder.run([planner.finish()]))
+    sync()
+    wall = time.perf_counter() - start
+    audio = samples / 24_000
+    return {"dtype": dtype, "step": step, "batch": batch, "frames": frames, "wall_s": wall,
+            "audio_s": audio, "audio_s_per_s": audio / wall}  # fmt: skip
+
+
+def bench_transformers(path, device, dtype, text_tokens: int, frames: int, repeats: int) -> dict:
+    from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
+
+    from omni_serve.compat.transformers import qwen3_omni_talker_audio_config
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path, dtype=getattr(torch, dtype))
+    model = model.to(device).eval()
+    qwen3_omni_talker_audio_config(model.talker, model.config.thinker_config)
+    processor = AutoProcessor.from_pretrained(path)
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=text, return_tensors="pt").to(device)
+
+    def once() -> tuple[float, float]:
+        torch.manual_seed(0)
+        sync()
+        start = time.perf_counter()
+        with torch.no_grad():
+            _, wav = model.generate(
+                **inputs, thinker_max_new_tokens=text_tokens, thinker_do_sample=False,
+                talker_max_new_tokens=frames, speaker="ethan",
+                thinker_eos_token_id=model.config.im_end_token_id,
+            )  # fmt: skip
+        sync()
+        return time.perf_counter() - start, wav.shape[-1] / 24_000
+
+    once()
+    runs = [once() for _ in range(repeats)]
+    walls = [w for w, _ in runs]
+    return {"dtype": dtype, "e2e_s": statistics.median(walls),
+            "e2e_range_s": [min(walls), max(walls)], "audio_s": runs[0][1],
+            "repeats": repeats}  # fmt: skip
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"  # a lent machine gets the tree without .git
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--quick", action="store_true", help="CPU smoke run: tiny model, small sizes"
+    )
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    model = "tiny-qwen3-omni" if args.quick else "small-qwen3-omni"
+    batches = [1, 2] if args.quick else [1, 16, 64, 128]
+    kinds = ["eager", "static"] + (["cuda_graph", "compile"] if cuda else [])
+    compile_batches = {int(b) for b in args.compile_batches.split(",") if b}
+    frames = 12 if args.quick else 100
+    path = ensure_model(model)
+    torch.set_num_threads(1 if not cuda else torch.get_num_threads())
+    summary = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": git_commit(),
+        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        "torch": torch.__version__, "model": model, "threads": torch.get_num_threads(),
+    }  # fmt: skip
+    print(json.dumps(summary), flush=True)
+    best = "cuda_graph" if cuda else "static"
+    dtypes = ("float32", "bfloat16")
+    shapes = (("eager", 1), (best, 1), (best, batches[-2]))
+    sections = {
+        "talker_step": lambda: bench_talker(
+            path, device, dtypes, kinds, batches,
+            2 if args.quick else args.steps, compile_batches,
+        ),
+        "end_to_end": lambda: [
+            bench_end_to_end(path, device, d, s, b, frames)
+            for d in dtypes for s, b in shapes
+        ],
+        "transformers": lambda: [
+            bench_transformers(path, device, d, 32, frames, 1 if args.quick else 3)
+            for d in dtypes
+        ],
+        "code2wav": lambda: [bench_code2wav(path, device, d, frames) for d in dtypes],
+    }  # fmt: skip
+    RESULTS.mkdir(exist_ok=True)
+    for name, run in sections.items():  # written after each: a timeout keeps what finished
+        summary[name] = run()
+        print(json.dumps(summary[name]), flush=True)
+        (RESULTS / "bench_gpu_stages.json").write_text(json.dumps(summary, indent=1))
+    print_table(summary)
+
+
+def print_table(summary: dict) -> None:
+    print(f"\n{summary['device']}, {summary['model']}, torch {summary['torch']}")
+    print("Talker step (ms) | dtype | " + " | ".join(f"b{b}" for b in _batches(summary)))
+    for (dtype, step), rows in _group(summary["talker_step"]).items():
+        by_batch = {r["batch"]: f"{r['ms']:.1f}" if "ms" in r else "err" for r in rows}
+        cells = [by_batch.get(b, "-") for b in _batches(summary)]
+        print(f"  {step:<10} | {dtype:<8} | " + " | ".join(cells))
+    for row in summary["code2wav"]:
+        print(f"Code2wav {row['dtype']}: {row['ms_per_25_frames']} ms per 25-frame chunk")
+    for row in summary["end_to_end"]:
+        print(f"Talker+Code2wav {row['dtype']} {row['step']} batch {row['batch']}: "
+              f"{row['wall_s']:.2f} s for {row['audio_s']:.1f} s of audio in all "
+              f"({row['audio_s_per_s']:.1f} audio s/s)")  # fmt: skip
+    for row in summary["transformers"]:
+        print(f"transformers generate {row['dtype']}: {row['e2e_s']:.2f} s E2E "
+              f"(range {row['e2e_range_s'][0]:.2f}-{row['e2e_range_s'][1]:.2f}) for "
+              f"{row['audio_s']:.1f} s audio")  # fmt: skip
+
+
+def _batches(summary: dict) -> list[int]:
+    return sorted({r["batch"] for r in summary["talker_step"]})
+
+
+def _group(rows: list[dict]) -> dict:
+    out: dict = {}
+    for row in rows:
+        out.setdefault((row["dtype"], row["step"]), []).append(row)
+    return out
+
+
+if __name__ == "__main__":
+    main()
