@@ -166,8 +166,9 @@ class TalkerDecodeStep:
             keys, values = self.cache.keys[i], self.cache.values[i]
             keys[slot_idx, :, length] = k[:, :, 0]
             values[slot_idx, :, length] = v[:, :, 0]
-            x = x + _attend(layer.self_attn, q, keys[:, :, :window][slot_idx],
-                            values[:, :, :window][slot_idx], mask)  # fmt: skip
+            window_keys = keys[:, :, :window].index_select(0, slot_idx)
+            window_values = values[:, :, :window].index_select(0, slot_idx)
+            x = x + _attend(layer.self_attn, q, window_keys, window_values, mask)
             x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x))
         return self.model.norm(x)[:, 0]
 
