@@ -140,7 +140,10 @@ def check_stage_engine(
     if engine.kind not in spec.kinds:
         runs = f"runs on {' or '.join(spec.kinds)}" if spec.kinds else "has no engine"
         refuse("kind", f"{a_stage} {runs}, not {engine.kind}")
-    given = engine.model_fields_set
+    # Fields away from their defaults: a config the deployments receive is a dump of the
+    # validated one, with every field written out, so "set" cannot mean "present".
+    given = {f for f, info in EngineSettings.model_fields.items()
+             if getattr(engine, f) != info.get_default(call_default_factory=True)}  # fmt: skip
     if spec.args is None:
         for arg, field in VLLM_DEDICATED_ARGS.items():
             if arg in engine.args:

@@ -114,3 +114,13 @@ def test_graphs_on_a_gpu_talker_and_thinker_load():
     for kind, engine in (("talker", "torch"), ("thinker", "vllm")):
         config = parse_pipeline_config(pipeline(kind, {"kind": engine, "cuda_graphs": True}, 1))
         assert config.stage("s").engine.cuda_graphs
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_a_config_as_the_deployments_receive_it_still_loads(path):
+    """The graph hands each stage the validated config dumped to a dict, every default
+    written out: a default must not read as a setting the stage refuses."""
+    from omni_serve.config import PipelineConfig
+
+    config = load_pipeline_config(path)
+    assert PipelineConfig.model_validate(config.model_dump(mode="json")) == config
