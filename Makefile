@@ -19,7 +19,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export RAY_USAGE_STATS_ENABLED ?= 0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: run-image setup run test test-unit test-integration lint models clean
+.PHONY: run-image setup run test test-unit test-integration lint models clean bench headlines
 
 setup: $(STAMP)
 
@@ -58,6 +58,16 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The headline benchmarks (each repeats its runs and keeps a summary in docs/results/), then
+# the headline tables of docs/benchmarks.md regenerated from those summaries. Run on an idle
+# machine: about 45 minutes here.
+bench: setup
+	$(PY) load_tests/bench_speech.py --repeats 3
+	$(PY) scripts/bench_headlines.py
+
+headlines: setup
+	$(PY) scripts/bench_headlines.py
 
 models: setup
 	$(PY) -m omni_serve.models build tiny-qwen3-omni

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -22,8 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from speech_baseline import run_baseline  # noqa: E402
+from speech_baseline import run_baselines  # noqa: E402
 from speech_load import run_level  # noqa: E402
+from summary import spread, write_summary  # noqa: E402
 
 from omni_serve.models import ensure_model  # noqa: E402
 from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
@@ -66,6 +68,12 @@ def summarize(level: dict) -> dict:
         "rtf_p50": statistics.median(r["e2e_s"] / r["audio_s"] for r in records if r["audio_s"])
         if records
         else None,
+        "rtf_mean": statistics.fmean(r["e2e_s"] / r["audio_s"] for r in records if r["audio_s"])
+        if records
+        else None,
+        "stall_mean_s": statistics.fmean(r.get("stall_s", 0.0) for r in records)
+        if records
+        else None,
         "audio_s_per_wall_s": audio / level["wall_s"] if level["wall_s"] else 0.0,
         "wall_s": level["wall_s"],
         # where the time goes, as the server saw it (p50 of each of its timings)
@@ -106,16 +114,36 @@ def main() -> int:
     parser.add_argument("--text-tokens", type=int, default=32)
     parser.add_argument("--frames", type=int, default=100, help="talker tokens (12.5/s audio)")
     parser.add_argument("--cap-s", type=float, default=240.0, help="wall-clock cap per level")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every level and baseline")
     args = parser.parse_args()
     preset = "tiny-qwen3-omni" if args.quick else "small-qwen3-omni"
     pipeline = f"configs/pipelines/qwen3_omni_{preset.split('-')[0]}.yaml"
     plan = [(1, 2), (4, 4), (16, 16)] if args.quick else [(1, 4), (4, 8), (16, 16)]
     baseline_requests = 2 if args.quick else 4
     model_dir = ensure_model(preset)
+    cores = sorted(os.sched_getaffinity(0))  # the served graph's stages run on all of them
 
-    print(f"baseline: transformers generate x{baseline_requests} on {preset}", flush=True)
-    baseline = run_baseline(model_dir, PROMPTS, baseline_requests, args.text_tokens, args.frames)
+    runs = []
+    for repeat in range(args.repeats):
+        print(f"repeat {repeat + 1}/{args.repeats}: baselines (transformers generate, "
+              f"{baseline_requests} requests per process) on cores {cores}")  # fmt: skip
+        baselines = run_baselines(model_dir, PROMPTS, baseline_requests, args.text_tokens,
+                                  args.frames, cores)  # fmt: skip
+        runs.append({"baselines": baselines, **serve_levels(args, pipeline, plan)})
+    summary = summarize_runs(runs, preset, args)
+    RESULTS.mkdir(exist_ok=True)
+    stem = "bench_speech_quick" if args.quick else "bench_speech"
+    (RESULTS / f"{stem}.json").write_text(json.dumps({**summary, "raw": runs}, indent=1))
+    plot(summary["last_run"], RESULTS / f"{stem}.png")
+    if not args.quick:
+        kept = write_summary("speech", summary["figures"], summary["sides"], args.repeats)
+        print(f"summary: {kept}")
+    print_table(summary)
+    return 0
 
+
+def serve_levels(args, pipeline: str, plan: list[tuple[int, int]]) -> dict:
+    """One run of the served graph: a fresh server, a warm-up, then every level."""
     server = ServeProcess("graphs.qwen3_omni:build_app", URL, (f"pipeline_config={pipeline}",))
     started = time.perf_counter()
     server.start(timeout_s=600)
@@ -138,37 +166,77 @@ def main() -> int:
         with_stop = level(1, plan[0][1], NEVER_SAID)
     finally:
         server.stop()
+    return {"levels": levels, "c1_with_stop": with_stop}
 
-    summary = {
-        "model": preset,
-        "text_tokens": args.text_tokens,
-        "talker_frames": args.frames,
-        "baseline": summarize(baseline),
-        "levels": [summarize(lv) for lv in levels],
-        "c1_with_stop": summarize(with_stop),
-    }
-    base, by_c = summary["baseline"], {lv["concurrency"]: lv for lv in summary["levels"]}
-    summary["ratios"] = {
-        "ttfp_c1_over_baseline_e2e": by_c[1]["ttfp_p50_s"] / base["e2e_p50_s"],
-        "throughput_c16_over_baseline": by_c[16]["audio_s_per_wall_s"] / base["audio_s_per_wall_s"],
-        "rtf_c4": by_c[4]["rtf_p50"],
-        "ttfp_c1_with_stop_over_without": summary["c1_with_stop"]["ttfp_p50_s"]
-        / by_c[1]["ttfp_p50_s"],
-    }
-    summary["raw"] = {"baseline": baseline, "levels": levels, "c1_with_stop": with_stop}
-    RESULTS.mkdir(exist_ok=True)
-    stem = "bench_speech_quick" if args.quick else "bench_speech"
-    (RESULTS / f"{stem}.json").write_text(json.dumps(summary, indent=1))
-    plot(summary, RESULTS / f"{stem}.png")
 
-    print(f"\n{'':10}{'TTFP p50':>10}{'E2E p50':>10}{'RTF p50':>9}{'audio s/s':>11}{'errors':>8}")
-    rows = [("baseline", base)] + [(f"c={c}", lv) for c, lv in by_c.items()]
-    for name, row in rows + [("c=1 stop", summary["c1_with_stop"])]:
-        ttfp = row["ttfp_p50_s"] or float("nan")
-        print(f"{name:10}{ttfp:10.2f}{row['e2e_p50_s']:10.2f}{row['rtf_p50']:9.2f}"
-              f"{row['audio_s_per_wall_s']:11.2f}{row['errors']:8d}")  # fmt: skip
-    print("ratios:", json.dumps(summary["ratios"], indent=1))
-    return 0
+def summarize_runs(runs: list[dict], preset: str, args) -> dict:
+    """Per run: every level and baseline shape summarized, and the ratios against the best
+    same-core baseline of that run. Over runs: each figure's median and range."""
+    per_run = []
+    for run in runs:
+        shapes = {name: summarize(b) for name, b in run["baselines"].items()}
+        best = max(shapes, key=lambda name: shapes[name]["audio_s_per_wall_s"])
+        fastest_e2e = min(row["e2e_p50_s"] for row in shapes.values())
+        levels = {lv["concurrency"]: summarize(lv) for lv in run["levels"]}
+        stop = summarize(run["c1_with_stop"])
+        per_run.append({
+            "baselines": shapes, "best_baseline": best, "levels": levels, "c1_with_stop": stop,
+            "ratios": {
+                "ttfp_c1_over_fastest_baseline_e2e": levels[1]["ttfp_p50_s"] / fastest_e2e,
+                "throughput_c16_over_best_baseline":
+                    levels[16]["audio_s_per_wall_s"] / shapes[best]["audio_s_per_wall_s"],
+                "throughput_c16_over_1x1": levels[16]["audio_s_per_wall_s"]
+                    / shapes["1x1"]["audio_s_per_wall_s"],
+                "rtf_c4": levels[4]["rtf_p50"],
+                "ttfp_c1_with_stop_over_without": stop["ttfp_p50_s"] / levels[1]["ttfp_p50_s"],
+            },
+        })  # fmt: skip
+    keys = ("ttfp_p50_s", "ttfp_p99_s", "e2e_p50_s", "rtf_p50", "rtf_mean", "stall_mean_s",
+            "audio_s_per_wall_s", "errors")  # fmt: skip
+    figures: dict = {"served": {}, "baselines": {}, "ratios": {}}
+    for c in per_run[0]["levels"]:
+        figures["served"][f"c{c}"] = {k: spread([r["levels"][c][k] or 0 for r in per_run])
+                                      for k in keys}  # fmt: skip
+    for name in per_run[0]["baselines"]:
+        figures["baselines"][name] = {
+            k: spread([r["baselines"][name][k] for r in per_run])
+            for k in ("e2e_p50_s", "audio_s_per_wall_s")
+        }
+    for key in per_run[0]["ratios"]:
+        figures["ratios"][key] = spread([r["ratios"][key] for r in per_run])
+    figures["best_baseline"] = [r["best_baseline"] for r in per_run]
+    sides = {
+        "served": {"model": preset, "dtype": "float32", "cores": len(os.sched_getaffinity(0)),
+                   "pipeline": "configs/pipelines/qwen3_omni_small.yaml (Thinker pinned to "
+                               "core 0, Talker to core 1, the rest unpinned)"},
+        "baselines": {name: {"model": preset, "dtype": "float32",
+                             "processes": b["processes"], "threads": b["threads"],
+                             "cores": b["cores"]}
+                      for name, b in runs[0]["baselines"].items()},
+        "reply": {"text_tokens": args.text_tokens, "talker_frames": args.frames,
+                  "audio_s": args.frames * 0.08},
+    }  # fmt: skip
+    return {"figures": figures, "sides": sides, "per_run": per_run,
+            "last_run": {"baseline": per_run[-1]["baselines"][per_run[-1]["best_baseline"]],
+                         "levels": list(per_run[-1]["levels"].values())}}  # fmt: skip
+
+
+def print_table(summary: dict) -> None:
+    figures = summary["figures"]
+    print(f"\n{'':14}{'TTFP p50':>19}{'E2E p50':>19}{'RTF mean':>19}{'audio s/s':>19}"
+          f"{'stall/reply':>19}")  # fmt: skip
+
+    def cell(f: dict | None) -> str:
+        return f"{f['median']:.2f} ({f['min']:.2f}-{f['max']:.2f})" if f else "-"
+
+    for name, row in figures["baselines"].items():
+        print(f"{'tf ' + name:14}{'':>19}{cell(row['e2e_p50_s']):>19}{'':>19}"
+              f"{cell(row['audio_s_per_wall_s']):>19}")  # fmt: skip
+    for name, row in figures["served"].items():
+        print(f"{'served ' + name:14}{cell(row['ttfp_p50_s']):>19}{cell(row['e2e_p50_s']):>19}"
+              f"{cell(row['rtf_mean']):>19}{cell(row['audio_s_per_wall_s']):>19}"
+              f"{cell(row['stall_mean_s']):>19}")  # fmt: skip
+    print("ratios:", json.dumps({k: cell(v) for k, v in figures["ratios"].items()}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,18 @@
 """The baseline: transformers' own Qwen3-Omni ``generate``, one request after another, as a
-plain script would serve it (one torch thread: more threads were measured slower here)."""
+plain script would serve it, given the same cores as the served graph.
+
+A fair baseline uses all N cores the served side uses, in its best shape: N processes of one
+torch thread each (every core busy with its own request), or one process with N threads.
+``run_baselines`` runs all three shapes (1 x 1, 1 x N, N x 1) in fresh processes pinned to the
+cores, so each starts from the same state; the best throughput is the one to compare with.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -15,10 +24,13 @@ SAMPLE_RATE = 24_000
 
 
 def run_baseline(model_dir: Path, prompts: list[str], requests: int, text_tokens: int,
-                 frames: int) -> dict:  # fmt: skip
+                 frames: int, threads: int = 1,
+                 ready: Callable[[], None] | None = None) -> dict:  # fmt: skip
+    """``requests`` replies in this process with ``threads`` torch threads; ``ready`` is called
+    after the warm-up (a barrier, so that processes run at once)."""
     from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir).eval()
     qwen3_omni_talker_audio_config(model.talker, model.config.thinker_config)
     processor = AutoProcessor.from_pretrained(model_dir)
@@ -41,6 +53,47 @@ def run_baseline(model_dir: Path, prompts: list[str], requests: int, text_tokens
         return {"ok": True, "ttfp_s": e2e, "e2e_s": e2e, "audio_s": audio_s, "error": ""}
 
     one(0)  # warm-up (the first call in a process is slow), not counted
+    if ready is not None:
+        ready()
     start = time.perf_counter()
     records = [one(i) for i in range(requests)]
-    return {"concurrency": 1, "wall_s": time.perf_counter() - start, "records": records}
+    return {"concurrency": 1, "wall_s": time.perf_counter() - start, "records": records,
+            "started": start}  # fmt: skip
+
+
+def _process(core_set: list[int], threads: int, barrier, results, args: tuple) -> None:
+    os.sched_setaffinity(0, set(core_set))
+    results.put(run_baseline(*args, threads=threads, ready=barrier.wait))
+
+
+def run_shape(processes: int, threads: int, cores: list[int], args: tuple) -> dict:
+    """``processes`` fresh processes of ``threads`` threads each, on ``cores`` (one core per
+    process when processes > 1, all of them otherwise), started together after their
+    warm-ups. The level's wall time runs from the common start to the last one's end."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(processes), ctx.Queue()
+    pins = [[c] for c in cores[:processes]] if processes > 1 else [cores]
+    workers = [ctx.Process(target=_process, args=(pins[i], threads, barrier, results, args))
+               for i in range(processes)]  # fmt: skip
+    for worker in workers:
+        worker.start()
+    runs = [results.get() for _ in workers]
+    for worker in workers:
+        worker.join()
+    start = min(r["started"] for r in runs)
+    wall = max(r["started"] + r["wall_s"] for r in runs) - start
+    records = [record for r in runs for record in r["records"]]
+    return {"concurrency": processes, "wall_s": wall, "records": records,
+            "processes": processes, "threads": threads, "cores": len(cores)}  # fmt: skip
+
+
+def run_baselines(model_dir: Path, prompts: list[str], requests: int, text_tokens: int,
+                  frames: int, cores: list[int]) -> dict[str, dict]:  # fmt: skip
+    """Each shape serves ``requests`` replies per process: ``{"1x1": ..., "1xN": ...,
+    "Nx1": ...}`` (processes x threads)."""
+    args = (model_dir, prompts, requests, text_tokens, frames)
+    n = len(cores)
+    shapes = {"1x1": (1, 1, cores[:1])}
+    if n > 1:
+        shapes.update({f"1x{n}": (1, n, cores), f"{n}x1": (n, 1, cores)})
+    return {name: run_shape(p, t, c, args) for name, (p, t, c) in shapes.items()}

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from omni_serve.testing.playback import Playhead
+
 SAMPLE_RATE = 24_000
 
 
@@ -23,6 +25,9 @@ class RequestRecord:
     e2e_s: float
     audio_s: float
     error: str = ""
+    # silence a listener hears after the first audio: a packet that arrives after everything
+    # before it has played (the playhead waits), summed over the reply
+    stall_s: float = 0.0
     # the server's own per-request timings (seconds from its start), off the finish chunk
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -47,6 +52,7 @@ def speech_body(
 async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> RequestRecord:
     start = time.perf_counter()
     ttfp, pcm_bytes, timings = None, 0, {}
+    playhead = Playhead()
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
@@ -63,12 +69,16 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reques
                 for choice in event.get("choices", []):
                     audio = choice["delta"].get("audio")
                     if audio:
-                        ttfp = ttfp if ttfp is not None else time.perf_counter() - start
-                        pcm_bytes += len(base64.b64decode(audio["data"]))
+                        now = time.perf_counter() - start
+                        ttfp = ttfp if ttfp is not None else now
+                        pcm = len(base64.b64decode(audio["data"]))
+                        pcm_bytes += pcm
+                        playhead.arrive(now, pcm / 2 / SAMPLE_RATE)
     except httpx.HTTPError as exc:
         return RequestRecord(False, ttfp, time.perf_counter() - start, 0, repr(exc)[:200])
     audio_s = pcm_bytes / 2 / SAMPLE_RATE
-    return RequestRecord(True, ttfp, time.perf_counter() - start, audio_s, timings=timings)
+    return RequestRecord(True, ttfp, time.perf_counter() - start, audio_s, timings=timings,
+                         stall_s=playhead.stall_s)  # fmt: skip
 
 
 async def run_level(url: str, prompts: list[str], concurrency: int, requests: int,

@@ -1,0 +1,84 @@
+"""What every benchmark keeps: a small summary JSON under version control.
+
+Raw results (every request's record, plots) go to ``load_tests/results/`` (git-ignored); the
+summary a number in the docs is quoted from goes to ``docs/results/<name>.json`` with the
+command that made it, the commit, the machine, and each figure as a median with its range
+over the repeats. ``scripts/bench_headlines.py`` builds the headline tables of
+docs/benchmarks.md from these files only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).parents[1]
+SUMMARIES = ROOT / "docs" / "results"
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """A figure over repeats: the median, the range and every value."""
+    values = [float(v) for v in values]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "values": values}  # fmt: skip
+
+
+def machine() -> dict[str, Any]:
+    """Cores this process may run on, the CPU model, memory and the torch build."""
+    model = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    info = {"cores": len(os.sched_getaffinity(0)), "cpu": model, "memory_gib": round(memory, 1)}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    return info
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                      stderr=subprocess.DEVNULL, cwd=ROOT)  # fmt: skip
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "omni_serve",
+                                "deployments", "graphs", "configs", "load_tests"],
+                               cwd=ROOT).returncode  # fmt: skip
+        return out.strip() + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_summary(name: str, figures: dict[str, Any], sides: dict[str, Any],
+                  repeats: int) -> Path:  # fmt: skip
+    """``figures``: what the headline quotes (medians with ranges); ``sides``: what each side
+    of a comparison used (cores, threads, processes, dtype)."""
+    SUMMARIES.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "name": name,
+        "command": " ".join(shlex.quote(a) for a in [f"python {sys.argv[0]}", *sys.argv[1:]]),
+        "commit": git_commit(),
+        "machine": machine(),
+        "repeats": repeats,
+        "sides": sides,
+        "figures": figures,
+    }
+    path = SUMMARIES / f"{name}.json"
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    return path
