@@ -119,7 +119,9 @@ class StaticTalkerRunner(TalkerRunner):
         s.repetition_penalty[slot] = sampling.repetition_penalty
         s.seed[slot] = fold_seed(seed)
 
-    def _scratch_inputs(self, inputs, static):
+    def _scratch_inputs(
+        self, inputs: tuple[torch.Tensor, ...], static: tuple[int, ...]
+    ) -> tuple[torch.Tensor, ...]:
         """Inputs to capture a bucket on: every row on the spare slot, whose writes are
         harmless."""
         slot_idx, text_rows = inputs

@@ -108,7 +108,7 @@ class TalkerDecodeStep:
         live = slot_idx != self.scratch
         s.last_hidden[slot_idx] = hidden
         s.next_token[slot_idx] = token
-        s.seen[slot_idx, token] = True
+        s.seen[slot_idx, token] = torch.ones_like(token, dtype=torch.bool)  # no host scalar
         s.length[slot_idx] = torch.where(live, length + 1, 0)
         s.counter[slot_idx] = rows.counter + 1
         return torch.cat([c0[:, None], residuals, token[:, None]], dim=1)
