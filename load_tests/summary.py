@@ -65,6 +65,10 @@ def git_commit() -> str:
         return "unknown"
 
 
+# The commit the benchmark started on (a run takes minutes; HEAD may move meanwhile).
+STARTED_AT = git_commit()
+
+
 def write_summary(name: str, figures: dict[str, Any], sides: dict[str, Any],
                   repeats: int) -> Path:  # fmt: skip
     """``figures``: what the headline quotes (medians with ranges); ``sides``: what each side
@@ -72,8 +76,8 @@ def write_summary(name: str, figures: dict[str, Any], sides: dict[str, Any],
     SUMMARIES.mkdir(parents=True, exist_ok=True)
     summary = {
         "name": name,
-        "command": " ".join(shlex.quote(a) for a in [f"python {sys.argv[0]}", *sys.argv[1:]]),
-        "commit": git_commit(),
+        "command": "python " + shlex.join(sys.argv),
+        "commit": STARTED_AT,
         "machine": machine(),
         "repeats": repeats,
         "sides": sides,
