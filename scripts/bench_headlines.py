@@ -85,6 +85,34 @@ def render_speech(summary: dict) -> list[str]:
     return lines
 
 
+def render_curve(summary: dict) -> list[str]:
+    """A sweep's levels, with the stage that is busiest at each (its engine's busy seconds
+    per wall second), and the plot next to the summary."""
+    name = summary["name"]
+    what = "concurrency" if name.startswith("speech_concurrency") else "reply length"
+    lines = [
+        f"### Speech: cost against {what}",
+        "",
+        f"Served on `{summary['sides']['served']['pipeline']}`. {provenance(summary)}",
+        "",
+        f"![{name}](img/{name}.png)",
+        "",
+        "| level | audio s per s | TTFP p50 (s) | TTFP p99 (s) | E2E p50 (s) | RTF mean "
+        "| stall per reply (s) | errors | busiest stage (busy s per s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for level, row in summary["figures"]["levels"].items():
+        busy = row["busy_per_wall_s"]
+        top = max(busy, key=lambda stage: busy[stage]["median"]) if busy else None
+        busiest = f"{top} {cell(busy[top])}" if top else "-"
+        lines.append(
+            f"| {level} | {cell(row['audio_s_per_wall_s'])} | {cell(row['ttfp_p50_s'])} "
+            f"| {cell(row['ttfp_p99_s'])} | {cell(row['e2e_p50_s'])} | {cell(row['rtf_mean'])} "
+            f"| {cell(row['stall_mean_s'])} | {cell(row['errors'], 0)} | {busiest} |"
+        )
+    return lines
+
+
 def render_generic(summary: dict) -> list[str]:
     lines = [f"### {summary['name']}", "", provenance(summary), ""]
 
@@ -102,6 +130,12 @@ def render_generic(summary: dict) -> list[str]:
 RENDERERS = {"speech": render_speech}
 
 
+def renderer(name: str):
+    if name.startswith("speech_concurrency") or name.startswith("speech_length"):
+        return render_curve
+    return RENDERERS.get(name, render_generic)
+
+
 def render(summaries_dir: Path = SUMMARIES) -> str:
     lines = [BEGIN, "", "## Headlines", ""]
     paths = sorted(summaries_dir.glob("*.json"))
@@ -109,7 +143,7 @@ def render(summaries_dir: Path = SUMMARIES) -> str:
         lines.append("No kept summaries yet: `make bench` writes them.")
     for path in paths:
         summary = json.loads(path.read_text())
-        lines += RENDERERS.get(summary["name"], render_generic)(summary)
+        lines += renderer(summary["name"])(summary)
         lines.append("")
     return "\n".join([*lines, END])
 
