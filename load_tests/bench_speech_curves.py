@@ -126,16 +126,25 @@ def plot(sweep: str, table: dict, path: Path) -> None:
         b.errorbar(x, med("ttfp_p50_s"), yerr=err("ttfp_p50_s"), marker="o", label="TTFP p50")
         b.errorbar(x, med("ttfp_p99_s"), yerr=err("ttfp_p99_s"), marker="s", label="TTFP p99")
         b.set_ylabel("seconds")
-    else:
-        a.errorbar(x, med("rtf_mean"), yerr=err("rtf_mean"), marker="o")
+        for axis in (a, b):
+            axis.set_xticks(list(x), names, rotation=30)
+    else:  # one line per concurrency, against the reply's length
+        by_c: dict[str, list[str]] = {}
+        for n in names:
+            by_c.setdefault(n.split("_")[1], []).append(n)
+        for c, group in by_c.items():
+            seconds = [float(n.split("s_")[0]) for n in group]
+            a.plot(seconds, [table[n]["rtf_mean"]["median"] for n in group], marker="o", label=c)
+            b.plot(seconds, [table[n]["e2e_p50_s"]["median"] for n in group], marker="o",
+                   label=f"E2E p50, {c}")  # fmt: skip
+            b.plot(seconds, [table[n]["stall_mean_s"]["median"] for n in group], marker="s",
+                   linestyle="--", label=f"stall per reply, {c}")  # fmt: skip
         a.axhline(1.0, color="grey", linestyle=":")
         a.set_ylabel("RTF (mean)")
-        b.errorbar(x, med("e2e_p50_s"), yerr=err("e2e_p50_s"), marker="o", label="E2E p50")
-        b.errorbar(x, med("stall_mean_s"), yerr=err("stall_mean_s"), marker="s",
-                   label="stall per reply")  # fmt: skip
+        a.legend()
         b.set_ylabel("seconds")
-    for axis in (a, b):
-        axis.set_xticks(list(x), names, rotation=30)
+        for axis in (a, b):
+            axis.set_xlabel("reply length (s of audio)")
     b.legend()
     fig.suptitle(f"small-qwen3-omni served on 2 cores: {sweep} sweep")
     fig.tight_layout()

@@ -35,8 +35,9 @@ def provenance(summary: dict) -> str:
     where = f"{machine['cores']} cores ({machine['cpu']})"
     if machine.get("gpu"):
         where += f", {machine['gpu']}"
-    return (f"`{summary['command']}` at `{summary['commit']}` on {where}; median of "
-            f"{summary['repeats']} runs (range in brackets).")  # fmt: skip
+    runs = summary["repeats"]
+    spread = f"median of {runs} runs (range in brackets)" if runs > 1 else "one run"
+    return f"`{summary['command']}` at `{summary['commit']}` on {where}; {spread}."
 
 
 def verdict(value: float, bar: float, below: bool) -> str:
