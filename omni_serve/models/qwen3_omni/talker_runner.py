@@ -259,14 +259,22 @@ class TalkerRunner:
         is needed: one new row, or new rows that are all the cache holds (causal among
         themselves; SDPA's ``is_causal`` aligns queries to the first keys)."""
         b, length, _ = x.shape
-        shape = (b, length, -1, attn.head_dim)
-        q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)
-        k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)
-        v = attn.v_proj(x).view(shape).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q, k, v = project_qkv(attn, x, cos, sin)
         keys, values, mask = store(k, v)
         out = torch.nn.functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, is_causal=mask is None and length > 1,
             scale=attn.scaling, enable_gqa=True,
         )  # fmt: skip
         return attn.o_proj(out.transpose(1, 2).reshape(b, length, -1))
+
+
+def project_qkv(attn, x: torch.Tensor, cos, sin):
+    """q, k, v [b, heads, L, d] of [b, L, H] inputs, normed and rotated (a Talker or code
+    predictor attention layer's own projections)."""
+    b, length, _ = x.shape
+    shape = (b, length, -1, attn.head_dim)
+    q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)
+    k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)
+    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    return q, k, v

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers.integrations.moe import batched_mm_experts_forward
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
 from omni_serve.engines.ar.device_sampling import (
     RowSampling,
@@ -29,6 +28,7 @@ from omni_serve.engines.ar.device_sampling import (
     sample_fixed,
 )
 from omni_serve.engines.ar.kv_cache import SlotKVCache
+from omni_serve.models.qwen3_omni.talker_runner import project_qkv
 
 # transformers' code predictor draws with these when sampling (its generate() call).
 PREDICTOR_TEMPERATURE, PREDICTOR_TOP_K, PREDICTOR_TOP_P = 1.0, 50, 0.8
@@ -137,7 +137,7 @@ class TalkerDecodeStep:
             hidden = x
             for layer, (keys, values) in zip(model.layers, caches, strict=True):
                 attn_in = layer.input_layernorm(hidden)
-                q, k, v = _project(layer.self_attn, attn_in, cos, sin)
+                q, k, v = project_qkv(layer.self_attn, attn_in, cos, sin)
                 keys[:, :, start:end], values[:, :, start:end] = k, v
                 hidden = hidden + _attend(layer.self_attn, q, keys[:, :, :end], values[:, :, :end])
                 hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -162,7 +162,7 @@ class TalkerDecodeStep:
         key_pos = torch.arange(window, device=x.device)
         mask = (key_pos[None, :] <= length[:, None])[:, None, None, :]  # [B, 1, 1, W]
         for i, layer in enumerate(self.model.layers):
-            q, k, v = _project(layer.self_attn, layer.input_layernorm(x), cos, sin)
+            q, k, v = project_qkv(layer.self_attn, layer.input_layernorm(x), cos, sin)
             keys, values = self.cache.keys[i], self.cache.values[i]
             keys[slot_idx, :, length] = k[:, :, 0]
             values[slot_idx, :, length] = v[:, :, 0]
@@ -171,17 +171,6 @@ class TalkerDecodeStep:
             x = x + _attend(layer.self_attn, q, window_keys, window_values, mask)
             x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x))
         return self.model.norm(x)[:, 0]
-
-
-def _project(attn, x: torch.Tensor, cos, sin):
-    """q, k, v [b, heads, L, d] of [b, L, H] inputs, normed and rotated."""
-    b, length, _ = x.shape
-    shape = (b, length, -1, attn.head_dim)
-    q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)
-    k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)
-    v = attn.v_proj(x).view(shape).transpose(1, 2)
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    return q, k, v
 
 
 def _attend(attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
