@@ -9,7 +9,7 @@ STAMP := $(VENV)/.omni-serve-setup
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-# Offline, quiet, CPU-sized defaults (see ../shared/CPU_STACK.md for why each one is here).
+# Offline, quiet, CPU-sized defaults (docs/quickstart.md, "Environment", says why each is here).
 export RAY_AUTH_MODE ?= disabled
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
