@@ -3,9 +3,12 @@
 # 3.12, no registry): installs the wheels scripts/gpu_wheels.sh fetched into .whl/, then runs
 # the `gpu` tests, the GPU channel benchmark and the GPU stages benchmark (our Talker step,
 # eager and as CUDA graphs, and Code2wav against transformers' generate). Logs and the
-# benchmarks' JSON go to $OUT (or load_tests/results/). About 8 minutes with the machine's
-# start.
+# benchmarks' JSON go to $OUT (or load_tests/results/).
+#   bash scripts/gpu_check.sh          # all three; the stages benchmark cut at 300 s
+#   bash scripts/gpu_check.sh stages   # the stages benchmark alone, up to 540 s (it writes its
+#                                      # JSON after each section, so a cut run keeps those)
 set -u
+only=${1:-all}
 cd "$(dirname "$0")/.."
 out=${OUT:-load_tests/results}
 mkdir -p "$out"
@@ -14,6 +17,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+if [ "$only" = stages ]; then
+  timeout 540 python3 load_tests/bench_gpu_stages.py 2>&1 | tee "$out/bench_gpu_stages.log" | tail -30
+  cp load_tests/results/bench_gpu_stages.json "$out/" 2>/dev/null
+  exit 0
+fi
 # Plugin autoload off: the project's dev plugins (schemathesis) are not installed there. No
 # `-m gpu`: the files are named, and the last test (the channel without Ray) is no gpu test.
 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 400 python3 -m pytest -p no:cacheprovider \
