@@ -1,7 +1,7 @@
 """Tensor channel benchmark: one payload from a producer actor to a consumer actor, per backend
 and size, against plain pickled arguments and a single-thread memcpy in the same run.
 
-    .venv/bin/python load_tests/bench_channel.py     # ~85 s
+    .venv/bin/python load_tests/bench_channel.py [--repeats 3]   # ~85 s a run; keeps docs/results/channel.json
     .venv/bin/python load_tests/bench_channel.py --cross-node     # ~2 min
     .venv/bin/python load_tests/bench_channel.py --two-hosts     # ~3 min, as root
 
@@ -48,6 +48,10 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from summary import spread, write_summary  # noqa: E402
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 RESULTS = Path(__file__).parent / "results"
@@ -172,6 +176,7 @@ def main() -> int:
     parser.add_argument("--split-copy-from", type=int, default=None, metavar="BYTES",
                         help="payload size from which the copy is split over threads "
                         "(default: the library's, 32 MiB)")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=1, help="runs over all sizes")
     args = parser.parse_args()
     mode = "two_hosts" if args.two_hosts else "cross_node" if args.cross_node else "one_node"
     if args.copy_threads is not None:  # before Ray and the library start: workers inherit it
@@ -270,8 +275,14 @@ def main() -> int:
     while time.monotonic() < settle:
         empty_round()
     overhead = statistics.median(empty_round() for _ in range(50))
-    rows = []
-    for label, nbytes in SIZES.items():
+
+    def measure_rows() -> list[dict]:
+        rows = []
+        for label, nbytes in SIZES.items():
+            rows.append(measure_size(label, nbytes))
+        return rows
+
+    def measure_size(label: str, nbytes: int) -> dict:
         repeats = 30 if nbytes <= 64 << 20 else 8
         row = {"size": label, "nbytes": nbytes, "memcpy_gbps": memcpy_gbps(nbytes, repeats),
                "memcpy_cold_gbps": memcpy_gbps(nbytes, repeats, cold=True),
@@ -296,11 +307,17 @@ def main() -> int:
         if mode == "one_node":
             for backend in STREAM_BACKENDS:
                 row[backend]["stream_gbps"] = stream_gbps(producer, consumer, nbytes, backend)
-        rows.append(row)
         print(f"{label:>6}  memcpy {row['memcpy_gbps']:6.2f} GB/s "
               f"(cold {row['memcpy_cold_gbps']:6.2f})  " + "  ".join(
             f"{b} {row[b]['gbps']:6.2f} GB/s {row[b]['added_ms']:7.2f} ms" for b in backends
         ), flush=True)  # fmt: skip
+        return row
+
+    runs = []
+    for repeat in range(args.repeats):
+        print(f"run {repeat + 1}/{args.repeats}", flush=True)
+        runs.append(measure_rows())
+    rows = runs[-1]
     ray.shutdown()
     if stop_nodes is not None:
         stop_nodes()
@@ -316,11 +333,37 @@ def main() -> int:
         "empty_round_ms_at_start": overhead * 1e3,
         "rows": rows,
         "targets": targets,
+        "runs": runs,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / name).write_text(json.dumps(summary, indent=1))
+    if one_node:
+        sides = {"producer and consumer": "two Ray actors on this host, 1 torch thread each",
+                 "memcpy": "one thread in one process, hot and cold buffers",
+                 "copy_threads": COPY_THREADS}  # fmt: skip
+        kept = write_summary("channel", kept_figures(runs), sides, args.repeats)
+        print(f"summary: {kept}")
     print("targets:", json.dumps(summary["targets"], indent=1))
     return 0
+
+
+def kept_figures(runs: list[list[dict]]) -> dict:
+    """Per size, over the runs: the auto backend's GB/s and added latency next to memcpy, the
+    pickled argument and the direct backend; and the issue's targets."""
+    by_size = {}
+    for i, row in enumerate(runs[0]):
+        rows = [run[i] for run in runs]
+        by_size[row["size"]] = {
+            "auto_gbps": spread([r["auto"]["gbps"] for r in rows]),
+            "auto_added_ms": spread([r["auto"]["added_ms"] for r in rows]),
+            "memcpy_gbps": spread([r["memcpy_gbps"] for r in rows]),
+            "pickled_gbps": spread([r["pickled"]["gbps"] for r in rows]),
+            "direct_gbps": spread([r["direct"]["gbps"] for r in rows]),
+        }
+    targets = [one_node_targets(run) for run in runs]
+    keys = ("auto_over_memcpy_min_at_16MB_plus", "auto_over_pickled_min_at_16MB_plus",
+            "added_ms_at_4KB")  # fmt: skip
+    return {"by_size": by_size, "targets": {k: spread([t[k] for t in targets]) for k in keys}}
 
 
 def cross_node_figures(rows: list[dict], backends: list[str]) -> dict:
