@@ -61,11 +61,12 @@ lint: setup
 
 # The headline benchmarks (each repeats its runs and keeps a summary in docs/results/), then
 # the headline tables of docs/benchmarks.md regenerated from those summaries. Run on an idle
-# machine: about 40 minutes here. (Image, channel and sessions do not keep summaries yet.)
+# machine: about 45 minutes here. (Image and sessions do not keep summaries yet.)
 bench: setup
 	$(PY) load_tests/bench_speech.py --repeats 3
 	$(PY) load_tests/bench_speech_curves.py concurrency
 	$(PY) load_tests/bench_speech_curves.py length
+	$(PY) load_tests/bench_channel.py --repeats 3
 	$(PY) scripts/bench_headlines.py
 
 headlines: setup

@@ -114,6 +114,42 @@ def render_curve(summary: dict) -> list[str]:
     return lines
 
 
+def render_channel(summary: dict) -> list[str]:
+    figures = summary["figures"]
+    lines = [
+        "### Tensor channel: one payload between two actors on one host",
+        "",
+        f"The `auto` backend (shared memory here) against a one-thread memcpy, the pickled "
+        f"argument a handle call would carry, and the direct (NIXL) backend. {provenance(summary)}",
+        "",
+        "GB/s counts the whole round (two actor calls); transfer GB/s only what the payload "
+        "adds to an empty round of the same minute.",
+        "",
+        "| size | auto GB/s | auto transfer GB/s | auto added ms | memcpy GB/s | pickled GB/s "
+        "| direct GB/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size, row in figures["by_size"].items():
+        lines.append(f"| {size} | {cell(row['auto_gbps'])} | {cell(row['auto_transfer_gbps'])} "
+                     f"| {cell(row['auto_added_ms'])} "
+                     f"| {cell(row['memcpy_gbps'])} | {cell(row['pickled_gbps'])} "
+                     f"| {cell(row['direct_gbps'])} |")  # fmt: skip
+    targets = figures["targets"]
+    memcpy = targets["auto_transfer_over_memcpy_min_at_16MB_plus"]
+    pickled = targets["auto_over_pickled_min_at_16MB_plus"]
+    added = targets["added_ms_at_4KB"]
+    lines += [
+        "",
+        f"- auto's transfer over memcpy at 16 MB and up (the worst size): {cell(memcpy)}, "
+        f"{verdict(memcpy['median'], 0.5, below=False)}; counting the whole round: "
+        f"{cell(targets['auto_over_memcpy_min_at_16MB_plus'])}.",
+        f"- auto over pickled per round at 16 MB and up (the worst size): {cell(pickled)}x, "
+        f"{verdict(pickled['median'], 10, below=False)}.",
+        f"- Added latency at 4 KB: {cell(added)} ms, {verdict(added['median'], 1.0, below=True)}.",
+    ]
+    return lines
+
+
 def render_generic(summary: dict) -> list[str]:
     lines = [f"### {summary['name']}", "", provenance(summary), ""]
 
@@ -128,7 +164,7 @@ def render_generic(summary: dict) -> list[str]:
     return lines
 
 
-RENDERERS = {"speech": render_speech}
+RENDERERS = {"speech": render_speech, "channel": render_channel}
 
 
 def renderer(name: str):
