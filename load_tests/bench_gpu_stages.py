@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from speech_baseline import generate_speech, prompt_inputs  # load_tests/, beside this file
 
 import omni_serve  # noqa: F401  (torchvision compat before transformers)
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
@@ -169,20 +170,13 @@ def bench_transformers(path, device, dtype, text_tokens: int, frames: int, repea
     model = model.to(device).eval()
     qwen3_omni_talker_audio_config(model.talker, model.config.thinker_config)
     processor = AutoProcessor.from_pretrained(path)
-    messages = [{"role": "user", "content": "Tell me a story."}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    inputs = processor(text=text, return_tensors="pt").to(device)
+    inputs = prompt_inputs(processor, "Tell me a story.").to(device)
 
     def once() -> tuple[float, float]:
         torch.manual_seed(0)
         sync()
         start = time.perf_counter()
-        with torch.no_grad():
-            _, wav = model.generate(
-                **inputs, thinker_max_new_tokens=text_tokens, thinker_do_sample=False,
-                talker_max_new_tokens=frames, speaker="ethan",
-                thinker_eos_token_id=model.config.im_end_token_id,
-            )  # fmt: skip
+        wav = generate_speech(model, inputs, text_tokens, frames)
         sync()
         return time.perf_counter() - start, wav.shape[-1] / 24_000
 

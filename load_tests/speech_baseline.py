@@ -36,17 +36,10 @@ def run_baseline(model_dir: Path, prompts: list[str], requests: int, text_tokens
     processor = AutoProcessor.from_pretrained(model_dir)
 
     def one(i: int) -> dict:
-        messages = [{"role": "user", "content": prompts[i % len(prompts)]}]
-        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        inputs = processor(text=text, return_tensors="pt")
+        inputs = prompt_inputs(processor, prompts[i % len(prompts)])
         torch.manual_seed(i)
         start = time.perf_counter()
-        with torch.no_grad():
-            _, wav = model.generate(
-                **inputs, thinker_max_new_tokens=text_tokens, thinker_do_sample=False,
-                talker_max_new_tokens=frames, speaker="ethan",
-                thinker_eos_token_id=model.config.im_end_token_id,
-            )  # fmt: skip
+        wav = generate_speech(model, inputs, text_tokens, frames)
         e2e = time.perf_counter() - start
         audio_s = wav.shape[-1] / SAMPLE_RATE
         # No audio leaves transformers' generate before it returns: TTFP == E2E.
@@ -59,6 +52,24 @@ def run_baseline(model_dir: Path, prompts: list[str], requests: int, text_tokens
     records = [one(i) for i in range(requests)]
     return {"concurrency": 1, "wall_s": time.perf_counter() - start, "records": records,
             "started": start}  # fmt: skip
+
+
+def prompt_inputs(processor, prompt: str):
+    """The processor's inputs for one user turn."""
+    messages = [{"role": "user", "content": prompt}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return processor(text=text, return_tensors="pt")
+
+
+@torch.no_grad()
+def generate_speech(model, inputs, text_tokens: int, frames: int) -> torch.Tensor:
+    """transformers' ``generate`` of a spoken reply: greedy text, the Talker's own sampling."""
+    _, wav = model.generate(
+        **inputs, thinker_max_new_tokens=text_tokens, thinker_do_sample=False,
+        talker_max_new_tokens=frames, speaker="ethan",
+        thinker_eos_token_id=model.config.im_end_token_id,
+    )  # fmt: skip
+    return wav
 
 
 def _process(core_set: list[int], threads: int, barrier, results, args: tuple) -> None:
