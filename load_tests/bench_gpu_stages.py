@@ -201,7 +201,11 @@ def main() -> None:
         "--quick", action="store_true", help="CPU smoke run: tiny model, small sizes"
     )
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    parser.add_argument(
+        "--compile-batches",
+        default="1",
+        help="batches of the bf16 torch.compile rows on a GPU ('' for none)",
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
