@@ -25,6 +25,7 @@ from deployments.omni_api import app
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
+from omni_serve.api.media import audio_format
 from omni_serve.api.protocol import ChatCompletionRequest, SpeechRequest, new_id, reply_usage
 from omni_serve.api.sse import sse
 from omni_serve.api.transcription import (
@@ -107,8 +108,11 @@ class AudioRoutes:
         """The clip and what to do with it, as a chat the Thinker answers in text."""
         check_model(form.model, self.config.served_model_name)
         refuse_unsupported_form(form)
-        clip = await asyncio.to_thread(base64.b64encode, await form.file.read())
-        content = [{"type": "input_audio", "input_audio": {"data": clip.decode()}},
+        raw = await form.file.read()
+        clip = await asyncio.to_thread(base64.b64encode, raw)
+        fmt = await asyncio.to_thread(audio_format, raw)  # a file upload names no format
+        clip_part = {"data": clip.decode(), "format": fmt or "wav"}
+        content = [{"type": "input_audio", "input_audio": clip_part},
                    {"type": "text", "text": asked}]  # fmt: skip
         body = ChatCompletionRequest(
             model=form.model, messages=[{"role": "user", "content": content}], stream=stream,
@@ -205,7 +209,7 @@ class AudioRoutes:
     async def _speech_events(self, body: SpeechRequest, deadline: bool = True):
         prompt, reply = await self.prompts.speech(body.input)
         sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
-        options = ChatOptions(sampling, True, body.voice, body.talker_sampling(),
+        options = ChatOptions(sampling, True, body.voice, body.talker_sampling(body.seed),
                               reply_ids=reply, session_id=body.session_id)  # fmt: skip
         events = self._chat(prompt, options, uuid.uuid4().hex)
         return iterate_within(events, self._deadline(body)) if deadline else events

@@ -266,7 +266,7 @@ class Ingress(AudioRoutes, ReleasesSharedMemory):
                     "repetition_penalty": body.repetition_penalty, "min_p": body.min_p,
                     "min_tokens": body.min_tokens, "ignore_eos": body.ignore_eos,
                     "logit_bias": body.token_biases}  # fmt: skip
-        options = ChatOptions(sampling, want_audio, voice, body.talker_sampling(),
+        options = ChatOptions(sampling, want_audio, voice, body.talker_sampling(body.seed),
                               session_id=body.session_id,
                               cache_key=body.prompt_cache_key)  # fmt: skip
         return prompt, options

@@ -37,6 +37,31 @@ def input_audio_bytes(data_b64: str, max_bytes: int, param: str) -> bytes:
     return raw
 
 
+# The ``input_audio.format`` each libsndfile container is.
+_FORMATS = {"WAV": "wav", "WAVEX": "wav", "RF64": "wav", "MP3": "mp3", "FLAC": "flac",
+            "OGG": "ogg"}  # fmt: skip
+
+
+def audio_format(raw: bytes) -> str | None:
+    """The ``input_audio.format`` the bytes are, ``None`` when libsndfile reads none of them."""
+    import soundfile as sf
+
+    try:
+        return _FORMATS.get(sf.info(io.BytesIO(raw)).format)
+    except Exception:  # libsndfile raises several types for what it cannot read
+        return None
+
+
+def check_container(raw: bytes, fmt: str, param: str) -> None:
+    """A 400 when the bytes are not the container ``fmt`` names: a client that declares one
+    format and sends another has a bug to hear about, even where the bytes happen to decode.
+    Bytes of no known container pass here, for ``load_audio`` to say why they do not decode."""
+    found = audio_format(raw)
+    if found is not None and found != fmt:
+        message = f"format is {fmt!r} but the data is a {found} file"
+        raise MediaError(message, f"{param}.format")
+
+
 def load_audio(raw: bytes, sample_rate: int, max_seconds: float, param: str,
                min_samples: int = 1) -> np.ndarray:  # fmt: skip
     """Mono float32 at ``sample_rate`` from an audio file; ``min_samples``: the fewest the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import zlib
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -17,7 +18,9 @@ class TextPart(BaseModel):
 
 class InputAudio(BaseModel):
     data: str = Field(description="Base64-encoded audio file bytes.")
-    format: str = Field("wav", description="Container format of the audio (wav, mp3, flac).")
+    format: Literal["wav", "mp3", "flac", "ogg"] = Field(
+        "wav", description="Container format of the audio; the bytes must be of this format."
+    )
 
 
 class AudioPart(BaseModel):
@@ -145,6 +148,12 @@ class MmProcessorKwargs(BaseModel):
     use_audio_in_video: bool = Field(False, description="As the request's use_audio_in_video.")
 
 
+def stage_seed(seed: int, stage: str) -> int:
+    """A stage's own seed from the request's: stable across processes (unlike ``hash``), and
+    different per stage, so two stages never draw the same stream."""
+    return zlib.crc32(f"{seed}:{stage}".encode()) & 0x7FFFFFFF
+
+
 class OmniExtensions(BaseModel):
     """Fields omni-serve adds to OpenAI's speech-producing requests."""
 
@@ -164,10 +173,15 @@ class OmniExtensions(BaseModel):
         "Thinker replica (its prefix cache holds the conversation) while it has room.",
     )
 
-    def talker_sampling(self) -> dict[str, Any]:
-        """The Talker's sampling settings this request overrides."""
+    def talker_sampling(self, seed: int | None = None) -> dict[str, Any]:
+        """The Talker's sampling settings this request overrides. With the request's ``seed``
+        and no Talker seed of its own, the Talker's seed is derived from it, so one seed
+        reproduces the whole reply, speech included."""
         talker = self.stage_overrides.talker if self.stage_overrides else None
-        return talker.model_dump(exclude_none=True) if talker else {}
+        settings = talker.model_dump(exclude_none=True) if talker else {}
+        if seed is not None and "seed" not in settings:
+            settings["seed"] = stage_seed(seed, "talker")
+        return settings
 
 
 MAX_LOGIT_BIAS_TOKENS = 300
@@ -396,6 +410,11 @@ class SpeechRequest(OmniExtensions):
     )
     stream_format: Literal["audio", "sse"] | None = Field(
         None, description="Stream raw audio chunks (wav/pcm) or SSE events; None = one response."
+    )
+    seed: int | None = Field(
+        None,
+        description="omni-serve extension: the same seed (and text and voice) gives the same "
+        "audio; the Talker's seed is derived from it unless stage_overrides sets one.",
     )
     instructions: str | None = Field(
         None,

@@ -279,3 +279,19 @@ async def test_a_pipeline_without_a_talker_refuses_audio_output(ingress):
     assert caught.value.body["error"]["param"] == "modalities"
     prompt, options = await ingress._prepare(request(TEXT))  # text is answered
     assert not options.want_audio
+
+
+def test_an_audio_format_this_server_does_not_take_is_refused_even_when_the_bytes_decode():
+    data = wav_b64(np.zeros(1600, np.float32), 16000)
+    part = {"type": "input_audio", "input_audio": {"data": data, "format": "aiff"}}
+    with pytest.raises(ValidationError, match="input_audio.format"):
+        request(part, TEXT)
+
+
+async def test_audio_declared_as_one_format_and_sent_as_another_is_a_400(ingress):
+    data = wav_b64(np.zeros(1600, np.float32), 16000)
+    part = {"type": "input_audio", "input_audio": {"data": data, "format": "mp3"}}
+    with pytest.raises(ApiError) as caught:
+        await ingress._prepare(request(part, TEXT))
+    assert caught.value.status == 400 and caught.value.param.endswith("input_audio.format")
+    assert "'mp3' but the data is a wav file" in caught.value.message

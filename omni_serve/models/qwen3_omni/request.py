@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from omni_serve.api.media import (
+    check_container,
     input_audio_bytes,
     load_audio,
     load_image,
@@ -93,6 +94,7 @@ def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
     kind = _KINDS[type(part)]
     if isinstance(part, AudioPart):
         raw = input_audio_bytes(part.input_audio.data, api.max_audio_bytes, param)
+        check_container(raw, part.input_audio.format, f"{param}.input_audio")
     else:
         raw = url_bytes(_url(part), fetched, kind, _max_bytes(kind, api), param)
     if kind == "audio":

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from omni_serve.api.protocol import ChatMessage, SpeechRequest
+from omni_serve.api.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    SpeechRequest,
+    stage_seed,
+)
 
 
 def test_an_earlier_spoken_reply_may_be_named_by_its_audio_id_alone():
@@ -35,3 +40,19 @@ def test_speech_instructions_are_refused_not_ignored():
         "this model's voice cannot be steered by instructions",
     )
     assert SpeechRequest(model="m", input="Hi", instructions="").unsupported() is None
+
+
+def test_the_request_seed_seeds_the_talker_unless_its_overrides_set_one():
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 7}
+    body = ChatCompletionRequest.model_validate(chat)
+    derived = body.talker_sampling(body.seed)["seed"]
+    assert derived == stage_seed(7, "talker") != stage_seed(8, "talker")
+    assert derived != 7  # a stage's own stream, not the Thinker's
+    own = ChatCompletionRequest.model_validate(
+        {**chat, "stage_overrides": {"talker": {"seed": 3, "temperature": 0.5}}}
+    )
+    assert own.talker_sampling(own.seed) == {"seed": 3, "temperature": 0.5}
+    unseeded = ChatCompletionRequest.model_validate({**chat, "seed": None})
+    assert unseeded.talker_sampling(unseeded.seed) == {}
+    speech = SpeechRequest.model_validate({"model": "m", "input": "hi", "seed": 7})
+    assert speech.talker_sampling(speech.seed) == {"seed": derived}
