@@ -1,18 +1,15 @@
-"""One client connection of the audio WebSocket: requests one at a time, a voice streamed in,
-an answer that can be cut short, and no idle client holding a slot forever.
+"""One client connection of the audio WebSocket (``/v1/audio/stream``): requests one at a
+time, a voice streamed in, an answer that can be cut short. The connection itself (reader,
+sends, cancel, idle limit) is ``SocketSession``'s; this module is the protocol.
 
-- A reader task takes every message as it arrives, also while an answer streams: binary
-  frames (PCM16 mono, the client's microphone) go into the connection's audio buffer, a chat
-  with ``input_audio`` takes the buffer as its clip at that moment (so frames sent after it
-  belong to the next one; a chat whose ``input_audio`` is refused takes nothing, so the client
-  can send it again fixed without sending its voice again), ``response.cancel`` stops the
-  answer running in every stage (so does the client leaving) and other requests wait their
-  turn.
-- Sends go through one lock, and an audio event and its binary frame go together even when
-  the answer is cancelled between them: the client reads a frame after each audio event.
-- An open WebSocket holds one of the ingress replica's ``max_ongoing_requests`` slots for as
-  long as it lives, so a client that sends nothing for ``idle_timeout_s`` (counted from its
-  last message or the end of its last answer) is told so and disconnected.
+- Binary frames (PCM16 mono, the client's microphone) go into the connection's audio buffer;
+  a chat with ``input_audio`` takes the buffer as its clip at that moment (so frames sent
+  after it belong to the next one; a chat whose ``input_audio`` is refused takes nothing, so
+  the client can send it again fixed without sending its voice again).
+- ``response.cancel`` stops the answer running in every stage (so does the client leaving);
+  other requests wait their turn.
+- The client reads a frame after each audio event: the two are sent together even when the
+  answer is cancelled between them.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ import asyncio
 import base64
 import io
 import json
-import time
 from collections.abc import Coroutine
 from typing import Any, NoReturn
 
@@ -34,14 +30,12 @@ from starlette.websockets import WebSocketDisconnect
 from omni_serve.api.deadline import RequestTimeout
 from omni_serve.api.errors import ApiError, stage_failure
 from omni_serve.api.protocol import error_body
+from omni_serve.api.socket_session import IDLE_CLOSE_CODE, IdleTimeout, SocketSession
 
-IDLE_CLOSE_CODE = 1000  # a normal close: the server ended an idle session
+__all__ = ["IDLE_CLOSE_CODE", "IdleTimeout", "VoiceSocket", "clip_message", "error_event"]
+
 MAX_WAITING_REQUESTS = 8  # requests a client may queue behind the answer running
 _CLOSED = object()
-
-
-class IdleTimeout(Exception):
-    pass
 
 
 def error_event(exc: Exception) -> dict[str, Any]:
@@ -95,7 +89,7 @@ def _refuse(message: str) -> NoReturn:
     raise ApiError(400, message)
 
 
-class VoiceSocket:
+class VoiceSocket(SocketSession):
     def __init__(
         self,
         ws: WebSocket,
@@ -103,16 +97,11 @@ class VoiceSocket:
         max_audio_bytes: int,
         max_audio_seconds: float = float("inf"),
     ) -> None:
-        self.ws, self.idle_timeout_s, self.max_audio_bytes = ws, idle_timeout_s, max_audio_bytes
-        self.max_audio_seconds = max_audio_seconds
+        super().__init__(ws, idle_timeout_s)
+        self.max_audio_bytes, self.max_audio_seconds = max_audio_bytes, max_audio_seconds
         self.audio = bytearray()  # PCM16 frames not yet taken by a chat
         self._requests: asyncio.Queue[Any] = asyncio.Queue()
-        self._send_lock = asyncio.Lock()
-        self._answering: asyncio.Task | None = None
         self._done = False  # whether the answer running has sent its response.done
-        self._gone = False  # whether the client has left
-        self._last_heard = time.monotonic()
-        self._reader = asyncio.create_task(self._read())
 
     async def next_request(self) -> tuple[Any, dict[str, Any] | None]:
         """The next request (parsed JSON), with the user message the clip it took from the
@@ -120,17 +109,15 @@ class VoiceSocket:
         Raises ``WebSocketDisconnect`` once the client left, ``IdleTimeout`` (after telling it
         why and closing) when it fell silent."""
         while True:
-            timeout = None
-            if self.idle_timeout_s is not None:
-                timeout = self.idle_timeout_s - (time.monotonic() - self._last_heard)
+            timeout = self.idle_left()
             try:
                 if timeout is not None and timeout <= 0:
                     raise TimeoutError
                 item = await asyncio.wait_for(self._requests.get(), timeout)
             except TimeoutError:
-                if self.idle_timeout_s - (time.monotonic() - self._last_heard) > 0:
+                if (self.idle_left() or 0) > 0:
                     continue  # a frame arrived meanwhile
-                await self._close_idle()
+                await self.close_idle()
                 raise IdleTimeout from None
             if item is _CLOSED:
                 raise WebSocketDisconnect(1000)
@@ -140,56 +127,28 @@ class VoiceSocket:
         """Runs ``streaming`` (which sends the answer), cut short by the client's
         ``response.cancel``: then ``response.done`` says ``cancelled``."""
         self._done = False
-        self._answering = task = asyncio.create_task(streaming)
+        task = self.start_answer(streaming)
         try:
             await asyncio.wait([task])
         except asyncio.CancelledError:  # the connection's handler itself: stop the answer too
             task.cancel()
             raise
-        finally:
-            self._answering = None
-            self._last_heard = time.monotonic()  # the idle clock starts after the answer
         if not task.cancelled():
             task.result()  # re-raises a disconnect
-        elif self._gone:
+        elif self.gone:
             raise WebSocketDisconnect(1000)
         elif not self._done:  # (a cancel that came as the answer ended changes nothing)
             await self.send({"type": "response.done", "id": response_id, "status": "cancelled"})
 
     async def send(self, event: dict[str, Any], frame: bytes | None = None) -> None:
-        """One event, and the binary frame that goes with it, never split by a cancel."""
         self._done = self._done or event.get("type") == "response.done"
-        await asyncio.shield(self._send(event, frame))
+        await super().send(event, frame)
 
-    async def _send(self, event: dict[str, Any], frame: bytes | None) -> None:
-        async with self._send_lock:
-            await self.ws.send_json(event)
-            if frame is not None:
-                await self.ws.send_bytes(frame)
+    def on_gone(self) -> None:
+        self._requests.put_nowait(_CLOSED)
 
-    async def close(self) -> None:
-        for task in (self._reader, self._answering):
-            if task is not None:
-                task.cancel()
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                message = await self.ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
-                self._last_heard = time.monotonic()
-                try:
-                    self._take(message)
-                except ApiError as refused:
-                    await self.send(error_event(refused))
-        except (WebSocketDisconnect, RuntimeError):  # gone, or closed by the server
-            return
-        finally:  # nobody is listening: stop the answer's work in every stage
-            self._gone = True
-            if self._answering is not None:
-                self._answering.cancel()
-            self._requests.put_nowait(_CLOSED)
+    async def take(self, message: dict[str, Any]) -> None:
+        self._take(message)
 
     def _take(self, message: dict[str, Any]) -> None:
         """What one message does; an ``ApiError`` saying why when it is refused (then it
@@ -209,9 +168,8 @@ class VoiceSocket:
             _refuse(f"not JSON: {exc}")
         kind = request.get("type") if isinstance(request, dict) else None
         if kind == "response.cancel":
-            if self._answering is None:
+            if not self.cancel_answer():
                 _refuse("response.cancel: no response is running")
-            self._answering.cancel()
             return
         if kind == "input_audio.clear":
             self.audio.clear()
@@ -223,8 +181,3 @@ class VoiceSocket:
             said = clip_message(request["input_audio"], bytes(self.audio), self.max_audio_seconds)
             self.audio.clear()
         self._requests.put_nowait((request, said))
-
-    async def _close_idle(self) -> None:
-        message = f"no request for {self.idle_timeout_s:g} s: closing the idle connection"
-        await self.send({"type": "error", **error_body(message, code="idle_timeout")})
-        await self.ws.close(IDLE_CLOSE_CODE, "idle timeout")
