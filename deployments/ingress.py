@@ -27,6 +27,7 @@ from deployments.common import (
 )
 from deployments.omni_api import app
 from deployments.omni_stage_clients import HandleStageClients
+from deployments.realtime_routes import RealtimeRoutes
 from deployments.session_store import SessionStoreClient
 from deployments.spoken_replies import SpokenReplyClient
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio
@@ -81,7 +82,7 @@ def _outcome(failure: ApiError) -> str:
 # decorator runs, so a global defined below it is missing in the replica (NameError).
 @serve.deployment
 @serve.ingress(app)
-class Ingress(AudioRoutes, ReleasesSharedMemory):
+class Ingress(AudioRoutes, RealtimeRoutes, ReleasesSharedMemory):
     def __init__(
         self,
         pipeline: dict[str, Any],

@@ -1,0 +1,68 @@
+"""The Qwen3-Omni ingress's ``/v1/realtime``: OpenAI's Realtime API over a WebSocket
+(``omni_serve.api.realtime``), each answer through the ingress's chat path.
+
+A mixin of ``Ingress``, as ``AudioRoutes`` is: the route maps an answer's ``Ask`` to a chat
+request and hands the session its events, and nothing else.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import WebSocket, WebSocketDisconnect
+
+from deployments.omni_api import app
+from omni_serve.api.deadline import iterate_within
+from omni_serve.api.protocol import ChatCompletionRequest, error_body
+from omni_serve.api.realtime.protocol import PCM_RATE, event_id
+from omni_serve.api.realtime.session import RealtimeSession
+from omni_serve.api.realtime.settings import Ask, Limits
+from omni_serve.api.socket_session import IdleTimeout
+from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
+from omni_serve.models.qwen3_omni.pipeline import ChatEvent
+
+POLICY_VIOLATION = 1008  # the close code for a session this server will not hold
+
+assert SAMPLE_RATE == PCM_RATE, "Realtime audio is 24 kHz PCM16: the model's rate, unresampled"
+
+
+class RealtimeRoutes:
+    @app.websocket("/v1/realtime")
+    async def realtime(self, ws: WebSocket, model: str | None = None) -> None:
+        """A Realtime session (``?model=`` as OpenAI's clients send it)."""
+        await ws.accept()
+        served = self.config.served_model_name
+        if model is not None and model != served:
+            message = f"model {model!r} does not exist; this server serves {served!r}"
+            body = error_body(message, param="model", code="model_not_found")
+            await ws.send_json({"type": "error", "event_id": event_id(), **body})
+            await ws.close(POLICY_VIOLATION, "unknown model")
+            return
+        api = self.config.api
+        limits = Limits(served, frozenset(self.voices), api.max_tokens_limit,
+                        min(api.default_max_tokens, api.max_tokens_limit))  # fmt: skip
+        session = RealtimeSession(ws, self._realtime_answer, limits, api.ws_idle_timeout_s,
+                                  api.max_audio_bytes)  # fmt: skip
+        try:
+            await session.run()
+        except (WebSocketDisconnect, IdleTimeout):
+            return
+        finally:
+            await session.close()
+
+    async def _realtime_answer(self, ask: Ask) -> AsyncIterator[ChatEvent]:
+        """An answer's events from the chat path, under the session's id (one Thinker replica
+        and its KV prefix for the whole conversation) and the server's deadline."""
+        spoken = {"modalities": ["text"]}
+        if ask.audio:
+            spoken = {"modalities": ["text", "audio"],
+                      "audio": {"voice": ask.voice, "format": "pcm16"}}  # fmt: skip
+        body = ChatCompletionRequest.model_validate({
+            "model": self.config.served_model_name, "messages": ask.messages, "stream": True,
+            "max_tokens": ask.max_tokens, "temperature": ask.temperature, "seed": ask.seed,
+            "session_id": ask.session_id, **spoken,
+        })  # fmt: skip
+        prompt, options = await self._prepare(body)
+        events = self._chat(prompt, options, uuid.uuid4().hex)
+        return iterate_within(events, self._deadline(body))

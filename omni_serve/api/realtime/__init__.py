@@ -1,0 +1,1 @@
+"""OpenAI's Realtime API on ``/v1/realtime``: protocol, conversation, turn detection, session."""

@@ -1,0 +1,182 @@
+"""One Realtime answer: the chat's events as OpenAI's response events, in OpenAI's order
+(created, output item and content part added, deltas, their done events, ``response.done``),
+and the assistant item it leaves in the conversation.
+
+A stopped answer (``response.cancel``, or barge-in) ends with ``response.done`` saying
+``cancelled`` and why; leaving the chat's event stream closes it, which stops the answer in
+every stage. On barge-in the item keeps only what the client had played: the audio sent,
+bounded by the time since its first delta (a client plays as it receives).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+import uuid
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from omni_serve.api.audio_codec import encode_audio
+from omni_serve.api.errors import ApiError, stage_failure
+from omni_serve.api.realtime.conversation import BYTES_PER_MS, Conversation, Item, Part
+from omni_serve.api.realtime.protocol import PCM_RATE
+from omni_serve.api.realtime.settings import Ask
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from omni_serve.api.realtime.session import RealtimeSession
+
+log = logging.getLogger("ray.serve")
+
+
+class ReplyEvent(Protocol):
+    """A chat's event as the deployment's chat path yields it."""
+
+    kind: str  # "text", "audio" or "done"
+    text: str
+    audio: np.ndarray | None  # float32 mono at 24 kHz
+    result: Any  # on "done": prompt_tokens, token_ids, cached_tokens, finish_reason, timings
+
+
+class Answer:
+    def __init__(self, session: RealtimeSession, ask: Ask, conversation: Conversation | None,
+                 metadata: dict[str, str] | None) -> None:  # fmt: skip
+        self.session, self.ask, self.conversation, self.metadata = (
+            session, ask, conversation, metadata)  # fmt: skip
+        self.id = f"resp_{uuid.uuid4().hex[:20]}"
+        self.part = Part("output_audio" if ask.audio else "output_text", text="", transcript="")
+        self.item = Item("assistant", [self.part], status="in_progress")
+        self.reason: str | None = None  # why it was stopped
+        self._opened = False
+        self._previous: str | None = None
+        self._first_audio_at: float | None = None
+
+    def stop(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self.session.cancel_answer()
+
+    def played_ms(self) -> int:
+        if self._first_audio_at is None:
+            return 0
+        sent = len(self.part.pcm) // BYTES_PER_MS
+        return min(sent, int((time.monotonic() - self._first_audio_at) * 1000))
+
+    async def run(self, respond: Callable[[Ask], Awaitable[AsyncIterator[Any]]]) -> None:
+        session = self.session
+        await session.emit("response.created", response=self.response_json("in_progress"))
+        status, details, result = "completed", None, None
+        try:
+            events = await respond(self.ask)
+            await self._open()
+            async with aclosing(events):  # also when cancelled: the stages stop at once
+                async for event in events:
+                    if event.kind == "done":
+                        result = event.result
+                    else:
+                        await self._delta(event)
+        except asyncio.CancelledError:
+            if session.gone:
+                raise
+            status, details = "cancelled", {"type": "cancelled", "reason": self.reason}
+            if self.reason == "turn_detected" and self.part.pcm:
+                played = self.played_ms()
+                if self.item.truncate(played):
+                    await session.emit("conversation.item.truncated", item_id=self.item.id,
+                                       content_index=0, audio_end_ms=played)  # fmt: skip
+        except Exception as exc:
+            failure = exc if isinstance(exc, ApiError) else stage_failure(exc)
+            if not isinstance(exc, ApiError):
+                log.exception("realtime answer failed in a stage")
+            await session.send(session.refusal(failure))
+            status, details = "failed", {"type": "failed", "error": failure.body["error"]}
+        if result is not None and result.finish_reason == "length":
+            status, details = "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
+        if self._opened:
+            await self._close(status)
+        usage = _usage(result) if result is not None else None
+        timings = result.timings if result is not None else None
+        response = self.response_json(status, details, usage, timings)
+        await session.emit("response.done", response=response)
+
+    def response_json(self, status: str, details: dict | None = None, usage: dict | None = None,
+                      timings: dict | None = None) -> dict[str, Any]:  # fmt: skip
+        """OpenAI's response object (``timings``: omni-serve's per-stage times, as chat's)."""
+        shown = {
+            "id": self.id, "object": "realtime.response", "status": status,
+            "status_details": details, "output": [self.item.as_json()] if self._opened else [],
+            "conversation_id": "auto" if self.conversation is not None else None,
+            "output_modalities": ["audio" if self.ask.audio else "text"],
+            "audio": {"output": {"format": {"type": "audio/pcm", "rate": PCM_RATE},
+                                 "voice": self.ask.voice}},
+            "max_output_tokens": self.ask.max_tokens, "metadata": self.metadata, "usage": usage,
+        }  # fmt: skip
+        if timings is not None:
+            shown["timings"] = timings
+        return shown
+
+    def _where(self) -> dict[str, Any]:
+        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0,
+                "content_index": 0}  # fmt: skip
+
+    async def _open(self) -> None:
+        session, self._opened = self.session, True
+        if self.conversation is not None:
+            self._previous = self.conversation.add(self.item)
+        await session.emit("response.output_item.added", response_id=self.id, output_index=0,
+                           item=self.item.as_json())  # fmt: skip
+        if self.conversation is not None:
+            await session.emit("conversation.item.added", item=self.item.as_json(),
+                               previous_item_id=self._previous)  # fmt: skip
+        await session.emit("response.content_part.added", **self._where(),
+                           part=self._part_json())  # fmt: skip
+
+    def _part_json(self) -> dict[str, Any]:
+        if self.ask.audio:
+            return {"type": "audio", "transcript": self.part.transcript}
+        return {"type": "text", "text": self.part.text}
+
+    async def _delta(self, event: Any) -> None:
+        session, where = self.session, self._where()
+        if event.kind == "text" and self.ask.audio:
+            self.part.transcript += event.text
+            await session.emit("response.output_audio_transcript.delta", **where, delta=event.text)
+        elif event.kind == "text":
+            self.part.text += event.text
+            await session.emit("response.output_text.delta", **where, delta=event.text)
+        elif event.kind == "audio":
+            pcm = encode_audio(event.audio, PCM_RATE, "pcm16")
+            self.part.pcm += pcm
+            await session.emit("response.output_audio.delta", **where,
+                               delta=base64.b64encode(pcm).decode())  # fmt: skip
+            if self._first_audio_at is None:
+                self._first_audio_at = time.monotonic()
+
+    async def _close(self, status: str) -> None:
+        session, where = self.session, self._where()
+        if self.item.status == "in_progress":
+            self.item.status = "completed" if status == "completed" else "incomplete"
+        if self.ask.audio:
+            await session.emit("response.output_audio.done", **where)
+            await session.emit("response.output_audio_transcript.done", **where,
+                               transcript=self.part.transcript)  # fmt: skip
+        else:
+            await session.emit("response.output_text.done", **where, text=self.part.text)
+        await session.emit("response.content_part.done", **where, part=self._part_json())
+        shown = self.item.as_json()
+        await session.emit("response.output_item.done", response_id=self.id, output_index=0,
+                           item=shown)  # fmt: skip
+        if self.conversation is not None:
+            await session.emit("conversation.item.done", item=shown,
+                               previous_item_id=self._previous)  # fmt: skip
+
+
+def _usage(result: Any) -> dict[str, Any]:
+    prompt, output = result.prompt_tokens, len(result.token_ids)
+    return {"total_tokens": prompt + output, "input_tokens": prompt, "output_tokens": output,
+            "input_token_details": {"cached_tokens": result.cached_tokens},
+            "output_token_details": {"text_tokens": output}}  # fmt: skip

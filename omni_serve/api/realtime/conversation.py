@@ -1,0 +1,172 @@
+"""A Realtime session's conversation: its items, as the client sees them (OpenAI's item
+shapes) and as the model hears them (chat messages).
+
+An assistant's spoken item is heard as its transcript. When the user cut it short, only
+what was played is kept: the audio up to ``audio_end_ms`` and the share of the transcript
+that time covers (the words are spoken in order, at close to an even pace, so the share of
+the audio played is the share of the words said; an approximation, not an alignment).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+from omni_serve.api.errors import ApiError
+from omni_serve.api.realtime.protocol import PCM_RATE, ItemIn, item_id
+
+BYTES_PER_MS = PCM_RATE * 2 // 1000
+
+
+@dataclass
+class Part:
+    type: str  # input_text, input_audio, output_text, output_audio
+    text: str | None = None
+    pcm: bytes = b""  # PCM16 mono 24 kHz
+    transcript: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"type": self.type}
+        if self.type.endswith("text"):
+            shown["text"] = self.text or ""
+        else:
+            shown["transcript"] = self.transcript
+        return shown
+
+
+@dataclass
+class Item:
+    role: str
+    parts: list[Part]
+    id: str = field(default_factory=item_id)
+    status: str = "completed"
+
+    def as_json(self) -> dict[str, Any]:
+        """OpenAI's item, without its audio (as its events carry items)."""
+        return {"id": self.id, "object": "realtime.item", "type": "message",
+                "status": self.status, "role": self.role,
+                "content": [p.as_json() for p in self.parts]}  # fmt: skip
+
+    def heard(self) -> dict[str, Any] | None:
+        """The chat message the model hears for this item (``None``: nothing to hear)."""
+        if self.role != "user":
+            text = "".join((p.text if p.type.endswith("text") else p.transcript) or ""
+                           for p in self.parts)  # fmt: skip
+            return {"role": self.role, "content": text} if text else None
+        content = []
+        for part in self.parts:
+            if part.type == "input_text" and part.text:
+                content.append({"type": "text", "text": part.text})
+            elif part.type == "input_audio" and part.pcm:
+                wav = pcm_to_wav_b64(part.pcm)
+                content.append(
+                    {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}
+                )
+        return {"role": "user", "content": content} if content else None
+
+    def truncate(self, audio_end_ms: int) -> bool:
+        """Keeps the audio up to ``audio_end_ms`` and the transcript's share of it; whether
+        anything was cut."""
+        audio = next((p for p in self.parts if p.type == "output_audio"), None)
+        if audio is None:
+            raise ApiError(400, "only an assistant's audio can be truncated", "item_id")
+        end = min(audio_end_ms * BYTES_PER_MS, len(audio.pcm))
+        if end == len(audio.pcm):
+            return False
+        if audio.pcm and audio.transcript:
+            words = audio.transcript.split(" ")
+            keep = round(len(words) * end / len(audio.pcm))
+            audio.transcript = " ".join(words[:keep])
+        audio.pcm = audio.pcm[:end]
+        self.status = "incomplete"
+        return True
+
+
+def pcm_to_wav_b64(pcm: bytes) -> str:
+    wav = io.BytesIO()
+    sf.write(wav, np.frombuffer(pcm, "<i2"), PCM_RATE, format="WAV", subtype="PCM_16")
+    return base64.b64encode(wav.getvalue()).decode()
+
+
+def pcm_from_b64(data: str, param: str) -> bytes:
+    """The PCM16 bytes of a base64 ``audio`` field; a 400 naming it when they are not."""
+    try:
+        pcm = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "audio is not valid base64", param) from None
+    if len(pcm) % 2:
+        raise ApiError(400, "audio must hold whole PCM16 samples (an even byte count)", param)
+    return pcm
+
+
+_ROLE_PARTS = {"user": ("input_text", "input_audio"), "system": ("input_text",),
+               "assistant": ("output_text", "output_audio", "text", "audio")}  # fmt: skip
+
+
+def item_from_client(item: ItemIn) -> Item:
+    """The conversation item a ``conversation.item.create`` asks for; a 400 naming the field
+    for what this model cannot hold."""
+    if item.type != "message":
+        raise ApiError(400, f"{item.type} items need tools; this model does not call tools",
+                       "item.type")  # fmt: skip
+    if item.role is None:
+        raise ApiError(400, "a message item needs a role", "item.role")
+    if not item.content:
+        raise ApiError(400, "a message item needs content", "item.content")
+    parts = []
+    for i, part in enumerate(item.content):
+        where = f"item.content[{i}]"
+        if part.type not in _ROLE_PARTS[item.role]:
+            raise ApiError(400, f"a {item.role} item takes {list(_ROLE_PARTS[item.role])} parts",
+                           f"{where}.type")  # fmt: skip
+        kind = {"text": "output_text", "audio": "output_audio"}.get(part.type, part.type)
+        pcm = pcm_from_b64(part.audio, f"{where}.audio") if part.audio else b""
+        if kind == "input_audio" and not pcm:
+            raise ApiError(400, "an input_audio part needs its audio", f"{where}.audio")
+        if kind.endswith("text") and part.text is None:
+            raise ApiError(400, f"a {part.type} part needs its text", f"{where}.text")
+        if kind == "output_audio" and not part.transcript:
+            message = "the model hears its earlier answers as text: give the transcript"
+            raise ApiError(400, message, f"{where}.transcript")
+        parts.append(Part(kind, part.text, pcm, part.transcript))
+    return Item(item.role, parts, **({"id": item.id} if item.id else {}))
+
+
+@dataclass
+class Conversation:
+    items: list[Item] = field(default_factory=list)
+
+    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Adds ``item`` after ``previous_item_id`` (last when ``None``); the id of the item
+        before it, as the created event names it."""
+        if any(i.id == item.id for i in self.items):
+            raise ApiError(400, f"an item {item.id!r} is in the conversation already", "item.id")
+        at = len(self.items)
+        if previous_item_id is not None:
+            at = self.index(previous_item_id, "previous_item_id") + 1
+        self.items.insert(at, item)
+        return self.items[at - 1].id if at else None
+
+    def index(self, id_: str, param: str = "item_id") -> int:
+        for i, item in enumerate(self.items):
+            if item.id == id_:
+                return i
+        raise ApiError(400, f"no item {id_!r} in this conversation", param, code="item_not_found")
+
+    def get(self, id_: str) -> Item:
+        return self.items[self.index(id_)]
+
+    def delete(self, id_: str) -> None:
+        del self.items[self.index(id_)]
+
+    def messages(self, instructions: str | None) -> list[dict[str, Any]]:
+        """The chat the model answers: the instructions as the system message, then every
+        item it can hear."""
+        said = [m for m in (item.heard() for item in self.items) if m is not None]
+        return [{"role": "system", "content": instructions}, *said] if instructions else said

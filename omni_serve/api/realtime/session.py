@@ -1,0 +1,243 @@
+"""One ``/v1/realtime`` connection: OpenAI's Realtime events in, the conversation and the
+input audio buffer kept, answers streamed out; the connection itself is ``SocketSession``'s.
+
+- Every client event is checked before it changes anything; a bad one is answered with an
+  ``error`` event naming the field (and the client's ``event_id``), and the session goes on.
+- With ``server_vad`` (the default, as OpenAI's), silero-vad hears the buffer as it fills:
+  speech that stops for ``silence_duration_ms`` commits the buffer as a user item and starts
+  an answer; speech that starts during an answer stops it in every stage (barge-in) and cuts
+  the assistant item to what had been played (``Answer.played_ms``).
+- Answers come from ``respond`` (the deployment's chat path): one at a time, each over the
+  whole conversation, under the session's id, so turns keep to one Thinker replica and
+  reuse its KV prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import WebSocket
+from pydantic import TypeAdapter, ValidationError
+
+from omni_serve.api.errors import ApiError
+from omni_serve.api.realtime.answer import Answer, ReplyEvent
+from omni_serve.api.realtime.conversation import (
+    BYTES_PER_MS,
+    Conversation,
+    Item,
+    Part,
+    item_from_client,
+    pcm_from_b64,
+)
+from omni_serve.api.realtime.protocol import ClientEvent, ResponseOptions, event_id
+from omni_serve.api.realtime.settings import Ask, Limits, Settings
+from omni_serve.api.realtime.turn_detection import SpeechEdge, VoiceActivity, load_vad_model
+from omni_serve.api.socket_session import SocketSession
+
+log = logging.getLogger("ray.serve")
+
+Respond = Callable[[Ask], Awaitable[AsyncIterator[ReplyEvent]]]
+MIN_COMMIT_MS = 100  # OpenAI's least audio a commit takes
+_EVENTS: TypeAdapter[Any] = TypeAdapter(ClientEvent)
+
+
+def _validation_refusal(exc: ValidationError) -> ApiError:
+    first = exc.errors()[0]
+    if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        kind = first.get("input", {}).get("type") if isinstance(first.get("input"), dict) else None
+        return ApiError(400, f"unknown event type {kind!r}", "type", code="unknown_event")
+    where = ".".join(str(p) for p in first["loc"][1:])  # [0] is the event type
+    return ApiError(400, f"{where}: {first['msg']}", where)
+
+
+class RealtimeSession(SocketSession):
+    def __init__(self, ws: WebSocket, respond: Respond, limits: Limits,
+                 idle_timeout_s: float | None, max_buffer_bytes: int) -> None:  # fmt: skip
+        super().__init__(ws, idle_timeout_s)
+        self.respond, self.limits, self.max_buffer_bytes = respond, limits, max_buffer_bytes
+        self.settings = Settings.initial(limits)
+        self.conversation = Conversation()
+        self.buffer = bytearray()  # PCM16 24 kHz not yet committed
+        self._buffer_end_ms = 0  # the session's audio time at the buffer's end
+        self._vad: VoiceActivity | None = None
+        self._speech_item: str | None = None  # the item id speech_started announced
+        self._answer: Answer | None = None
+        self._client_event: str | None = None  # the event being handled, for its errors
+
+    async def run(self) -> None:
+        """The session, until the client leaves or idles out."""
+        if self.settings.vad is not None:
+            self._vad = VoiceActivity(self.settings.vad, await asyncio.to_thread(load_vad_model))
+        await self.emit("session.created", session=self.settings.as_json(self.limits))
+        await self.until_idle_or_gone()
+
+    async def emit(self, kind: str, **fields: Any) -> None:
+        await self.send({"type": kind, "event_id": event_id(), **fields})
+
+    def refusal(self, refused: ApiError) -> dict[str, Any]:
+        error = {**refused.body["error"], "event_id": self._client_event}
+        return {"type": "error", "event_id": event_id(), "error": error}
+
+    async def take(self, message: dict[str, Any]) -> None:
+        self._client_event = None
+        if message.get("bytes") is not None:
+            raise ApiError(400, "send audio as input_audio_buffer.append events (base64 PCM16)")
+        try:
+            raw = json.loads(message.get("text") or "")
+        except ValueError as exc:
+            raise ApiError(400, f"not JSON: {exc}") from None
+        if isinstance(raw, dict) and isinstance(raw.get("event_id"), str):
+            self._client_event = raw["event_id"]
+        try:
+            event = _EVENTS.validate_python(raw)
+        except ValidationError as exc:
+            raise _validation_refusal(exc) from None
+        await getattr(self, "_on_" + event.type.replace(".", "_"))(event)
+
+    # --- session and input audio -------------------------------------------------------
+
+    async def _on_session_update(self, event) -> None:
+        new = self.settings.updated(event.session, self.limits)
+        if new.vad != self.settings.vad:
+            self._vad = None
+            if new.vad is not None:
+                model = self._vad.model if self._vad else await asyncio.to_thread(load_vad_model)
+                self._vad = VoiceActivity(new.vad, model)
+                self._vad.heard_ms = self._buffer_end_ms
+        self.settings = new
+        await self.emit("session.updated", session=new.as_json(self.limits))
+
+    async def _on_input_audio_buffer_append(self, event) -> None:
+        pcm = pcm_from_b64(event.audio, "audio")
+        if len(self.buffer) + len(pcm) > self.max_buffer_bytes:
+            message = (f"the input audio buffer would pass {self.max_buffer_bytes} bytes "
+                       "(api.max_audio_bytes); commit or clear it")  # fmt: skip
+            raise ApiError(400, message, "audio", code="input_audio_buffer_full")
+        self.buffer += pcm
+        self._buffer_end_ms += len(pcm) // BYTES_PER_MS
+        if self._vad is None:
+            return
+        for edge in await asyncio.to_thread(self._vad.hear, pcm):
+            await self._on_edge(edge)
+        if not self._vad.speaking:  # keep only what a coming start would pad with
+            keep = (self._vad.settings.prefix_padding_ms + 200) * BYTES_PER_MS
+            del self.buffer[: max(0, len(self.buffer) - keep)]
+
+    async def _on_edge(self, edge: SpeechEdge) -> None:
+        vad = self._vad.settings
+        if edge.kind == "started":
+            start = max(0, len(self.buffer) - (self._buffer_end_ms - edge.audio_ms) * BYTES_PER_MS)
+            del self.buffer[:start]
+            self._speech_item = Item("user", []).id
+            await self.emit("input_audio_buffer.speech_started", audio_start_ms=edge.audio_ms,
+                            item_id=self._speech_item)  # fmt: skip
+            if vad.interrupt_response and self._answer is not None:
+                self._answer.stop("turn_detected")
+            return
+        item_id, self._speech_item = self._speech_item, None
+        await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=edge.audio_ms,
+                        item_id=item_id)  # fmt: skip
+        await self._commit(item_id)
+        if vad.create_response and not self.answering:
+            await self._start_answer(None)
+
+    async def _on_input_audio_buffer_commit(self, event) -> None:
+        await self._commit(self._speech_item)
+        self._speech_item = None
+
+    async def _commit(self, item_id: str | None) -> None:
+        if len(self.buffer) < MIN_COMMIT_MS * BYTES_PER_MS:
+            message = (f"the input audio buffer holds {len(self.buffer) // BYTES_PER_MS} ms; "
+                       f"a commit takes at least {MIN_COMMIT_MS} ms")  # fmt: skip
+            raise ApiError(400, message, code="input_audio_buffer_commit_empty")
+        item = Item("user", [Part("input_audio", pcm=bytes(self.buffer))])
+        if item_id is not None:
+            item.id = item_id
+        self.buffer.clear()
+        previous = self.conversation.add(item)
+        await self.emit("input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
+        await self._announce(item, previous)
+
+    async def _on_input_audio_buffer_clear(self, event) -> None:
+        self.buffer.clear()
+        await self.emit("input_audio_buffer.cleared")
+
+    async def _on_output_audio_buffer_clear(self, event) -> None:
+        message = ("output_audio_buffer.clear is for WebRTC and SIP sessions; over a WebSocket "
+                   "send response.cancel and conversation.item.truncate")  # fmt: skip
+        raise ApiError(400, message, "type")
+
+    # --- the conversation --------------------------------------------------------------
+
+    async def _announce(self, item: Item, previous: str | None) -> None:
+        """A finished item's events: OpenAI's GA pair, and the beta's ``created``."""
+        shown = item.as_json()
+        for kind in ("conversation.item.created", "conversation.item.added",
+                     "conversation.item.done"):  # fmt: skip
+            await self.emit(kind, item=shown, previous_item_id=previous)
+
+    async def _on_conversation_item_create(self, event) -> None:
+        item = item_from_client(event.item)
+        await self._announce(item, self.conversation.add(item, event.previous_item_id))
+
+    async def _on_conversation_item_delete(self, event) -> None:
+        self.conversation.delete(event.item_id)
+        await self.emit("conversation.item.deleted", item_id=event.item_id)
+
+    async def _on_conversation_item_retrieve(self, event) -> None:
+        item = self.conversation.get(event.item_id)
+        shown = item.as_json()
+        for part, json_part in zip(item.parts, shown["content"], strict=True):
+            if part.pcm:
+                json_part["audio"] = base64.b64encode(part.pcm).decode()
+        await self.emit("conversation.item.retrieved", item=shown)
+
+    async def _on_conversation_item_truncate(self, event) -> None:
+        item = self.conversation.get(event.item_id)
+        if item.role != "assistant":
+            raise ApiError(400, "only an assistant's audio can be truncated", "item_id")
+        item.truncate(event.audio_end_ms)
+        await self.emit("conversation.item.truncated", item_id=item.id,
+                        content_index=event.content_index,
+                        audio_end_ms=event.audio_end_ms)  # fmt: skip
+
+    # --- answers -----------------------------------------------------------------------
+
+    async def _on_response_create(self, event) -> None:
+        if self.answering:
+            raise ApiError(400, "a response is in progress: cancel it or wait for response.done",
+                           code="conversation_already_has_active_response")  # fmt: skip
+        await self._start_answer(event.response)
+
+    async def _on_response_cancel(self, event) -> None:
+        answer = self._answer
+        if answer is None or (event.response_id not in (None, answer.id)):
+            raise ApiError(400, "no response in progress to cancel", "response_id",
+                           code="response_cancel_not_active")  # fmt: skip
+        answer.stop("client_cancelled")
+
+    async def _start_answer(self, options: ResponseOptions | None) -> None:
+        settings, keep = self.settings, True
+        items = self.conversation.items
+        if options is not None:
+            settings = settings.updated(options, self.limits)
+            keep = options.conversation == "auto"
+            if options.input is not None:
+                items = [item_from_client(i) for i in options.input]
+        ask = Ask(Conversation(list(items)).messages(settings.instructions), settings.audio,
+                  settings.voice, settings.max_tokens, settings.temperature, settings.seed,
+                  session_id=settings.id)  # fmt: skip
+        metadata = options.metadata if options else None
+        answer = Answer(self, ask, self.conversation if keep else None, metadata)
+        self._answer = answer
+        task = self.start_answer(answer.run(self.respond))
+        task.add_done_callback(lambda _: self._answer_done(answer))
+
+    def _answer_done(self, answer: Answer) -> None:
+        if self._answer is answer:
+            self._answer = None

@@ -1,0 +1,118 @@
+"""A Realtime session's settings as they stand after each ``session.update``, what one
+answer asks the model for (``Ask``), and the session object its events show."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from omni_serve.api.errors import ApiError
+from omni_serve.api.realtime.protocol import (
+    PCM_RATE,
+    ResponseOptions,
+    SessionUpdate,
+    TurnDetection,
+    unsupported,
+)
+
+PCM = {"type": "audio/pcm", "rate": PCM_RATE}
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One answer's request to the model, whatever the route that serves it."""
+
+    messages: list[dict[str, Any]]
+    audio: bool  # spoken (with its transcript) or text only
+    voice: str
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    session_id: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the deployment can do, to check settings against before anything runs."""
+
+    model: str
+    voices: frozenset[str]  # empty: the deployment has no Talker and answers in text
+    max_tokens: int  # the most an answer may ask for
+    default_tokens: int  # an answer's budget when the client sets none
+
+
+@dataclass
+class Settings:
+    instructions: str | None = None
+    audio: bool = True
+    voice: str = "ethan"
+    vad: TurnDetection | None = field(
+        default_factory=lambda: TurnDetection(type="server_vad")  # OpenAI's default
+    )
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int | None = None
+    id: str = field(default_factory=lambda: f"sess_{uuid.uuid4().hex[:20]}")
+
+    @classmethod
+    def initial(cls, limits: Limits) -> Settings:
+        if not limits.voices:
+            return cls(audio=False, max_tokens=limits.default_tokens)
+        voice = "ethan" if "ethan" in limits.voices else min(limits.voices)
+        return cls(voice=voice, max_tokens=limits.default_tokens)
+
+    def updated(self, update: SessionUpdate | ResponseOptions, limits: Limits) -> Settings:
+        """These settings with ``update``'s fields over them; a 400 naming the field for one
+        this deployment cannot honour (then nothing changes)."""
+        refused = unsupported(update)
+        if refused:
+            raise ApiError(400, refused[1], f"session.{refused[0]}")
+        if isinstance(update, SessionUpdate) and update.model not in (None, limits.model):
+            message = (
+                f"model {update.model!r} is not served here; this server serves {limits.model!r}"
+            )
+            raise ApiError(400, message, "session.model")
+        new = replace(self)
+        if update.instructions is not None:
+            new.instructions = update.instructions
+        if update.output_modalities is not None:
+            new.audio = update.output_modalities == ["audio"]
+            if new.audio and not limits.voices:
+                message = "this deployment answers in text only: its pipeline has no talker stage"
+                raise ApiError(400, message, "session.output_modalities")
+        audio = update.audio
+        if audio and audio.output and audio.output.voice is not None:
+            if audio.output.voice.lower() not in limits.voices:
+                message = f"unknown voice {audio.output.voice!r}; voices: {sorted(limits.voices)}"
+                raise ApiError(400, message, "session.audio.output.voice")
+            new.voice = audio.output.voice.lower()
+        if audio and audio.input and "turn_detection" in audio.input.model_fields_set:
+            new.vad = audio.input.turn_detection
+        if update.max_output_tokens is not None:
+            if update.max_output_tokens == "inf":
+                new.max_tokens = limits.max_tokens
+            elif not 1 <= update.max_output_tokens <= limits.max_tokens:
+                message = f"max_output_tokens must be 1 to {limits.max_tokens} (or 'inf')"
+                raise ApiError(400, message, "session.max_output_tokens")
+            else:
+                new.max_tokens = update.max_output_tokens
+        if update.temperature is not None:
+            new.temperature = update.temperature
+        if update.seed is not None:
+            new.seed = update.seed
+        return new
+
+    def as_json(self, limits: Limits) -> dict[str, Any]:
+        """OpenAI's session object, as ``session.created`` and ``session.updated`` carry it."""
+        vad = self.vad.model_dump(exclude={"eagerness"}) if self.vad else None
+        return {
+            "type": "realtime", "object": "realtime.session", "id": self.id,
+            "model": limits.model, "output_modalities": ["audio" if self.audio else "text"],
+            "instructions": self.instructions or "",
+            "audio": {"input": {"format": PCM, "transcription": None, "noise_reduction": None,
+                                "turn_detection": vad},
+                      "output": {"format": PCM, "voice": self.voice, "speed": 1.0}},
+            "max_output_tokens": self.max_tokens, "tools": [], "tool_choice": "auto",
+            "temperature": self.temperature, "seed": self.seed,
+        }  # fmt: skip

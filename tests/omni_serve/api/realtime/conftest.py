@@ -1,0 +1,104 @@
+"""A ``RealtimeSession`` served by uvicorn on a free port, for the official ``openai`` client,
+answering through a scripted chat path (``ScriptedChat``): the protocol is what these tests
+prove; the model's answers are the served tests' (tests/integration/test_served_realtime.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+import uvicorn
+from fastapi import FastAPI, WebSocket
+
+from omni_serve.api.errors import ApiError
+from omni_serve.api.realtime.session import RealtimeSession
+from omni_serve.api.realtime.settings import Ask, Limits
+
+LIMITS = Limits("omni-test", frozenset({"ethan", "chelsie"}), max_tokens=64, default_tokens=16)
+
+
+@dataclass
+class Event:
+    kind: str
+    text: str = ""
+    audio: np.ndarray | None = None
+    result: Any = None
+
+
+@dataclass
+class Result:
+    prompt_tokens: int
+    token_ids: list[int]
+    cached_tokens: int = 0
+    finish_reason: str = "stop"
+    timings: dict = field(default_factory=lambda: {"e2e_s": 0.1})
+
+
+@dataclass
+class ScriptedChat:
+    """Answers each ask with ``words`` (one text event each) and, when spoken, one 40 ms audio
+    chunk per word, ``gap_s`` apart; ``endless`` keeps speaking until it is closed."""
+
+    words: list[str] = field(default_factory=lambda: ["Hello", " there."])
+    gap_s: float = 0.0
+    endless: bool = False
+    refuse: ApiError | None = None
+    asks: list[Ask] = field(default_factory=list)
+    closed: list[float] = field(default_factory=list)  # when each answer's stream was closed
+
+    async def __call__(self, ask: Ask):
+        if self.refuse is not None:
+            raise self.refuse
+        self.asks.append(ask)
+        return self._events(ask)
+
+    async def _events(self, ask: Ask):
+        try:
+            i = 0
+            while i < len(self.words) or self.endless:
+                yield Event("text", text=self.words[i % len(self.words)])
+                if ask.audio:
+                    yield Event("audio", audio=np.full(960, 0.1 * (i % 3 + 1), np.float32))
+                i += 1
+                await asyncio.sleep(self.gap_s)
+            yield Event("done", result=Result(7, list(range(i))))
+        finally:
+            self.closed.append(time.monotonic())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def realtime_server():
+    """(base_url, chat): a server whose sessions answer with ``chat``."""
+    chat = ScriptedChat()
+    app = FastAPI()
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket, model: str | None = None):
+        await ws.accept()
+        session = RealtimeSession(ws, chat, LIMITS, idle_timeout_s=30, max_buffer_bytes=2_000_000)
+        try:
+            await session.run()
+        finally:
+            await session.close()
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}/v1", chat
+    server.should_exit = True
+    thread.join(5)

@@ -1,0 +1,245 @@
+"""OpenAI's Realtime protocol as the official ``openai`` client speaks it: a text turn, a
+spoken turn that server VAD commits and answers by itself, barge-in, a conversation that
+persists across turns, and every bad event answered with an ``error`` while the session goes
+on. The answers come from a scripted chat path (conftest.py); the served model's are in
+tests/integration/test_served_realtime.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+
+from omni_serve.testing.speech_clip import pcm16, speak
+
+SILENCE = np.zeros(24_000, np.float32)
+
+
+def client(base_url: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=base_url, api_key="unused")
+
+
+async def until(conn, kind: str, timeout: float = 20) -> list:
+    """The events up to and including the first of type ``kind``."""
+    seen = []
+    async with asyncio.timeout(timeout):
+        async for event in conn:
+            seen.append(event)
+            if event.type == kind:
+                return seen
+    raise AssertionError(f"the connection closed before {kind}")
+
+
+async def stream_audio(conn, samples: np.ndarray, chunk_ms: int = 100, pace: float = 0.0):
+    pcm = pcm16(samples)
+    step = 48 * chunk_ms
+    for i in range(0, len(pcm), step):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + step]).decode())
+        if pace:
+            await asyncio.sleep(chunk_ms / 1000 * pace)
+
+
+TEXT_ONLY = {"type": "realtime", "output_modalities": ["text"],
+             "audio": {"input": {"turn_detection": None}}}  # fmt: skip
+
+
+async def test_a_text_turn_streams_the_answer_in_openais_event_order(realtime_server):
+    base_url, chat = realtime_server
+    async with client(base_url).realtime.connect(model="omni-test") as conn:
+        created = await until(conn, "session.created")
+        assert created[-1].session.audio.output.voice == "ethan"
+        await conn.session.update(session={**TEXT_ONLY, "instructions": "Be brief."})
+        updated = (await until(conn, "session.updated"))[-1]
+        assert updated.session.output_modalities == ["text"]
+        assert updated.session.audio.input.turn_detection is None
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hi"}],
+            }
+        )
+        await conn.response.create()
+        events = await until(conn, "response.done")
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["conversation.item.created", "conversation.item.added",
+                         "conversation.item.done", "response.created"]  # fmt: skip
+    assert kinds[4:7] == ["response.output_item.added", "conversation.item.added",
+                          "response.content_part.added"]  # fmt: skip
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == "Hello there."
+    done = events[-1].response
+    assert done.status == "completed" and done.output[0].content[0].text == "Hello there."
+    assert done.usage.input_tokens == 7 and done.usage.output_tokens == 2
+    assert chat.asks[0].messages == [{"role": "system", "content": "Be brief."},
+                                     {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]  # fmt: skip
+    assert chat.asks[0].audio is False and chat.asks[0].session_id == created[-1].session.id
+
+
+async def test_server_vad_commits_a_spoken_turn_and_answers_it_in_speech(realtime_server):
+    base_url, chat = realtime_server
+    clip = speak("What is the capital of France?")
+    async with client(base_url).realtime.connect(model="omni-test") as conn:
+        await until(conn, "session.created")
+        await stream_audio(conn, np.concatenate([SILENCE, clip, SILENCE]))
+        events = await until(conn, "response.done")
+    kinds = [e.type for e in events]
+    for kind in (
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "response.created",
+        "response.output_audio.delta",
+        "response.output_audio_transcript.delta",
+    ):
+        assert kind in kinds, kind
+    started = next(e for e in events if e.type == "input_audio_buffer.speech_started")
+    stopped = next(e for e in events if e.type == "input_audio_buffer.speech_stopped")
+    assert 600 <= started.audio_start_ms <= 1100  # speech begins at 1000 ms, less 300 ms padding
+    speech_end_ms = 1000 + len(clip) / 24
+    assert speech_end_ms < stopped.audio_end_ms < speech_end_ms + 1000
+    committed = next(e for e in events if e.type == "input_audio_buffer.committed")
+    assert committed.item_id == started.item_id == stopped.item_id
+    heard = chat.asks[0].messages[-1]["content"][0]
+    assert heard["type"] == "input_audio" and heard["input_audio"]["format"] == "wav"
+    audio = b"".join(base64.b64decode(e.delta) for e in events
+                     if e.type == "response.output_audio.delta")  # fmt: skip
+    assert len(audio) == 2 * 960 * 2  # two 40 ms chunks of PCM16
+    assert events[-1].response.output[0].content[0].transcript == "Hello there."
+
+
+async def test_speech_during_an_answer_stops_it_and_keeps_only_what_was_played(realtime_server):
+    base_url, chat = realtime_server
+    chat.endless, chat.gap_s = True, 0.02  # 40 ms chunks at twice real time: ahead of playback
+    async with client(base_url).realtime.connect(model="omni-test") as conn:
+        await until(conn, "session.created")
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Go"}],
+            }
+        )
+        await conn.response.create()
+        await until(conn, "response.output_audio.delta")
+        await asyncio.sleep(0.5)
+        await stream_audio(conn, speak("Stop, please."), pace=1.0)
+        events = await until(conn, "response.done")
+        stopped_at = time.monotonic()
+        kinds = [e.type for e in events]
+        started = kinds.index("input_audio_buffer.speech_started")
+        assert "conversation.item.truncated" in kinds[started:]
+        done = events[-1].response
+        assert done.status == "cancelled" and done.status_details.reason == "turn_detected"
+        assert chat.closed and chat.closed[0] <= stopped_at  # the chat's stream was closed
+        truncated = next(e for e in events if e.type == "conversation.item.truncated")
+        assert 400 <= truncated.audio_end_ms <= 2000  # about what had played, not all it sent
+        # the user's turn still ends, commits and gets its own answer
+        chat.endless = False
+        await stream_audio(conn, SILENCE)
+        second = await until(conn, "response.done")
+        assert second[-1].response.status == "completed"
+    said = chat.asks[1].messages
+    assert said[1]["role"] == "assistant" and said[2]["content"][0]["type"] == "input_audio"
+
+
+async def test_a_conversation_persists_across_turns(realtime_server):
+    base_url, chat = realtime_server
+    async with client(base_url).realtime.connect(model="omni-test") as conn:
+        await conn.session.update(session=TEXT_ONLY)
+        for words in ("One", "Two"):
+            await conn.conversation.item.create(item={
+                "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": words}]})  # fmt: skip
+            await conn.response.create()
+            await until(conn, "response.done")
+    assert [m["role"] for m in chat.asks[1].messages] == ["user", "assistant", "user"]
+    assert chat.asks[1].messages[1]["content"] == "Hello there."
+    assert chat.asks[0].session_id == chat.asks[1].session_id  # one Thinker replica, its KV
+
+
+BAD_EVENTS = [
+    ({"type": "no.such.event"}, "type", "unknown_event"),
+    ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "audio", None),
+    ({"type": "input_audio_buffer.append", "audio": "AA=="}, "audio", None),  # one byte: half a sample
+    ({"type": "input_audio_buffer.commit"}, None, "input_audio_buffer_commit_empty"),
+    ({"type": "response.cancel"}, "response_id", "response_cancel_not_active"),
+    ({"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}},
+     "session.tools", None),
+    ({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}},
+     "session.audio.input.format", None),
+    ({"type": "session.update", "session": {"audio": {"output": {"voice": "alloy"}}}},
+     "session.audio.output.voice", None),
+    ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+        "type": "semantic_vad"}}}}}, "session.audio.input.turn_detection.type", None),
+    ({"type": "session.update", "session": {"max_output_tokens": 10_000}},
+     "session.max_output_tokens", None),
+    ({"type": "session.update", "session": {"model": "gpt-realtime"}}, "session.model", None),
+    ({"type": "session.update", "session": {"no_such_field": 1}}, "session.no_such_field", None),
+    ({"type": "conversation.item.create", "item": {"type": "function_call", "name": "f"}},
+     "item.type", None),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "assistant",
+      "content": [{"type": "output_audio", "audio": "AAAAAA=="}]}},
+     "item.content[0].transcript", None),
+    ({"type": "conversation.item.truncate", "item_id": "nope", "audio_end_ms": 10},
+     "item_id", "item_not_found"),
+    ({"type": "output_audio_buffer.clear"}, "type", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("event", "param", "code"), BAD_EVENTS)
+async def test_a_bad_event_gets_an_error_naming_it_and_the_session_goes_on(
+    realtime_server, event, param, code
+):
+    base_url, chat = realtime_server
+    async with client(base_url).realtime.connect(model="omni-test") as conn:
+        await until(conn, "session.created")
+        await conn.send({**event, "event_id": "evt_bad"})
+        error = (await until(conn, "error"))[-1].error
+        assert error.type == "invalid_request_error" and error.event_id == "evt_bad"
+        assert error.param == param and (code is None or error.code == code), error
+        await conn.session.update(session=TEXT_ONLY)
+        await conn.response.create(
+            response={
+                "input": [
+                    {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "x"}],
+                    }
+                ]
+            }
+        )
+        assert (await until(conn, "response.done"))[-1].response.status == "completed"
+
+
+async def test_a_second_response_while_one_runs_is_refused_and_a_cancel_stops_it(
+    realtime_server,
+):
+    base_url, chat = realtime_server
+    chat.endless, chat.gap_s = True, 0.02
+    async with client(base_url).realtime.connect(model="omni-test") as conn:
+        await conn.session.update(session=TEXT_ONLY)
+        await conn.response.create()
+        await until(conn, "response.output_text.delta")
+        await conn.response.create()
+        assert (await until(conn, "error"))[-1].error.code == (
+            "conversation_already_has_active_response"
+        )
+        await conn.response.cancel()
+        done = (await until(conn, "response.done"))[-1].response
+        assert done.status == "cancelled" and done.status_details.reason == "client_cancelled"
+    assert len(chat.closed) == 1
+
+
+async def test_binary_frames_are_refused_with_a_reason(realtime_server):
+    base_url, _ = realtime_server
+    async with client(base_url).realtime.connect(model="omni-test") as conn:
+        await until(conn, "session.created")
+        await conn._connection.send(b"\x00\x00")
+        error = (await until(conn, "error"))[-1].error
+        assert "input_audio_buffer.append" in error.message
