@@ -75,8 +75,8 @@ async def test_a_text_turn_streams_the_answer_in_openais_event_order(realtime_se
     done = events[-1].response
     assert done.status == "completed" and done.output[0].content[0].text == "Hello there."
     assert done.usage.input_tokens == 7 and done.usage.output_tokens == 2
-    assert chat.asks[0].messages == [{"role": "system", "content": "Be brief."},
-                                     {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]  # fmt: skip
+    user = {"role": "user", "content": [{"type": "text", "text": "Hi"}]}
+    assert chat.asks[0].messages == [{"role": "system", "content": "Be brief."}, user]
     assert chat.asks[0].audio is False and chat.asks[0].session_id == created[-1].session.id
 
 
@@ -165,13 +165,13 @@ async def test_a_conversation_persists_across_turns(realtime_server):
 BAD_EVENTS = [
     ({"type": "no.such.event"}, "type", "unknown_event"),
     ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "audio", None),
-    ({"type": "input_audio_buffer.append", "audio": "AA=="}, "audio", None),  # one byte: half a sample
+    ({"type": "input_audio_buffer.append", "audio": "AA=="}, "audio", None),  # half a sample
     ({"type": "input_audio_buffer.commit"}, None, "input_audio_buffer_commit_empty"),
     ({"type": "response.cancel"}, "response_id", "response_cancel_not_active"),
     ({"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}},
      "session.tools", None),
-    ({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}},
-     "session.audio.input.format", None),
+    ({"type": "session.update", "session": {"audio": {"input": {
+        "format": {"type": "audio/pcmu"}}}}}, "session.audio.input.format", None),
     ({"type": "session.update", "session": {"audio": {"output": {"voice": "alloy"}}}},
      "session.audio.output.voice", None),
     ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
