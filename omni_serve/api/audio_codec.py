@@ -19,8 +19,10 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str, speed: float =
     costs 5-12 ms of CPU per second of audio: an ingress calls it in a worker thread (its
     event loop writes every other client's stream), streamed pcm16 chunks on the loop."""
     samples = np.clip(np.asarray(change_speed(samples, speed, sample_rate), np.float32), -1, 1)
-    if fmt == "pcm16":
-        return (samples * 32767.0).astype("<i2").tobytes()
+    if fmt == "pcm16":  # libsndfile's own conversion, so pcm16, wav and flac hold one sample
+        buf = io.BytesIO()
+        sf.write(buf, samples, sample_rate, format="RAW", subtype="PCM_16", endian="LITTLE")
+        return buf.getvalue()
     if fmt == "opus":
         import soxr
 

@@ -1,0 +1,207 @@
+"""User story: a voice client written for OpenAI's Realtime API (the official ``openai``
+package's ``client.realtime.connect()``) holds a spoken conversation with the served
+Qwen3-Omni graph: it talks, the server hears the turn end and answers in speech, talking
+over the answer stops it in every stage, and later turns reuse the session's KV. A seeded
+reply reproduces, speech included, streamed or not."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+import websockets
+from openai import AsyncOpenAI
+
+from omni_serve.testing.serve_process import ServeProcess
+from omni_serve.testing.speech_clip import pcm16, speak
+
+pytestmark = pytest.mark.integration
+URL = "http://127.0.0.1:8000"
+SILENCE = np.zeros(24_000, np.float32)
+TEXT_TURNS = {"type": "realtime", "output_modalities": ["text"],
+              "audio": {"input": {"turn_detection": None}}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served():
+    server = ServeProcess("graphs.qwen3_omni:app", URL)
+    server.start()
+    yield server
+    server.stop()
+
+
+def connect():
+    client = AsyncOpenAI(base_url=f"{URL}/v1", api_key="unused")
+    return client.realtime.connect(model="qwen3-omni")
+
+
+async def until(conn, kind: str, timeout: float = 120) -> list:
+    seen = []
+    async with asyncio.timeout(timeout):
+        async for event in conn:
+            seen.append(event)
+            if event.type == kind:
+                return seen
+    raise AssertionError(f"the connection closed before {kind}")
+
+
+async def talk(conn, samples: np.ndarray, pace: float = 1.0) -> None:
+    """Streams ``samples`` in 100 ms appends, at ``pace`` times real time (1: a microphone)."""
+    pcm = pcm16(samples)
+    for i in range(0, len(pcm), 4800):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + 4800]).decode())
+        await asyncio.sleep(0.1 / pace)
+
+
+def user_text(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def _stages_idle_within(seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        metrics = httpx.get(f"{URL}/metrics", timeout=30).text
+        talker = _metric(metrics, 'omni_stage_running_requests{stage="talker"}')
+        if talker == 0 and _metric(metrics, "omni_requests_in_flight") == 0:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+async def test_a_text_turn(served):
+    async with connect() as conn:
+        session = (await until(conn, "session.created"))[-1].session
+        assert session.model == "qwen3-omni" and session.audio.output.voice == "ethan"
+        await conn.session.update(session={**TEXT_TURNS, "max_output_tokens": 8})
+        await until(conn, "session.updated")
+        await conn.conversation.item.create(item=user_text("Say hello."))
+        await conn.response.create()
+        events = await until(conn, "response.done")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    done = events[-1].response
+    assert done.status == "incomplete" and done.status_details.reason == "max_output_tokens"
+    assert text and done.output[0].content[0].text == text
+    assert done.usage.output_tokens == 8 and done.usage.input_tokens > 5
+
+
+async def test_a_spoken_turn_is_heard_ending_and_answered_in_speech(served):
+    """server_vad (the default): the clip's end, the silence window, then the answer."""
+    async with connect() as conn:
+        await until(conn, "session.created")
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 6})
+        await talk(conn, np.concatenate([SILENCE, speak("What is the weather like today?"),
+                                         SILENCE]))  # fmt: skip
+        events = await until(conn, "response.done")
+    kinds = [e.type for e in events]
+    assert (
+        kinds.index("input_audio_buffer.speech_started")
+        < kinds.index("input_audio_buffer.speech_stopped")
+        < kinds.index("input_audio_buffer.committed")
+    )
+    audio = b"".join(base64.b64decode(e.delta) for e in events
+                     if e.type == "response.output_audio.delta")  # fmt: skip
+    transcript = "".join(e.delta for e in events
+                         if e.type == "response.output_audio_transcript.delta")  # fmt: skip
+    done = events[-1].response
+    assert done.status in ("completed", "incomplete") and len(audio) > 24_000  # > 0.5 s
+    assert done.output[0].content[0].transcript == transcript
+    assert done.usage.input_tokens > 20  # the clip was heard: audio tokens in the prompt
+
+
+async def test_talking_over_an_answer_stops_it_in_every_stage(served):
+    async with connect() as conn:
+        await until(conn, "session.created")
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 200})
+        await conn.conversation.item.create(item=user_text("Tell me a long story."))
+        await conn.response.create()
+        await until(conn, "response.output_audio.delta")
+        await talk(conn, speak("Wait, stop."))
+        events = await until(conn, "response.done")
+        kinds = [e.type for e in events]
+        assert "input_audio_buffer.speech_started" in kinds
+        done = events[-1].response
+        assert done.status == "cancelled" and done.status_details.reason == "turn_detected"
+        assert _stages_idle_within(1.5)
+        await talk(conn, SILENCE)  # the interrupting turn ends and is answered
+        assert (await until(conn, "response.done"))[-1].response.status in (
+            "completed", "incomplete")  # fmt: skip
+
+
+async def test_a_conversation_keeps_its_items_and_the_thinkers_kv_across_turns(served):
+    instructions = "You answer briefly and kindly. " * 40  # > one 128-token KV block
+    async with connect() as conn:
+        await conn.session.update(session={**TEXT_TURNS, "instructions": instructions,
+                                           "max_output_tokens": 4})  # fmt: skip
+        usage = []
+        for text in ("Name a colour.", "And another?"):
+            await conn.conversation.item.create(item=user_text(text))
+            await conn.response.create()
+            usage.append((await until(conn, "response.done"))[-1].response.usage)
+    assert usage[1].input_tokens > usage[0].input_tokens + 4  # turn one's answer is in it
+    assert usage[0].input_token_details.cached_tokens == 0
+    assert usage[1].input_token_details.cached_tokens >= 128
+
+
+async def test_bad_events_get_errors_and_the_session_stays_usable(served):
+    async with connect() as conn:
+        await until(conn, "session.created")
+        for event in (
+            {"type": "session.update", "session": {"tools": [{"type": "function"}]}},
+            {"type": "input_audio_buffer.commit"},
+            {"type": "what.is.this"},
+        ):
+            await conn.send(event)
+            assert (await until(conn, "error"))[-1].error.type == "invalid_request_error"
+        await conn.session.update(session={**TEXT_TURNS, "max_output_tokens": 3})
+        await conn.conversation.item.create(item=user_text("Hi"))
+        await conn.response.create()
+        assert (await until(conn, "response.done"))[-1].response.usage.output_tokens == 3
+
+
+async def test_another_model_is_refused_with_a_reason(served):
+    async with websockets.connect("ws://127.0.0.1:8000/v1/realtime?model=gpt-realtime") as ws:
+        error = json.loads(await ws.recv())
+        assert error["type"] == "error" and error["error"]["code"] == "model_not_found"
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+    assert closed.value.rcvd.code == 1008
+
+
+def _spoken(body: dict) -> np.ndarray:
+    r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    wav = base64.b64decode(r.json()["choices"][0]["message"]["audio"]["data"])
+    return sf.read(io.BytesIO(wav), dtype="int16")[0]
+
+
+def test_a_seed_reproduces_the_spoken_reply_and_streaming_changes_no_sample(served):
+    """The Talker samples (temperature 0.9 by default): the request's seed fixes its draws."""
+    body = {"model": "qwen3-omni", "messages": [{"role": "user", "content": "Hello!"}],
+            "max_tokens": 8, "temperature": 0, "seed": 1234, "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": "wav"},
+            "stage_overrides": {"talker": {"max_tokens": 40}}}  # fmt: skip
+    first, second = _spoken(body), _spoken(body)
+    assert len(first) > 0 and np.array_equal(first, second)
+    assert not np.array_equal(first, _spoken({**body, "seed": 4321}))
+    streamed = b""
+    with httpx.stream("POST", f"{URL}/v1/chat/completions", timeout=300,
+                      json={**body, "stream": True, "audio": {**body["audio"], "format": "pcm16"}}
+                      ) as r:  # fmt: skip
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                delta = (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {})
+                if "audio" in delta:
+                    streamed += base64.b64decode(delta["audio"]["data"])
+    assert np.array_equal(np.frombuffer(streamed, "<i2"), first)
