@@ -102,6 +102,8 @@ class TorchAREngine:
         self._loop_task: asyncio.Task | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="torch-ar")
         self.stats = EngineStats()
+        self._stepping: list[Any] = []  # the states the step running now reads
+        self._release_after_step: list[Any] = []
 
     async def start(self) -> None:
         if self._loop_task is None:
@@ -168,10 +170,24 @@ class TorchAREngine:
     def _drop(self, seq: _Sequence) -> None:
         if self._sequences.get(seq.request.request_id) is seq:
             del self._sequences[seq.request.request_id]
-            self.runner.release(seq.state)
+            if any(seq.state is state for state in self._stepping):  # the step's thread reads it
+                self._release_after_step.append(seq.state)
+            else:
+                self.runner.release(seq.state)
+
+    async def _step(self, fn: Any, *args: Any, states: list[Any]) -> Any:
+        """``fn`` on the step thread. A request aborted meanwhile (the event loop runs on)
+        keeps its state, slot and KV until the step is done with them."""
+        self._stepping = states
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        finally:
+            self._stepping = []
+            released, self._release_after_step = self._release_after_step, []
+            for state in released:
+                self.runner.release(state)
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             pending = [s for s in self._sequences.values() if not s.prefilled]
             if not self.runner.can_admit():
@@ -188,7 +204,7 @@ class TorchAREngine:
                 if pending:
                     seq = pending[0]
                     start = time.perf_counter()
-                    out = await loop.run_in_executor(self._executor, self.runner.prefill, seq.state)
+                    out = await self._step(self.runner.prefill, seq.state, states=[seq.state])
                     middle = time.perf_counter()
                     seq.prefilled = True
                     self._emit(seq, out)
@@ -200,9 +216,7 @@ class TorchAREngine:
                     last = [s.generated[-1] for s in runnable]
                     states = [s.state for s in runnable]
                     start = time.perf_counter()
-                    outs = await loop.run_in_executor(
-                        self._executor, self.runner.decode, states, last
-                    )
+                    outs = await self._step(self.runner.decode, states, last, states=states)
                     middle = time.perf_counter()
                     for seq, out in zip(runnable, outs, strict=True):
                         self._emit(seq, out)
