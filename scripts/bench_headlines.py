@@ -164,7 +164,43 @@ def render_generic(summary: dict) -> list[str]:
     return lines
 
 
-RENDERERS = {"speech": render_speech, "channel": render_channel}
+def render_realtime(summary: dict) -> list[str]:
+    figures, served = summary["figures"], summary["sides"]["served"]
+    counts = sorted({int(k.rsplit("_at_", 1)[1]) for k in figures if "_at_" in k})
+    lines = [
+        "### Realtime voice sessions (`/v1/realtime`, server VAD, barge-in)",
+        "",
+        f"`{served['preset']}`, speech streamed at real time, {served['silence_duration_ms']} ms "
+        f"silence window, {served['max_output_tokens']} text tokens per answer. "
+        f"{provenance(summary)}",
+        "",
+        "| sessions | turn latency p50 (s) | turn latency max (s) | underrun max (s) "
+        "| barge-in stop max (s) | barge-in to stages idle (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n in counts:
+        row = [figures.get(f"{name}_at_{n}") for name in (
+            "turn_latency_p50_s", "turn_latency_max_s", "underrun_max_s",
+            "barge_in_stop_max_s", "barge_in_stages_idle_max_s")]  # fmt: skip
+        lines.append(f"| {n} | " + " | ".join(cell(f) for f in row) + " |")
+    lines += ["", "Turn latency counts from the end of the speech plus the silence window. "
+              "Targets (issue 36):", ""]  # fmt: skip
+    latency = figures["turn_latency_p50_s_at_1"]["median"]
+    lines.append(f"- p50 turn latency at 1 session: {verdict(latency, 0.5, below=True)}")
+    most = counts[-1]
+    underrun = figures[f"underrun_max_s_at_{most}"]["max"]
+    lines.append(f"- no underrun at {most} sessions (worst over runs {underrun:.2f} s): "
+                 f"{verdict(underrun, 0.0, below=True)}")  # fmt: skip
+    for name, what in (
+        ("barge_in_stop_max_s_at_1", "barge-in stops the answer"),
+        ("barge_in_stages_idle_max_s_at_1", "barge-in stops every stage"),
+    ):
+        if name in figures:
+            lines.append(f"- {what}: {verdict(figures[name]['median'], 0.2, below=True)}")
+    return lines
+
+
+RENDERERS = {"speech": render_speech, "channel": render_channel, "realtime": render_realtime}
 
 
 def renderer(name: str):

@@ -53,3 +53,25 @@ def test_a_missed_target_reads_as_not_met(tmp_path):
     text = headlines.render(tmp_path)
     assert "1.50x, **not met** (>= 5)" in text
     assert "1.20, **not met** (<= 1)" in text
+
+
+def test_the_realtime_table_reads_a_missed_target_as_missed():
+    def fig(v):
+        return {"median": v, "min": v, "max": v, "values": [v]}
+
+    figures = {"turn_latency_p50_s_at_1": fig(0.3), "turn_latency_max_s_at_1": fig(0.4),
+               "underrun_max_s_at_1": fig(0.0), "barge_in_stop_max_s_at_1": fig(0.01),
+               "barge_in_stages_idle_max_s_at_1": fig(0.35),
+               "turn_latency_p50_s_at_4": fig(0.9), "turn_latency_max_s_at_4": fig(1.5),
+               "underrun_max_s_at_4": fig(0.6)}  # fmt: skip
+    summary = {"name": "realtime", "command": "python load_tests/bench_realtime.py",
+               "commit": "abc", "repeats": 1, "machine": {"cores": 2, "cpu": "x"},
+               "figures": figures, "sides": {"served": {
+                   "preset": "small-qwen3-omni", "silence_duration_ms": 500,
+                   "max_output_tokens": 24}}}  # fmt: skip
+    text = "\n".join(headlines.render_realtime(summary))
+    assert "| 4 | 0.90 | 1.50 | 0.60 | - | - |" in text
+    assert "p50 turn latency at 1 session: met (<= 0.5)" in text
+    assert "no underrun at 4 sessions (worst over runs 0.60 s): **not met**" in text
+    assert "barge-in stops the answer: met" in text
+    assert "barge-in stops every stage: **not met**" in text
