@@ -143,9 +143,17 @@ async def _turn(conn, mic: Microphone, interrupt: bool, measure_stages: bool) ->
                 playhead.arrive(now, seconds)
         elif event.type == "input_audio_buffer.speech_started" and first_audio is not None:
             heard_at, said_at = now, mic.speech_began_at
+        elif event.type == "input_audio_buffer.speech_stopped" and first_audio is None:
+            out["turn_end_heard_s"] = now - mic.speech_ended_at  # VAD: silence window + lag
+        elif event.type == "response.created" and first_audio is None:
+            out["answer_started_s"] = now - mic.speech_ended_at
         elif event.type == "response.done":
             status = event.response.status
-            out.update(status=status, underrun_s=playhead.stall_s)
+            out.update(
+                status=status,
+                underrun_s=playhead.stall_s,
+                timings=getattr(event.response, "timings", None),
+            )  # the stages' times
             if heard_at is not None:
                 out["barge_in_stop_s"] = now - heard_at
                 out["barge_in_from_speech_s"] = now - said_at
