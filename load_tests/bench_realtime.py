@@ -112,11 +112,13 @@ async def session(n: int, max_tokens: int, measure_stages: bool = False) -> dict
     return record
 
 
-async def _stages_idle() -> float:
+async def _stages_idle(within_s: float = 1.0) -> float | None:
     """When the Thinker's and the Talker's engines were first seen running nothing (polled
-    from /metrics: an upper bound, by the poll's own time)."""
+    from /metrics: an upper bound, by the poll's own time); ``None`` if not within
+    ``within_s`` (after which the interruption's own answer may have started)."""
+    give_up = time.monotonic() + within_s
     async with httpx.AsyncClient(timeout=30) as http:
-        while True:
+        while time.monotonic() < give_up:
             text = (await http.get(f"{URL}/metrics")).text
             running = [float(line.split()[-1]) for line in text.splitlines()
                        if line.startswith("omni_stage_running_requests{")
@@ -124,6 +126,7 @@ async def _stages_idle() -> float:
             if running and not any(running):
                 return time.monotonic()
             await asyncio.sleep(0.01)
+    return None
 
 
 async def _turn(conn, mic: Microphone, interrupt: bool, measure_stages: bool) -> dict:
@@ -158,7 +161,8 @@ async def _turn(conn, mic: Microphone, interrupt: bool, measure_stages: bool) ->
                 out["barge_in_stop_s"] = now - heard_at
                 out["barge_in_from_speech_s"] = now - said_at
                 if measure_stages:  # alone on the server: its stages' engines are this answer's
-                    out["barge_in_stages_idle_s"] = await _stages_idle() - heard_at
+                    idle_at = await _stages_idle()
+                    out["barge_in_stages_idle_s"] = idle_at and idle_at - heard_at
             return out  # (leaving cancels the interruption's own answer)
         elif event.type == "error":
             raise RuntimeError(event.error.message)
@@ -179,6 +183,7 @@ def figures_of(lvl: dict) -> dict:
     stops = [t["barge_in_stop_s"] for t in turns if "barge_in_stop_s" in t]
     from_speech = [t["barge_in_from_speech_s"] for t in turns if "barge_in_from_speech_s" in t]
     idle = [t["barge_in_stages_idle_s"] for t in turns if "barge_in_stages_idle_s" in t]
+    idle = [1.0 if s is None else s for s in idle]  # not idle within 1 s: counted as 1 s
     return {
         "turn_latency_p50_s": statistics.median(latency),
         "turn_latency_max_s": max(latency),

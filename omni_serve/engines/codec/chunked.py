@@ -2,9 +2,13 @@
 
 A stream's frames are cut into chunks: a small first chunk (first audio fast), then chunks
 that grow geometrically up to a steady size. The ramp is what keeps playback from stalling:
-while the client plays a chunk of n frames, the next one (growth * n frames) must be
-generated, which a Talker at least ``growth`` times faster than real time manages; a jump
-from a tiny first chunk straight to the steady size would leave a gap.
+while the client plays a chunk of n frames, the next one (growth * n frames, at least n + 1)
+must be generated, which a Talker at least ``growth`` times faster than real time manages; a
+jump from a tiny first chunk straight to the steady size would leave a gap. So ``growth``
+follows the Talker's speed: 1.25 for one that makes a frame in ~57 ms (1.4x real time, as
+small-qwen3-omni's on this CPU), where 2.0 left ~0.7 s of silence in the ramp. The sizes
+depend on frame counts only, never on timing, so a seeded reply decodes to the same samples
+every time.
 
 Each chunk is decoded with ``left_context`` earlier frames and ``lookahead`` later
 frames, and exactly ``len(chunk) * samples_per_frame`` samples are kept, so the chunks
@@ -112,7 +116,10 @@ class ChunkPlanner:
     def _next_size(self) -> int:
         if self._size == 0:
             return self.first_chunk
-        return min(self.chunk, max(self._size, round(self._size * self.growth)))
+        grown = round(self._size * self.growth)
+        if self.growth > 1:  # a slow ramp still grows: round(2 * 1.25) is 2
+            grown = max(grown, self._size + 1)
+        return min(self.chunk, max(self._size, grown))
 
     def finish(self) -> DecodeJob | None:
         """The final job (everything not yet decoded), or None if nothing is left."""
