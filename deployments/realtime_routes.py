@@ -65,4 +65,23 @@ class RealtimeRoutes:
         })  # fmt: skip
         prompt, options = await self._prepare(body)
         events = self._chat(prompt, options, uuid.uuid4().hex)
-        return iterate_within(events, self._deadline(body))
+        return self._observed(iterate_within(events, self._deadline(body)))
+
+    async def _observed(self, events: AsyncIterator[ChatEvent]) -> AsyncIterator[ChatEvent]:
+        """An answer counted in /metrics as chat's are: in flight while it runs, then its
+        outcome and timings."""
+        self.metrics.in_flight.inc()
+        outcome = "cancelled"
+        try:
+            async for event in events:
+                if event.kind == "done":
+                    result, outcome = event.result, "ok"
+                    audio_s = len(result.audio) / SAMPLE_RATE if result.audio is not None else 0
+                    self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
+                yield event
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(outcome).inc()

@@ -182,7 +182,8 @@ def render_realtime(summary: dict) -> list[str]:
         row = [figures.get(f"{name}_at_{n}") for name in (
             "turn_latency_p50_s", "turn_latency_max_s", "underrun_max_s",
             "barge_in_stop_max_s", "barge_in_stages_idle_max_s")]  # fmt: skip
-        lines.append(f"| {n} | " + " | ".join(cell(f) for f in row) + " |")
+        cells = [cell(f, 3 if i >= 3 else 2) for i, f in enumerate(row)]  # barge-in: ms
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines += ["", "Turn latency counts from the end of the speech plus the silence window. "
               "Targets (issue 36):", ""]  # fmt: skip
     latency = figures["turn_latency_p50_s_at_1"]["median"]
