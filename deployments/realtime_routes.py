@@ -43,7 +43,7 @@ class RealtimeRoutes:
         limits = Limits(served, frozenset(self.voices), api.max_tokens_limit,
                         min(api.default_max_tokens, api.max_tokens_limit))  # fmt: skip
         session = RealtimeSession(ws, self._realtime_answer, limits, api.ws_idle_timeout_s,
-                                  api.max_audio_bytes)  # fmt: skip
+                                  api.max_audio_bytes, api.realtime_early_answer_ms)  # fmt: skip
         try:
             await session.run()
         except (WebSocketDisconnect, IdleTimeout):

@@ -163,6 +163,13 @@ class ApiSettings(_Strict):
         description="A WebSocket client that sends no request for this long is closed (it "
         "holds an ingress slot while open). None = never.",
     )
+    realtime_early_answer_ms: int | None = Field(
+        200,
+        ge=0,
+        description="/v1/realtime with server_vad: once the user has been silent this long, "
+        "start the answer unseen, so its first audio is ready when the silence window ends; "
+        "speech that resumes discards it. None = answer only when the turn ends.",
+    )
     session_kv_max_bytes: int = Field(
         1 << 30,
         ge=0,

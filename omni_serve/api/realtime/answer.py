@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import time
 import uuid
@@ -43,11 +44,49 @@ class ReplyEvent(Protocol):
     result: Any  # on "done": prompt_tokens, token_ids, cached_tokens, finish_reason, timings
 
 
+_END = object()
+
+
+class _Prefetch:
+    """An answer's events, taken as the stages make them while the answer is not yet shown;
+    ``aclose`` stops the stages (the chat stream is closed under ``aclosing``)."""
+
+    def __init__(self, respond: Callable[[Ask], Awaitable[AsyncIterator[Any]]], ask: Ask) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._task = asyncio.create_task(self._pump(respond, ask))
+
+    async def _pump(self, respond, ask: Ask) -> None:
+        try:
+            events = await respond(ask)
+            async with aclosing(events):
+                async for event in events:
+                    self._queue.put_nowait(event)
+        except Exception as exc:  # shown once the answer is: a failed response
+            self._queue.put_nowait(exc)
+        else:
+            self._queue.put_nowait(_END)
+
+    async def events(self) -> AsyncIterator[Any]:
+        while (item := await self._queue.get()) is not _END:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    async def aclose(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
 class Answer:
     def __init__(self, session: RealtimeSession, ask: Ask, conversation: Conversation | None,
-                 metadata: dict[str, str] | None) -> None:  # fmt: skip
+                 metadata: dict[str, str] | None,
+                 gate: asyncio.Event | None = None) -> None:  # fmt: skip
         self.session, self.ask, self.conversation, self.metadata = (
             session, ask, conversation, metadata)  # fmt: skip
+        # An early answer runs unseen until its gate opens (the user's turn ended); stopped
+        # before that, it leaves no trace.
+        self.gate = gate
         self.id = f"resp_{uuid.uuid4().hex[:20]}"
         self.part = Part("output_audio" if ask.audio else "output_text", text="", transcript="")
         self.item = Item("assistant", [self.part], status="in_progress")
@@ -67,11 +106,26 @@ class Answer:
         return min(sent, int((time.monotonic() - self._first_audio_at) * 1000))
 
     async def run(self, respond: Callable[[Ask], Awaitable[AsyncIterator[Any]]]) -> None:
+        prefetch = None
+        if self.gate is not None:
+            prefetch = _Prefetch(respond, self.ask)
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                await prefetch.aclose()
+                raise
+        try:
+            await self._shown(respond, prefetch)
+        finally:
+            if prefetch is not None:
+                await prefetch.aclose()
+
+    async def _shown(self, respond, prefetch: _Prefetch | None) -> None:
         session = self.session
         await session.emit("response.created", response=self.response_json("in_progress"))
         status, details, result = "completed", None, None
         try:
-            events = await respond(self.ask)
+            events = prefetch.events() if prefetch else await respond(self.ask)
             await self._open()
             async with aclosing(events):  # also when cancelled: the stages stop at once
                 async for event in events:
@@ -82,6 +136,8 @@ class Answer:
         except asyncio.CancelledError:
             if session.gone:
                 raise
+            if prefetch is not None:
+                await prefetch.aclose()  # the stages stop now, not after the events below
             status, details = "cancelled", {"type": "cancelled", "reason": self.reason}
             if self.reason == "turn_detected" and self.part.pcm:
                 played = self.played_ms()

@@ -57,9 +57,11 @@ def _validation_refusal(exc: ValidationError) -> ApiError:
 
 class RealtimeSession(SocketSession):
     def __init__(self, ws: WebSocket, respond: Respond, limits: Limits,
-                 idle_timeout_s: float | None, max_buffer_bytes: int) -> None:  # fmt: skip
+                 idle_timeout_s: float | None, max_buffer_bytes: int,
+                 early_answer_ms: int | None = None) -> None:  # fmt: skip
         super().__init__(ws, idle_timeout_s)
         self.respond, self.limits, self.max_buffer_bytes = respond, limits, max_buffer_bytes
+        self.early_answer_ms = early_answer_ms
         self.settings = Settings.initial(limits)
         self.conversation = Conversation()
         self.buffer = bytearray()  # PCM16 24 kHz not yet committed
@@ -67,12 +69,14 @@ class RealtimeSession(SocketSession):
         self._vad: VoiceActivity | None = None
         self._speech_item: str | None = None  # the item id speech_started announced
         self._answer: Answer | None = None
+        self._early: tuple[Answer, Item] | None = None  # an answer started before the turn end
         self._client_event: str | None = None  # the event being handled, for its errors
 
     async def run(self) -> None:
         """The session, until the client leaves or idles out."""
         if self.settings.vad is not None:
-            self._vad = VoiceActivity(self.settings.vad, await asyncio.to_thread(load_vad_model))
+            model = await asyncio.to_thread(load_vad_model)
+            self._vad = VoiceActivity(self.settings.vad, model, self.early_answer_ms)
         await self.emit("session.created", session=self.settings.as_json(self.limits))
         await self.until_idle_or_gone()
 
@@ -104,10 +108,11 @@ class RealtimeSession(SocketSession):
     async def _on_session_update(self, event) -> None:
         new = self.settings.updated(event.session, self.limits)
         if new.vad != self.settings.vad:
-            self._vad = None
+            await self._discard_early()
+            old, self._vad = self._vad, None
             if new.vad is not None:
-                model = self._vad.model if self._vad else await asyncio.to_thread(load_vad_model)
-                self._vad = VoiceActivity(new.vad, model)
+                model = old.model if old else await asyncio.to_thread(load_vad_model)
+                self._vad = VoiceActivity(new.vad, model, self.early_answer_ms)
                 self._vad.heard_ms = self._buffer_end_ms
         self.settings = new
         await self.emit("session.updated", session=new.as_json(self.limits))
@@ -130,6 +135,13 @@ class RealtimeSession(SocketSession):
 
     async def _on_edge(self, edge: SpeechEdge) -> None:
         vad = self._vad.settings
+        if edge.kind == "quiet":
+            if vad.create_response and not self.answering:
+                self._start_early_answer()
+            return
+        if edge.kind == "resumed":
+            await self._discard_early()
+            return
         if edge.kind == "started":
             start = max(0, len(self.buffer) - (self._buffer_end_ms - edge.audio_ms) * BYTES_PER_MS)
             del self.buffer[:start]
@@ -142,11 +154,21 @@ class RealtimeSession(SocketSession):
         item_id, self._speech_item = self._speech_item, None
         await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=edge.audio_ms,
                         item_id=item_id)  # fmt: skip
+        if self._early is not None:  # its answer heard this turn: show both
+            (answer, item), self._early = self._early, None
+            self.buffer.clear()  # the silence since it started
+            previous = self.conversation.add(item)
+            await self.emit("input_audio_buffer.committed", item_id=item.id,
+                            previous_item_id=previous)  # fmt: skip
+            await self._announce(item, previous)
+            answer.gate.set()
+            return
         await self._commit(item_id)
         if vad.create_response and not self.answering:
             await self._start_answer(None)
 
     async def _on_input_audio_buffer_commit(self, event) -> None:
+        await self._discard_early()
         await self._commit(self._speech_item)
         self._speech_item = None
 
@@ -164,6 +186,7 @@ class RealtimeSession(SocketSession):
         await self._announce(item, previous)
 
     async def _on_input_audio_buffer_clear(self, event) -> None:
+        await self._discard_early()
         self.buffer.clear()
         await self.emit("input_audio_buffer.cleared")
 
@@ -209,6 +232,7 @@ class RealtimeSession(SocketSession):
     # --- answers -----------------------------------------------------------------------
 
     async def _on_response_create(self, event) -> None:
+        await self._discard_early()  # the client asks instead: its answer, not one it never saw
         if self.answering:
             raise ApiError(400, "a response is in progress: cancel it or wait for response.done",
                            code="conversation_already_has_active_response")  # fmt: skip
@@ -233,7 +257,34 @@ class RealtimeSession(SocketSession):
                   settings.voice, settings.max_tokens, settings.temperature, settings.seed,
                   session_id=settings.id)  # fmt: skip
         metadata = options.metadata if options else None
-        answer = Answer(self, ask, self.conversation if keep else None, metadata)
+        self._launch(Answer(self, ask, self.conversation if keep else None, metadata))
+
+    def _start_early_answer(self) -> None:
+        """Starts answering the speech so far, unseen (``Answer.gate``): the user has paused
+        ``early_answer_ms``, so the turn may be ending. When the silence window completes
+        the answer is shown, its first audio already made; speech that resumes discards it."""
+        if len(self.buffer) < MIN_COMMIT_MS * BYTES_PER_MS:
+            return
+        item = Item("user", [Part("input_audio", pcm=bytes(self.buffer))])
+        if self._speech_item is not None:
+            item.id = self._speech_item
+        s = self.settings
+        heard = Conversation([*self.conversation.items, item]).messages(s.instructions)
+        ask = Ask(heard, s.audio, s.voice, s.max_tokens, s.temperature, s.seed, session_id=s.id)
+        answer = Answer(self, ask, self.conversation, None, gate=asyncio.Event())
+        self._early = (answer, item)
+        self._launch(answer)
+
+    async def _discard_early(self) -> None:
+        """Stops the early answer, if any, and waits for it to end (it shows nothing)."""
+        if self._early is not None:
+            answer, _ = self._early
+            self._early = None
+            answer.stop("discarded")
+            if self._answering is not None:
+                await asyncio.wait([self._answering])
+
+    def _launch(self, answer: Answer) -> None:
         self._answer = answer
         task = self.start_answer(answer.run(self.respond))
         task.add_done_callback(lambda _: self._answer_done(answer))

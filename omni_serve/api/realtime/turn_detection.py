@@ -25,8 +25,10 @@ HYSTERESIS = 0.15  # silence is a probability this far under the threshold (sile
 
 @dataclass(frozen=True)
 class SpeechEdge:
-    kind: str  # "started" or "stopped"
-    audio_ms: int  # started: the speech's start less the prefix padding; stopped: detection
+    # "started"; "quiet" (silent for ``quiet_ms`` so far, the turn may be ending); "resumed"
+    # (speech again after a "quiet"); "stopped" (silent for the whole silence window)
+    kind: str
+    audio_ms: int  # started: the speech's start less the prefix padding; others: detection
 
 
 def load_vad_model() -> torch.nn.Module:
@@ -36,10 +38,13 @@ def load_vad_model() -> torch.nn.Module:
 
 
 class VoiceActivity:
-    def __init__(self, settings: TurnDetection, model: torch.nn.Module | None = None) -> None:
+    def __init__(self, settings: TurnDetection, model: torch.nn.Module | None = None,
+                 quiet_ms: int | None = None) -> None:  # fmt: skip
         import soxr
 
         self.settings = settings
+        self.quiet_ms = quiet_ms  # None: no "quiet" edges
+        self._quiet = False  # a "quiet" edge was given for the silence now
         self.model = model if model is not None else load_vad_model()
         # "LQ": holds back ~6 ms of input where the default holds ~21 ms (the VAD needs no HQ)
         self._resampler = soxr.ResampleStream(PCM_RATE, VAD_RATE, 1, dtype="float32", quality="LQ")
@@ -73,10 +78,17 @@ class VoiceActivity:
             return SpeechEdge("started", max(0, start - s.prefix_padding_ms))
         if p >= max(s.threshold - HYSTERESIS, 0.01):
             self._silent_since = None
+            if self._quiet:
+                self._quiet = False
+                return SpeechEdge("resumed", self.heard_ms)
             return None
         if self._silent_since is None:
             self._silent_since = start
-        if self.heard_ms - self._silent_since < s.silence_duration_ms:
-            return None
-        self.speaking = False
-        return SpeechEdge("stopped", self.heard_ms)
+        silent_ms = self.heard_ms - self._silent_since
+        if silent_ms >= s.silence_duration_ms:
+            self.speaking, self._quiet = False, False
+            return SpeechEdge("stopped", self.heard_ms)
+        if self.quiet_ms is not None and silent_ms >= self.quiet_ms and not self._quiet:
+            self._quiet = True
+            return SpeechEdge("quiet", self.heard_ms)
+        return None

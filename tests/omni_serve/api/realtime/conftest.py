@@ -49,13 +49,16 @@ class ScriptedChat:
     gap_s: float = 0.0
     endless: bool = False
     refuse: ApiError | None = None
+    early_answer_ms: int | None = None  # the sessions' setting
     asks: list[Ask] = field(default_factory=list)
+    asked_at: list[float] = field(default_factory=list)
     closed: list[float] = field(default_factory=list)  # when each answer's stream was closed
 
     async def __call__(self, ask: Ask):
         if self.refuse is not None:
             raise self.refuse
         self.asks.append(ask)
+        self.asked_at.append(time.monotonic())
         return self._events(ask)
 
     async def _events(self, ask: Ask):
@@ -87,7 +90,8 @@ def realtime_server():
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket, model: str | None = None):
         await ws.accept()
-        session = RealtimeSession(ws, chat, LIMITS, idle_timeout_s=30, max_buffer_bytes=2_000_000)
+        session = RealtimeSession(ws, chat, LIMITS, idle_timeout_s=30, max_buffer_bytes=2_000_000,
+                                  early_answer_ms=chat.early_answer_ms)  # fmt: skip
         try:
             await session.run()
         finally:

@@ -243,3 +243,49 @@ async def test_binary_frames_are_refused_with_a_reason(realtime_server):
         await conn._connection.send(b"\x00\x00")
         error = (await until(conn, "error"))[-1].error
         assert "input_audio_buffer.append" in error.message
+
+
+async def test_an_early_answer_starts_in_the_pause_and_shows_only_once_the_turn_ends(
+    realtime_server,
+):
+    """With early answers on, the chat starts ~silence_duration_ms - early_answer_ms before
+    the turn ends, and the client sees the same events, in the same order, as without."""
+    base_url, chat = realtime_server
+    chat.early_answer_ms = 100
+    async with client(base_url).realtime.connect(model="omni-test") as conn:
+        await until(conn, "session.created")
+        await stream_audio(conn, np.concatenate([SILENCE, speak("Hello."), SILENCE]), pace=1.0)
+        events = []
+        async with asyncio.timeout(20):
+            async for event in conn:
+                events.append((time.monotonic(), event))
+                if event.type == "response.done":
+                    break
+    kinds = [e.type for _, e in events]
+    stopped_at = next(t for t, e in events if e.type == "input_audio_buffer.speech_stopped")
+    assert chat.asked_at[0] < stopped_at - 0.25  # started ~400 ms before the turn ended
+    assert kinds.index("input_audio_buffer.committed") < kinds.index("response.created")
+    assert events[-1][1].response.status == "completed"
+    committed = next(e for _, e in events if e.type == "input_audio_buffer.committed")
+    assert chat.asks[0].messages[-1]["content"][0]["type"] == "input_audio"
+    assert events[-1][1].response.output[0].id != committed.item_id
+    assert len(chat.asks) == 1
+
+
+async def test_speech_resuming_after_a_pause_discards_the_early_answer_without_a_trace(
+    realtime_server,
+):
+    base_url, chat = realtime_server
+    chat.early_answer_ms = 100
+    pause = np.zeros(24_000 * 3 // 10, np.float32)  # 300 ms: past 100, short of 500
+    said = np.concatenate([SILENCE, speak("One moment"), pause, speak("please."), SILENCE])
+    async with client(base_url).realtime.connect(model="omni-test") as conn:
+        await until(conn, "session.created")
+        await stream_audio(conn, said, pace=1.0)
+        events = await until(conn, "response.done")
+    kinds = [e.type for e in events]
+    assert kinds.count("input_audio_buffer.speech_started") == 1
+    assert kinds.count("response.created") == 1 and kinds.count("response.done") == 1
+    assert len(chat.asks) >= 2 and len(chat.closed) >= 2  # the discarded one ran and stopped
+    heard = chat.asks[-1].messages[-1]["content"][0]["input_audio"]["data"]
+    assert len(heard) > len(chat.asks[0].messages[-1]["content"][0]["input_audio"]["data"])

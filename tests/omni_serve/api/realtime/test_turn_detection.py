@@ -50,3 +50,16 @@ def test_a_longer_silence_window_waits_longer_and_silence_is_never_speech(model)
     hum = 0.01 * np.sin(2 * np.pi * 50 * np.arange(3 * RATE) / RATE)
     assert edges(model, pcm16(np.zeros(3 * RATE)), 4800) == []
     assert edges(model, pcm16(hum), 4800) == []
+
+
+def test_a_pause_shorter_than_the_window_is_quiet_then_resumed_and_the_turn_ends_once(model):
+    pause = np.zeros(RATE * 3 // 10)
+    pcm = pcm16(np.concatenate([np.zeros(RATE // 2), speak("One moment"), pause,
+                                speak("please."), np.zeros(RATE)]))  # fmt: skip
+    vad = VoiceActivity(TurnDetection(type="server_vad"), model, quiet_ms=100)
+    model.reset_states()
+    kinds = [e.kind for i in range(0, len(pcm), 960) for e in vad.hear(pcm[i : i + 960])]
+    assert kinds == ["started", "quiet", "resumed", "quiet", "stopped"]
+    model.reset_states()
+    plain = VoiceActivity(TurnDetection(type="server_vad"), model)  # no quiet_ms: no such edges
+    assert [e.kind for e in plain.hear(pcm)] == ["started", "stopped"]
