@@ -70,6 +70,7 @@ class RealtimeSession(SocketSession):
         self._speech_item: str | None = None  # the item id speech_started announced
         self._answer: Answer | None = None
         self._early: tuple[Answer, Item] | None = None  # an answer started before the turn end
+        self._discarded: asyncio.Task | None = None  # an early answer's task winding down
         self._client_event: str | None = None  # the event being handled, for its errors
 
     async def run(self) -> None:
@@ -164,6 +165,7 @@ class RealtimeSession(SocketSession):
             answer.gate.set()
             return
         await self._commit(item_id)
+        await self._until_discarded()
         if vad.create_response and not self.answering:
             await self._start_answer(None)
 
@@ -233,6 +235,7 @@ class RealtimeSession(SocketSession):
 
     async def _on_response_create(self, event) -> None:
         await self._discard_early()  # the client asks instead: its answer, not one it never saw
+        await self._until_discarded()
         if self.answering:
             raise ApiError(400, "a response is in progress: cancel it or wait for response.done",
                            code="conversation_already_has_active_response")  # fmt: skip
@@ -276,13 +279,19 @@ class RealtimeSession(SocketSession):
         self._launch(answer)
 
     async def _discard_early(self) -> None:
-        """Stops the early answer, if any, and waits for it to end (it shows nothing)."""
+        """Stops the early answer, if any (it shows nothing). Its stages wind down in the
+        background: the reader must go on hearing the user meanwhile."""
         if self._early is not None:
             answer, _ = self._early
             self._early = None
             answer.stop("discarded")
-            if self._answering is not None:
-                await asyncio.wait([self._answering])
+            self._discarded = self._answering
+
+    async def _until_discarded(self) -> None:
+        """Waits for a discarded early answer still winding down (one answer at a time)."""
+        if self._discarded is not None and not self._discarded.done():
+            await asyncio.wait([self._discarded])
+        self._discarded = None
 
     def _launch(self, answer: Answer) -> None:
         self._answer = answer
