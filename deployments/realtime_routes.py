@@ -7,6 +7,7 @@ request and hands the session its events, and nothing else.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -63,19 +64,24 @@ class RealtimeRoutes:
             "max_tokens": ask.max_tokens, "temperature": ask.temperature, "seed": ask.seed,
             "session_id": ask.session_id, **spoken,
         })  # fmt: skip
+        start = time.perf_counter()
         prompt, options = await self._prepare(body)
+        prepare_s = time.perf_counter() - start
         events = self._chat(prompt, options, uuid.uuid4().hex)
-        return self._observed(iterate_within(events, self._deadline(body)))
+        return self._observed(iterate_within(events, self._deadline(body)), prepare_s)
 
-    async def _observed(self, events: AsyncIterator[ChatEvent]) -> AsyncIterator[ChatEvent]:
+    async def _observed(
+        self, events: AsyncIterator[ChatEvent], prepare_s: float
+    ) -> AsyncIterator[ChatEvent]:
         """An answer counted in /metrics as chat's are: in flight while it runs, then its
-        outcome and timings."""
+        outcome and timings (with ``prepare_s``: building its prompt, before the stages)."""
         self.metrics.in_flight.inc()
         outcome = "cancelled"
         try:
             async for event in events:
                 if event.kind == "done":
                     result, outcome = event.result, "ok"
+                    result.timings["prepare_s"] = prepare_s
                     audio_s = len(result.audio) / SAMPLE_RATE if result.audio is not None else 0
                     self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
                 yield event

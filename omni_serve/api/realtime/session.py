@@ -286,6 +286,8 @@ class RealtimeSession(SocketSession):
             self._early = None
             answer.stop("discarded")
             self._discarded = self._answering
+            log.info("realtime %s: early answer discarded (the user spoke again)",
+                     self.settings.id)  # fmt: skip
 
     async def _until_discarded(self) -> None:
         """Waits for a discarded early answer still winding down (one answer at a time)."""

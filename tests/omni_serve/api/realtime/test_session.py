@@ -112,8 +112,12 @@ async def test_server_vad_commits_a_spoken_turn_and_answers_it_in_speech(realtim
     assert events[-1].response.output[0].content[0].transcript == "Hello there."
 
 
-async def test_speech_during_an_answer_stops_it_and_keeps_only_what_was_played(realtime_server):
+@pytest.mark.parametrize("early_answer_ms", [None, 100])
+async def test_speech_during_an_answer_stops_it_and_keeps_only_what_was_played(
+    realtime_server, early_answer_ms
+):
     base_url, chat = realtime_server
+    chat.early_answer_ms = early_answer_ms
     chat.endless, chat.gap_s = True, 0.02  # 40 ms chunks at twice real time: ahead of playback
     async with client(base_url).realtime.connect(model="omni-test") as conn:
         await until(conn, "session.created")
