@@ -28,9 +28,16 @@ def request_deadline(asked: float | None, server_limit: float | None) -> float |
     return min(limits) if limits else None
 
 
+# Deadlines use ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11, ``wait_for``
+# swallows a cancellation that comes as the awaited item completes (CPython gh-86296, fixed in
+# 3.12), and a stream being read item by item meets that often. A barge-in then failed to stop
+# an answer, which ran to its end (12 s) before anything noticed.
+
+
 async def await_within(awaitable: Awaitable[T], seconds: float | None) -> T:
     try:
-        return await asyncio.wait_for(awaitable, seconds)
+        async with asyncio.timeout(seconds):
+            return await awaitable
     except TimeoutError:
         raise RequestTimeout(seconds) from None
 
@@ -50,7 +57,8 @@ async def iterate_within(events: AsyncIterator[T], seconds: float | None) -> Asy
     try:
         while True:
             try:
-                event = await asyncio.wait_for(anext(iterator), max(0.0, end - loop.time()))
+                async with asyncio.timeout_at(end):
+                    event = await anext(iterator)
             except StopAsyncIteration:
                 return
             except TimeoutError:

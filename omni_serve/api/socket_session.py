@@ -90,7 +90,8 @@ class SocketSession:
         while not self.gone:
             left = self.idle_left()
             try:
-                await asyncio.wait_for(self._gone.wait(), left if left is None else max(left, 0))
+                async with asyncio.timeout(left if left is None else max(left, 0)):
+                    await self._gone.wait()
             except TimeoutError:
                 if (self.idle_left() or 0) <= 0 and not self.gone:
                     await self.close_idle()

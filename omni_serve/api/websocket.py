@@ -113,7 +113,8 @@ class VoiceSocket(SocketSession):
             try:
                 if timeout is not None and timeout <= 0:
                     raise TimeoutError
-                item = await asyncio.wait_for(self._requests.get(), timeout)
+                async with asyncio.timeout(timeout):  # (wait_for: see api/deadline.py)
+                    item = await self._requests.get()
             except TimeoutError:
                 if (self.idle_left() or 0) > 0:
                     continue  # a frame arrived meanwhile

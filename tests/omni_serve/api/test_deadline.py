@@ -76,3 +76,29 @@ async def test_await_within_cancels_the_awaited_work():
         await await_within(collect(), 0.2)
     assert stage.cancelled
     assert await await_within(asyncio.sleep(0, result=7), 1.0) == 7
+
+
+async def test_a_cancel_that_comes_as_an_item_arrives_stops_the_stream():
+    """Python 3.11's ``asyncio.wait_for`` swallows such a cancel: the stream read on as if
+    nothing had happened (a barge-in that did not stop the answer)."""
+    ready: list[asyncio.Future] = []
+
+    async def items():
+        while True:
+            ready.append(asyncio.get_running_loop().create_future())
+            await ready[-1]
+            yield 1
+
+    async def read():
+        async for _ in iterate_within(items(), 60):
+            pass
+
+    for _ in range(5):  # the race is exact: every round lands on it
+        ready.clear()
+        reader = asyncio.create_task(read())
+        await asyncio.sleep(0.01)
+        ready[-1].set_result(None)  # the item arrives...
+        await asyncio.sleep(0)  # ...its anext task completes on this turn of the loop
+        reader.cancel()  # ...as the reader is cancelled
+        done, _ = await asyncio.wait([reader], timeout=1)
+        assert done and reader.cancelled()
