@@ -128,7 +128,7 @@ class RealtimeSession(SocketSession):
         self._buffer_end_ms += len(pcm) // BYTES_PER_MS
         if self._vad is None:
             return
-        for edge in await asyncio.to_thread(self._vad.hear, pcm):
+        for edge in await self._vad.hear_soon(pcm):
             await self._on_edge(edge)
         if not self._vad.speaking:  # keep only what a coming start would pad with
             keep = (self._vad.settings.prefix_padding_ms + 200) * BYTES_PER_MS

@@ -10,6 +10,8 @@ Times are in milliseconds of the audio heard so far in the session, as OpenAI's
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +31,11 @@ class SpeechEdge:
     # (speech again after a "quiet"); "stopped" (silent for the whole silence window)
     kind: str
     audio_ms: int  # started: the speech's start less the prefix padding; others: detection
+
+
+# The sessions' hearing runs here, not in the default thread pool, where prompts' media are
+# decoded (seconds for a video): a turn's end must not be heard late behind them.
+_HEARING = ThreadPoolExecutor(2, thread_name_prefix="omni-vad")
 
 
 def load_vad_model() -> torch.nn.Module:
@@ -52,6 +59,10 @@ class VoiceActivity:
         self.heard_ms = 0  # audio heard so far, in whole windows
         self.speaking = False
         self._silent_since: int | None = None
+
+    async def hear_soon(self, pcm: bytes) -> list[SpeechEdge]:
+        """``hear`` on the hearing threads, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(_HEARING, self.hear, pcm)
 
     def hear(self, pcm: bytes) -> list[SpeechEdge]:
         """The edges in ``pcm`` (PCM16 mono 24 kHz), in order. Runs the model: call it off
