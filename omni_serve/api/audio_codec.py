@@ -19,9 +19,15 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str, speed: float =
     costs 5-12 ms of CPU per second of audio: an ingress calls it in a worker thread (its
     event loop writes every other client's stream), streamed pcm16 chunks on the loop."""
     samples = np.clip(np.asarray(change_speed(samples, speed, sample_rate), np.float32), -1, 1)
-    if fmt == "pcm16":  # libsndfile's own conversion, so pcm16, wav and flac hold one sample
+    if fmt in ("pcm16", "flac"):
+        # Float to 16 bits once, by libsndfile's WAV conversion, so pcm16, wav and flac hold
+        # the same samples (its FLAC writer rounds floats differently, by 1 LSB)
         buf = io.BytesIO()
         sf.write(buf, samples, sample_rate, format="RAW", subtype="PCM_16", endian="LITTLE")
+        if fmt == "pcm16":
+            return buf.getvalue()
+        buf, pcm = io.BytesIO(), np.frombuffer(buf.getvalue(), "<i2")
+        sf.write(buf, pcm, sample_rate, format="FLAC", subtype="PCM_16")
         return buf.getvalue()
     if fmt == "opus":
         import soxr

@@ -103,3 +103,12 @@ def test_undecodable_audio_gives_libsndfiles_reason_not_the_in_memory_files_name
     with pytest.raises(AudioDecodeError) as err:
         decode_audio(b"not audio at all", RATE)
     assert str(err.value) == "could not decode audio: Format not recognised."
+
+
+def test_pcm16_wav_and_flac_hold_the_same_samples():
+    """So a streamed pcm16 reply equals a non-streamed wav or flac one, sample for sample."""
+    samples = np.random.default_rng(0).uniform(-1.2, 1.2, 24_000).astype(np.float32)
+    pcm = np.frombuffer(encode_audio(samples, 24_000, "pcm16"), "<i2")
+    for fmt in ("wav", "flac"):
+        decoded, _ = sf.read(io.BytesIO(encode_audio(samples, 24_000, fmt)), dtype="int16")
+        assert np.array_equal(decoded, pcm), fmt
