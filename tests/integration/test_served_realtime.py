@@ -207,3 +207,41 @@ def test_a_seed_reproduces_the_spoken_reply_and_streaming_changes_no_sample(serv
                 if "audio" in delta:
                     streamed += base64.b64decode(delta["audio"]["data"])
     assert np.array_equal(np.frombuffer(streamed, "<i2"), first)
+
+
+async def test_livekit_agents_openai_realtime_plugin_gets_a_spoken_answer(served):
+    """User story: a LiveKit voice agent built on its OpenAI Realtime plugin, pointed at this
+    server, gets an answer in text and 24 kHz speech. The plugin's defaults ask for what this
+    model does not offer (semantic VAD, a transcription model), so the agent says no to them."""
+    from livekit.plugins.openai import realtime
+    from openai.types.realtime.realtime_audio_input_turn_detection import ServerVad
+
+    model = realtime.RealtimeModel(
+        model="qwen3-omni", voice="ethan", base_url=f"{URL}/v1", api_key="unused",
+        input_audio_transcription=None, input_audio_noise_reduction=None,
+        turn_detection=ServerVad(type="server_vad"),
+    )  # fmt: skip
+    model.update_options(max_response_output_tokens=8)
+    session = model.session()
+    errors = []
+    session.on("error", errors.append)
+    try:
+        context = session.chat_ctx.copy()
+        context.add_message(role="user", content="Say hello.")
+        await session.update_chat_ctx(context)
+        generation = await asyncio.wait_for(session.generate_reply(), 60)
+        message = await asyncio.wait_for(anext(aiter(generation.message_stream)), 60)
+
+        async def text() -> str:
+            return "".join([piece async for piece in message.text_stream])
+
+        async def frames() -> list:
+            return [frame async for frame in message.audio_stream]
+
+        said, heard = await asyncio.wait_for(asyncio.gather(text(), frames()), 120)
+    finally:
+        await session.aclose()
+        await model.aclose()
+    assert not errors, errors
+    assert said and heard and {f.sample_rate for f in heard} == {24_000}
+    assert sum(f.samples_per_channel for f in heard) > 24_000 // 2

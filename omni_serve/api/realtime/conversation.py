@@ -143,12 +143,14 @@ class Conversation:
     items: list[Item] = field(default_factory=list)
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
-        """Adds ``item`` after ``previous_item_id`` (last when ``None``); the id of the item
-        before it, as the created event names it."""
+        """Adds ``item`` after ``previous_item_id`` (last when ``None``, first when "root");
+        the id of the item before it, as the created event names it."""
         if any(i.id == item.id for i in self.items):
             raise ApiError(400, f"an item {item.id!r} is in the conversation already", "item.id")
         at = len(self.items)
-        if previous_item_id is not None:
+        if previous_item_id == "root":  # OpenAI's name for "first"
+            at = 0
+        elif previous_item_id is not None:
             at = self.index(previous_item_id, "previous_item_id") + 1
         self.items.insert(at, item)
         return self.items[at - 1].id if at else None

@@ -20,6 +20,9 @@ def test_items_become_the_chat_the_model_answers_in_order():
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "system"]
     assert messages[1]["content"][1]["input_audio"]["format"] == "wav"
     assert messages[2] == {"role": "assistant", "content": "Hello."}
+    opening = Item("user", [Part("input_text", text="First.")])
+    assert talk.add(opening, previous_item_id="root") is None
+    assert talk.items[0] is opening
     with pytest.raises(ApiError, match="in the conversation already"):
         talk.add(Item("user", [], id=user.id))
 
