@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Coroutine
 from typing import Any
 
@@ -33,7 +34,7 @@ class IdleTimeout(Exception):
     pass
 
 
-class SocketSession:
+class SocketSession(ABC):
     def __init__(self, ws: WebSocket, idle_timeout_s: float | None) -> None:
         self.ws, self.idle_timeout_s = ws, idle_timeout_s
         self._send_lock = asyncio.Lock()
@@ -43,15 +44,15 @@ class SocketSession:
         # Runs from the caller's next await, so a subclass sets its state after this call.
         self._reader = asyncio.create_task(self._read())
 
+    @abstractmethod
     async def take(self, message: dict[str, Any]) -> None:
         """What one message (``ws.receive()``'s dict) does; an ``ApiError`` refuses it."""
-        raise NotImplementedError
 
     def refusal(self, refused: ApiError) -> dict[str, Any]:
         """The error event a refused message is answered with."""
         return {"type": "error", **refused.body}
 
-    def on_gone(self) -> None:
+    def on_gone(self) -> None:  # noqa: B027 (a hook: most sessions need nothing here)
         """Called once the client has left (the reader's last act)."""
 
     @property

@@ -18,6 +18,7 @@ import pytest
 import soundfile as sf
 
 from omni_serve.testing.serve_process import ServeProcess, replica_pids
+from omni_serve.testing.served_metrics import metric, stages_idle_within
 from tests.reference import request_parts
 
 pytestmark = pytest.mark.integration
@@ -426,12 +427,8 @@ def test_eight_concurrent_requests_complete_and_batch(served):
     assert talker_batch > 1
     assert "omni_stage_latency_seconds_bucket" in metrics
     assert "omni_audio_seconds_total" in metrics
-    assert _metric(metrics, "omni_audio_real_time_factor_count") >= 8
-    assert _metric(metrics, 'omni_stage_latency_seconds_count{stage="first_frame"}') >= 8
-
-
-def _metric(text: str, name: str) -> float:
-    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+    assert metric(metrics, "omni_audio_real_time_factor_count") >= 8
+    assert metric(metrics, 'omni_stage_latency_seconds_count{stage="first_frame"}') >= 8
 
 
 def test_metrics_say_which_backend_each_stages_payloads_came_by(served):
@@ -442,9 +439,9 @@ def test_metrics_say_which_backend_each_stages_payloads_came_by(served):
     r = httpx.post(f"{URL}/v1/chat/completions", json=_chat_body(), timeout=300)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["audio"]["data"]
     after = httpx.get(f"{URL}/metrics", timeout=30).text
-    had = _metric(before, shared) if shared in before else 0.0
-    assert _metric(after, shared) > had, after
-    assert _metric(after, 'omni_channel_pool_bytes{stage="code2wav"}') > 0
+    had = metric(before, shared) if shared in before else 0.0
+    assert metric(after, shared) > had, after
+    assert metric(after, 'omni_channel_pool_bytes{stage="code2wav"}') > 0
     assert 'omni_channel_pool_bytes{stage="thinker"}' in after  # its engine's worker asked too
     overflowed = [line for line in after.splitlines() if line.startswith("omni_channel_overflowed")]
     assert overflowed and all(float(line.split()[-1]) == 0 for line in overflowed), overflowed
@@ -475,8 +472,8 @@ def test_a_conversation_resending_its_clip_gets_it_encoded_once(served):
     turn += [{"role": "assistant", "content": answer}, {"role": "user", "content": [clip(second)]}]
     assert "encoder_s" in ask(turn)["timings"]  # the audio went by the encoder stage
     after = httpx.get(f"{URL}/metrics", timeout=30).text
-    assert _metric(after, hits) - _metric(before, hits) == 1
-    assert _metric(after, misses) - _metric(before, misses) == 1
+    assert metric(after, hits) - metric(before, hits) == 1
+    assert metric(after, misses) - metric(before, misses) == 1
 
 
 def test_client_disconnect_stops_work_in_every_stage(served):
@@ -495,20 +492,8 @@ def test_client_disconnect_stops_work_in_every_stage(served):
             seen += '"audio"' in line
             if seen >= 1:
                 break  # first audio arrived: hang up
-    assert _stages_idle_within(1.5)
+    assert stages_idle_within(URL, 1.5)
     assert httpx.get(f"{URL}/health", timeout=30).status_code == 200
-
-
-def _stages_idle_within(seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while True:
-        metrics = httpx.get(f"{URL}/metrics", timeout=30).text
-        talker = _metric(metrics, 'omni_stage_running_requests{stage="talker"}')
-        if talker == 0 and _metric(metrics, "omni_requests_in_flight") == 0:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.25)
 
 
 def test_a_request_past_its_deadline_gets_a_504_and_stops_every_stage(served):
@@ -523,13 +508,13 @@ def test_a_request_past_its_deadline_gets_a_504_and_stops_every_stage(served):
     assert r.json()["error"]["type"] == "timeout_error"
     assert "1 s deadline" in r.json()["error"]["message"]
     assert time.monotonic() - start < 3
-    assert _stages_idle_within(1.5)
+    assert stages_idle_within(URL, 1.5)
     body["stream"] = True
     with httpx.stream("POST", f"{URL}/v1/chat/completions", json=body, timeout=60) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     assert '"timeout_error"' in lines[-2]
-    assert _stages_idle_within(1.5)
+    assert stages_idle_within(URL, 1.5)
     assert httpx.post(f"{URL}/v1/chat/completions", json={**body, "timeout_s": -1},
                       timeout=30).status_code == 400  # fmt: skip
 
@@ -725,7 +710,7 @@ async def test_a_voice_sent_as_frames_is_heard_and_a_spoken_answer_can_be_cut_sh
         events = await _ws_collect(ws)
         assert events[-1] == {"type": "response.done", "id": events[-1]["id"],
                               "status": "cancelled"}  # fmt: skip
-        assert _stages_idle_within(1.5)
+        assert stages_idle_within(URL, 1.5)
         await ws.send(json.dumps({"type": "speech", "input": "Bye.",
                                   "stage_overrides": {"talker": {"max_tokens": 10}}}))  # fmt: skip
         events = await _ws_collect(ws)

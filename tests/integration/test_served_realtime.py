@@ -10,7 +10,6 @@ import asyncio
 import base64
 import io
 import json
-import time
 
 import httpx
 import numpy as np
@@ -19,7 +18,9 @@ import soundfile as sf
 import websockets
 from openai import AsyncOpenAI
 
+from omni_serve.testing.realtime_client import until
 from omni_serve.testing.serve_process import ServeProcess
+from omni_serve.testing.served_metrics import metric, stages_idle_within
 from omni_serve.testing.speech_clip import pcm16, speak
 
 pytestmark = pytest.mark.integration
@@ -42,16 +43,6 @@ def connect():
     return client.realtime.connect(model="qwen3-omni")
 
 
-async def until(conn, kind: str, timeout: float = 120) -> list:
-    seen = []
-    async with asyncio.timeout(timeout):
-        async for event in conn:
-            seen.append(event)
-            if event.type == kind:
-                return seen
-    raise AssertionError(f"the connection closed before {kind}")
-
-
 async def talk(conn, samples: np.ndarray, pace: float = 1.0) -> None:
     """Streams ``samples`` in 100 ms appends, at ``pace`` times real time (1: a microphone)."""
     pcm = pcm16(samples)
@@ -62,22 +53,6 @@ async def talk(conn, samples: np.ndarray, pace: float = 1.0) -> None:
 
 def user_text(text: str) -> dict:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-
-
-def _metric(text: str, name: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
-
-
-def _stages_idle_within(seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while True:
-        metrics = httpx.get(f"{URL}/metrics", timeout=30).text
-        talker = _metric(metrics, 'omni_stage_running_requests{stage="talker"}')
-        if talker == 0 and _metric(metrics, "omni_requests_in_flight") == 0:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
 
 
 async def test_a_text_turn(served):
@@ -133,9 +108,9 @@ async def test_talking_over_an_answer_stops_it_in_every_stage(served):
         assert "input_audio_buffer.speech_started" in kinds
         done = events[-1].response
         assert done.status == "cancelled" and done.status_details.reason == "turn_detected"
-        assert _stages_idle_within(1.5)  # counted in flight until it stopped, then:
+        assert stages_idle_within(URL, 1.5)  # counted in flight until it stopped, then:
         metrics = httpx.get(f"{URL}/metrics", timeout=30).text
-        assert _metric(metrics, 'omni_requests_total{status="cancelled"}') >= 1
+        assert metric(metrics, 'omni_requests_total{status="cancelled"}') >= 1
         await talk(conn, SILENCE)  # the interrupting turn ends and is answered
         assert (await until(conn, "response.done"))[-1].response.status in (
             "completed", "incomplete")  # fmt: skip

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
+from omni_serve.testing.realtime_client import until
 from omni_serve.testing.speech_clip import pcm16, speak
 
 SILENCE = np.zeros(24_000, np.float32)
@@ -21,17 +22,6 @@ SILENCE = np.zeros(24_000, np.float32)
 
 def client(base_url: str) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=base_url, api_key="unused")
-
-
-async def until(conn, kind: str, timeout: float = 20) -> list:
-    """The events up to and including the first of type ``kind``."""
-    seen = []
-    async with asyncio.timeout(timeout):
-        async for event in conn:
-            seen.append(event)
-            if event.type == kind:
-                return seen
-    raise AssertionError(f"the connection closed before {kind}")
 
 
 async def stream_audio(conn, samples: np.ndarray, chunk_ms: int = 100, pace: float = 0.0):

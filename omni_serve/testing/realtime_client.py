@@ -1,0 +1,17 @@
+"""Reading a Realtime connection (the ``openai`` client's) in tests: its events up to one."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+async def until(conn: Any, kind: str, timeout: float = 120) -> list[Any]:
+    """The events up to and including the first of type ``kind``."""
+    seen = []
+    async with asyncio.timeout(timeout):
+        async for event in conn:
+            seen.append(event)
+            if event.type == kind:
+                return seen
+    raise AssertionError(f"the connection closed before {kind}")
