@@ -26,7 +26,8 @@ from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_str
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
 from omni_serve.api.media import audio_format
-from omni_serve.api.protocol import ChatCompletionRequest, SpeechRequest, new_id, reply_usage
+from omni_serve.api.protocol import ChatCompletionRequest, new_id, reply_usage
+from omni_serve.api.speech import SpeechRequest
 from omni_serve.api.sse import sse
 from omni_serve.api.transcription import (
     TranscriptionForm,

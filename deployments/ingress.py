@@ -46,13 +46,13 @@ from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import (
     ChatCompletionRequest,
     ChatMessage,
-    SpeechRequest,
     chat_completion_response,
     model_card,
     model_list,
     new_id,
     reply_usage,
 )
+from omni_serve.api.speech import SpeechRequest
 from omni_serve.api.sse import DONE, ChunkWriter
 from omni_serve.config import PipelineConfig
 from omni_serve.engines.ar.vllm_engine import DEFAULT_ENGINE_ARGS

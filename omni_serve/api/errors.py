@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from omni_serve.api.protocol import ChatCompletionRequest, SpeechRequest, error_body
+from omni_serve.api.protocol import ChatCompletionRequest, error_body
+from omni_serve.api.speech import SpeechRequest
 
 
 class ApiError(Exception):

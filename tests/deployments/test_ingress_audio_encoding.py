@@ -11,7 +11,8 @@ import pytest
 
 from deployments.ingress import Ingress
 from omni_serve.api.metrics import ApiMetrics
-from omni_serve.api.protocol import ChatCompletionRequest, SpeechRequest
+from omni_serve.api.protocol import ChatCompletionRequest
+from omni_serve.api.speech import SpeechRequest
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.pipeline import ChatEvent, ChatOptions, ChatResult
 

@@ -9,9 +9,9 @@ from pydantic import ValidationError
 from omni_serve.api.protocol import (
     ChatCompletionRequest,
     ChatMessage,
-    SpeechRequest,
     stage_seed,
 )
+from omni_serve.api.speech import SpeechRequest
 
 
 def test_an_earlier_spoken_reply_may_be_named_by_its_audio_id_alone():
@@ -31,15 +31,6 @@ def test_a_message_without_content_is_refused_and_developer_reads_as_system():
     with pytest.raises(ValidationError, match="content is required"):
         ChatMessage.model_validate({"role": "user"})
     assert ChatMessage(role="developer", content="Be brief.").role == "system"
-
-
-def test_speech_instructions_are_refused_not_ignored():
-    steered = SpeechRequest(model="m", input="Hi", instructions="Whisper.")
-    assert steered.unsupported() == (
-        "instructions",
-        "this model's voice cannot be steered by instructions",
-    )
-    assert SpeechRequest(model="m", input="Hi", instructions="").unsupported() is None
 
 
 def test_the_request_seed_seeds_the_talker_unless_its_overrides_set_one():
