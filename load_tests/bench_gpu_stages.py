@@ -225,20 +225,25 @@ def main() -> None:
     best = "cuda_graph" if cuda else "static"
     dtypes = ("float32", "bfloat16")
     shapes = (("eager", 1), (best, 1), (best, batches[-2]))
-    sections = {
+    steps = 2 if args.quick else args.steps
+    eager_kinds = [k for k in kinds if k != "compile"]
+    sections = {  # cheapest and most asked-for first; compiling (minutes) last
         "talker_step": lambda: bench_talker(
-            path, device, dtypes, kinds, batches,
-            2 if args.quick else args.steps, compile_batches,
+            path, device, dtypes, eager_kinds, batches, steps, set()
         ),
         "end_to_end": lambda: [
             bench_end_to_end(path, device, d, s, b, frames)
             for d in dtypes for s, b in shapes
         ],
+        "code2wav": lambda: [bench_code2wav(path, device, d, frames) for d in dtypes],
         "transformers": lambda: [
             bench_transformers(path, device, d, 32, frames, 1 if args.quick else 3)
             for d in dtypes
         ],
-        "code2wav": lambda: [bench_code2wav(path, device, d, frames) for d in dtypes],
+        "talker_step_compiled": lambda: bench_talker(
+            path, device, ("bfloat16",), ["compile"] if cuda else [], batches, steps,
+            compile_batches,
+        ),
     }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     for name, run in sections.items():  # written after each: a timeout keeps what finished
@@ -251,7 +256,8 @@ def main() -> None:
 def print_table(summary: dict) -> None:
     print(f"\n{summary['device']}, {summary['model']}, torch {summary['torch']}")
     print("Talker step (ms) | dtype | " + " | ".join(f"b{b}" for b in _batches(summary)))
-    for (dtype, step), rows in _group(summary["talker_step"]).items():
+    steps = summary["talker_step"] + summary.get("talker_step_compiled", [])
+    for (dtype, step), rows in _group(steps).items():
         by_batch = {r["batch"]: f"{r['ms']:.1f}" if "ms" in r else "err" for r in rows}
         cells = [by_batch.get(b, "-") for b in _batches(summary)]
         print(f"  {step:<10} | {dtype:<8} | " + " | ".join(cells))
