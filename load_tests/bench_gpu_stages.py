@@ -48,17 +48,25 @@ def sync() -> None:
 
 
 class Talker:
-    """One runner kind over a batch of live requests, stepped the way the engine steps it."""
+    """One runner kind over a batch of live requests, stepped the way the engine steps it.
+    Graphs are captured when the runner is built, before any request, as the served stage
+    does: the buckets of ``rows`` up to the ``max_len`` window."""
 
-    def __init__(self, parts, step: str, batch: int, max_batch: int, max_len: int):
-        talker, builder = parts
+    def __init__(self, parts, step: str, rows: int, max_batch: int, max_len: int):
+        talker, self.builder = parts
         if step == "eager":
-            self.runner = TalkerRunner(talker, builder.tts_pad, max_batch, max_len)
+            self.runner = TalkerRunner(talker, self.builder.tts_pad, max_batch, max_len)
         else:
             mode = {"static": "eager", "cuda_graph": "cuda_graph", "compile": "compile"}[step]
-            self.runner = StaticTalkerRunner(talker, builder.tts_pad, max_batch, max_len, mode)
-        hidden, dtype = builder.tts_pad.shape[-1], builder.tts_pad.dtype
+            self.runner = StaticTalkerRunner(talker, self.builder.tts_pad, max_batch, max_len, mode)
+        start = time.perf_counter()
+        self.graphs = self.runner.capture([rows]) if step == "cuda_graph" else 0
+        self.capture_s = time.perf_counter() - start
         self.states, self.generated = [], []
+
+    def admit(self, batch: int) -> None:
+        """Prefills ``batch`` requests (prompts of 40-55 rows, as the Thinker hands over)."""
+        hidden, dtype = self.builder.tts_pad.shape[-1], self.builder.tts_pad.dtype
         for i in range(batch):
             embeds = torch.randn(40 + i % 16, hidden, dtype=dtype)
             request = ARRequest(str(i), prompt_embeds=embeds, sampling=SAMPLING,
@@ -104,13 +112,50 @@ def bench_talker(path, device, dtypes, kinds, batches, steps, compile_batches) -
                     continue
                 try:
                     run = Talker(parts, kind, batch, max(batches), 512)
+                    run.admit(batch)
                     step_s = time_steps(run, steps)
                     row = {"ms": round(step_s * 1e3, 2), "audio_s_per_s": batch * FRAME_S / step_s}
                     row["graphs"] = getattr(getattr(run.runner, "graphs", None), "captured", 0)
+                    row["captured_before"] = run.graphs  # a capture while timed shows as more
+                    row["capture_s"] = round(run.capture_s, 2)
                 except Exception as exc:  # one failing mode must not hide the others
-                    row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                    row = {"error": f"{type(exc).__name__}: {exc}"[:4000]}
                 rows.append({"dtype": dtype, "step": kind, "batch": batch, **row})
                 print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def count_kernels(path, device, dtypes, batches) -> list[dict]:
+    """Kernels one static step launches (what a graph replays), and the GPU time they take,
+    from the torch profiler over one eager static step: where a launch-bound step goes."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    for dtype in dtypes:
+        talker, config = load_talker(path, dtype=getattr(torch, dtype), device=device)
+        parts = (talker, TalkerInputBuilder(talker, config, load_thinker_embeddings(path)))
+        for batch in batches:
+            run = Talker(parts, "static", batch, batch, 256)
+            run.admit(batch)
+            time_steps(run, 1)
+            cuda = device == "cuda"  # on a CPU (a smoke run): the leaf ops instead
+            with profile(
+                activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]
+            ) as prof:
+                run.step()
+                sync()
+            kernels = [
+                e for e in prof.events()
+                if (e.device_type.name == "CUDA" if cuda else not e.cpu_children)
+            ]  # fmt: skip
+            names = Counter(e.name[:60] for e in kernels)
+            busy_ms = sum(e.device_time for e in kernels) / 1e3
+            rows.append({"dtype": dtype, "batch": batch, "kernels": len(kernels),
+                         "gpu_busy_ms": round(busy_ms, 2),
+                         "top": names.most_common(12)})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -138,12 +183,14 @@ def bench_end_to_end(path, device, dtype, step: str, batch: int, frames: int) ->
     talker, config = load_talker(path, dtype=getattr(torch, dtype), device=device)
     parts = (talker, TalkerInputBuilder(talker, config, load_thinker_embeddings(path)))
     decoder, context = load_code2wav_decoder(path, dtype=getattr(torch, dtype), device=device)
-    warm = Talker(parts, step, batch, batch, frames + 64)
-    time_steps(warm, 1)  # capture the buckets this run will use
+    warm = Talker(parts, step, batch, batch, frames + 64)  # first use: allocator, kernels
+    warm.admit(batch)
+    time_steps(warm, 1)
     del warm
+    run = Talker(parts, step, batch, batch, frames + 64)  # graphs captured here, untimed
     sync()
     start = time.perf_counter()
-    run = Talker(parts, step, batch, batch, frames + 64)
+    run.admit(batch)
     planners = [
         ChunkPlanner(decoder.samples_per_frame, 2, 25, context, stream_id=str(i))
         for i in range(batch)
@@ -206,12 +253,19 @@ def main() -> None:
         default="1",
         help="batches of the bf16 torch.compile rows on a GPU ('' for none)",
     )
+    parser.add_argument(
+        "--kinds", default="", help="Talker step kinds to time, e.g. 'cuda_graph' (default all)"
+    )
+    parser.add_argument(
+        "--sections", default="", help="sections to run, e.g. 'talker_step,end_to_end' (all)"
+    )
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     model = "tiny-qwen3-omni" if args.quick else "small-qwen3-omni"
     batches = [1, 2] if args.quick else [1, 16, 64, 128]
     kinds = ["eager", "static"] + (["cuda_graph", "compile"] if cuda else [])
+    kinds = [k for k in kinds if k in args.kinds.split(",")] if args.kinds else kinds
     compile_batches = {int(b) for b in args.compile_batches.split(",") if b}
     frames = 12 if args.quick else 100
     path = ensure_model(model)
@@ -224,7 +278,7 @@ def main() -> None:
     print(json.dumps(summary), flush=True)
     best = "cuda_graph" if cuda else "static"
     dtypes = ("float32", "bfloat16")
-    shapes = (("eager", 1), (best, 1), (best, batches[-2]))
+    shapes = [(k, b) for k, b in (("eager", 1), (best, 1), (best, batches[-2])) if k in kinds]
     steps = 2 if args.quick else args.steps
     eager_kinds = [k for k in kinds if k != "compile"]
     sections = {  # cheapest and most asked-for first; compiling (minutes) last
@@ -236,6 +290,7 @@ def main() -> None:
             for d in dtypes for s, b in shapes
         ],
         "code2wav": lambda: [bench_code2wav(path, device, d, frames) for d in dtypes],
+        "kernels": lambda: count_kernels(path, device, dtypes, [1, batches[-2]]),
         "transformers": lambda: [
             bench_transformers(path, device, d, 32, frames, 1 if args.quick else 3)
             for d in dtypes
@@ -246,7 +301,10 @@ def main() -> None:
         ),
     }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
+    chosen = args.sections.split(",") if args.sections else list(sections)
     for name, run in sections.items():  # written after each: a timeout keeps what finished
+        if name not in chosen:
+            continue
         summary[name] = run()
         print(json.dumps(summary[name]), flush=True)
         (RESULTS / "bench_gpu_stages.json").write_text(json.dumps(summary, indent=1))
@@ -256,25 +314,25 @@ def main() -> None:
 def print_table(summary: dict) -> None:
     print(f"\n{summary['device']}, {summary['model']}, torch {summary['torch']}")
     print("Talker step (ms) | dtype | " + " | ".join(f"b{b}" for b in _batches(summary)))
-    steps = summary["talker_step"] + summary.get("talker_step_compiled", [])
+    steps = summary.get("talker_step", []) + summary.get("talker_step_compiled", [])
     for (dtype, step), rows in _group(steps).items():
         by_batch = {r["batch"]: f"{r['ms']:.1f}" if "ms" in r else "err" for r in rows}
         cells = [by_batch.get(b, "-") for b in _batches(summary)]
         print(f"  {step:<10} | {dtype:<8} | " + " | ".join(cells))
-    for row in summary["code2wav"]:
+    for row in summary.get("code2wav", []):
         print(f"Code2wav {row['dtype']}: {row['ms_per_25_frames']} ms per 25-frame chunk")
-    for row in summary["end_to_end"]:
+    for row in summary.get("end_to_end", []):
         print(f"Talker+Code2wav {row['dtype']} {row['step']} batch {row['batch']}: "
               f"{row['wall_s']:.2f} s for {row['audio_s']:.1f} s of audio in all "
               f"({row['audio_s_per_s']:.1f} audio s/s)")  # fmt: skip
-    for row in summary["transformers"]:
+    for row in summary.get("transformers", []):
         print(f"transformers generate {row['dtype']}: {row['e2e_s']:.2f} s E2E "
               f"(range {row['e2e_range_s'][0]:.2f}-{row['e2e_range_s'][1]:.2f}) for "
               f"{row['audio_s']:.1f} s audio")  # fmt: skip
 
 
 def _batches(summary: dict) -> list[int]:
-    return sorted({r["batch"] for r in summary["talker_step"]})
+    return sorted({r["batch"] for r in summary.get("talker_step", [])})
 
 
 def _group(rows: list[dict]) -> dict:

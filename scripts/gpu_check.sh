@@ -9,8 +9,11 @@
 #                                      # JSON after each section, so a cut run keeps those)
 #   bash scripts/gpu_check.sh speech   # the speech stages' gpu tests (150 s), then the stages
 #                                      # benchmark (390 s): one call that fits a 10-minute limit
+#   bash scripts/gpu_check.sh speech --kinds cuda_graph   # arguments after the mode go to
+#                                      # bench_gpu_stages.py (--kinds, --sections, --steps)
 set -u
 only=${1:-all}
+shift 2>/dev/null  # the rest go to the stages benchmark (stages and speech modes)
 cd "$(dirname "$0")/.."
 out=${OUT:-load_tests/results}
 mkdir -p "$out"
@@ -28,7 +31,7 @@ if [ "$only" = stages ] || [ "$only" = speech ]; then
     tests=${PIPESTATUS[0]}
   fi
   budget=$([ "$only" = speech ] && echo 390 || echo 540)
-  timeout "$budget" python3 load_tests/bench_gpu_stages.py 2>&1 \
+  timeout "$budget" python3 load_tests/bench_gpu_stages.py "$@" 2>&1 \
     | tee "$out/bench_gpu_stages.log" | tail -30
   cp load_tests/results/bench_gpu_stages.json "$out/" 2>/dev/null
   exit "$tests"

@@ -39,9 +39,19 @@ def fold_seed(seed: int) -> int:
 def uniform(seed: torch.Tensor, counter: torch.Tensor, stream: int, width: int) -> torch.Tensor:
     """[B, width] float32 in (0, 1): column c of row b is a hash of (seed[b], counter[b],
     stream, c). ``stream`` separates the draws of one step (a frame's 16 code groups)."""
-    row = _mix32((seed ^ _mix32(counter * 64 + stream)) & _MASK32)  # [B]
+    return uniform_streams(seed, counter, stream, 1, width)[:, 0]
+
+
+def uniform_streams(
+    seed: torch.Tensor, counter: torch.Tensor, first: int, count: int, width: int
+) -> torch.Tensor:
+    """[B, count, width]: ``uniform`` for streams ``first .. first + count - 1`` at once, the
+    same values, in one hash's kernels instead of one per stream (a launch-bound graph's
+    count matters more than its arithmetic)."""
+    streams = torch.arange(first, first + count, device=seed.device, dtype=torch.int64)
+    row = _mix32((seed[:, None] ^ _mix32(counter[:, None] * 64 + streams)) & _MASK32)  # [B, S]
     cols = torch.arange(width, device=seed.device, dtype=torch.int64)
-    return unit_interval(_mix32((row[:, None] + cols[None, :] * 0x9E3779B1) & _MASK32))
+    return unit_interval(_mix32((row[..., None] + cols * 0x9E3779B1) & _MASK32))
 
 
 def unit_interval(bits: torch.Tensor) -> torch.Tensor:
@@ -52,7 +62,11 @@ def unit_interval(bits: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel(seed: torch.Tensor, counter: torch.Tensor, stream: int, width: int) -> torch.Tensor:
-    return -torch.log(-torch.log(uniform(seed, counter, stream, width)))
+    return to_gumbel(uniform(seed, counter, stream, width))
+
+
+def to_gumbel(uniform: torch.Tensor) -> torch.Tensor:
+    return -torch.log(-torch.log(uniform))
 
 
 @dataclass
@@ -95,19 +109,18 @@ def sample(logits: torch.Tensor, rows: RowSampling, stream: int) -> torch.Tensor
 def sample_fixed(
     logits: torch.Tensor,
     greedy: torch.Tensor,
-    seed: torch.Tensor,
-    counter: torch.Tensor,
-    stream: int,
+    noise: torch.Tensor,
     *,
     temperature: float,
     top_k: int,
     top_p: float,
 ) -> torch.Tensor:
     """``sample`` for settings shared by every row (the code predictor's): top-k is one
-    ``topk`` call and the rest runs on k columns. ``greedy`` rows take the argmax."""
+    ``topk`` call and the rest runs on k columns. ``noise`` [B, top_k] is the rows' Gumbel
+    noise for this draw (``to_gumbel`` of ``uniform_streams``: a caller that draws several
+    times a step hashes them all at once). ``greedy`` rows take the argmax."""
     values, ids = torch.topk(logits / temperature, top_k, dim=-1)  # sorted, descending
     probs = torch.softmax(values, dim=-1)
     keep = (probs.cumsum(-1) - probs) <= top_p
-    noise = gumbel(seed, counter, stream, top_k)
     pick = torch.argmax(values.masked_fill(~keep, float("-inf")) + noise, dim=-1)
     return torch.where(greedy, ids[:, 0], ids.gather(-1, pick[:, None])[:, 0])

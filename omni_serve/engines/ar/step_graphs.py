@@ -86,14 +86,18 @@ class StepGraphs:
     def run(self, inputs: Inputs, static: tuple[int, ...] = ()) -> torch.Tensor:
         if self.mode != "cuda_graph":
             return self.fn(*inputs, *static)
-        key = (tuple(tuple(t.shape) for t in inputs), static)
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(self.safe_inputs(inputs, static), static)
-        graph, captured, out = self._graphs[key]
+        graph, captured, out = self.capture(inputs, static)
         for target, given in zip(captured, inputs, strict=True):
             target.copy_(given, non_blocking=True)
         graph.replay()
         return out
+
+    def capture(self, inputs: Inputs, static: tuple[int, ...] = ()):
+        """The bucket's graph, captured now if it is new (``inputs`` give only the shapes)."""
+        key = (tuple(tuple(t.shape) for t in inputs), static)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(self.safe_inputs(inputs, static), static)
+        return self._graphs[key]
 
     def _capture(self, inputs: Inputs, static: tuple[int, ...]):
         stream = torch.cuda.Stream()

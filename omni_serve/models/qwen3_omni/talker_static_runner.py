@@ -13,6 +13,10 @@ the host's RNG when they arrive.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Sequence
+
 import torch
 
 from omni_serve.config import EngineSettings
@@ -29,12 +33,20 @@ from omni_serve.engines.ar.torch_engine import StepOutput
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner, TalkerState
 from omni_serve.models.qwen3_omni.talker_step import TalkerDecodeStep, TalkerSlots
 
+logger = logging.getLogger(__name__)
+
 
 def talker_runner(talker, tts_pad: torch.Tensor, engine: EngineSettings, max_len: int):
     """The runner a Talker stage's engine settings ask for: with ``cuda_graphs``, the static
     step captured as CUDA graphs; otherwise the eager runner (the CPU path)."""
     if engine.cuda_graphs:
-        return StaticTalkerRunner(talker, tts_pad, engine.max_batch_size, max_len, "cuda_graph")
+        runner = StaticTalkerRunner(talker, tts_pad, engine.max_batch_size, max_len, "cuda_graph")
+        started = time.perf_counter()
+        graphs = runner.capture()
+        logger.info(
+            "Talker: %d CUDA graphs captured in %.1f s", graphs, time.perf_counter() - started
+        )
+        return runner
     return TalkerRunner(talker, tts_pad, max_batch_size=engine.max_batch_size, max_len=max_len)
 
 
@@ -60,6 +72,26 @@ class StaticTalkerRunner(TalkerRunner):
         self.window_buckets = length_buckets(max_len)
         self.graphs = StepGraphs(self.step.__call__, graph_mode, self._scratch_inputs,
                                  backend=compile_backend)  # fmt: skip
+
+    def capture(self, rows: Sequence[int] = (), longest: int | None = None) -> int:
+        """Captures, before any request, the graphs of the batch buckets that hold ``rows``
+        (every bucket if empty) times the window buckets up to the one that holds
+        ``longest`` (the KV cache's length if None), largest first so the smaller ones reuse
+        its memory, as vLLM does at start-up. A bucket first met mid-reply would stall every
+        row of that step for its capture (two eager warm-up steps and the capture itself).
+        Returns how many graphs are held."""
+        if self.graphs.mode != "cuda_graph":
+            return 0
+        sizes = sorted({bucket(r, self.batch_buckets) for r in rows} or set(self.batch_buckets))
+        last = bucket(longest or self.cache.max_len, self.window_buckets)
+        windows = [w for w in self.window_buckets if w <= last]
+        hidden, dtype = self.tts_pad.shape[-1], self.tts_pad.dtype
+        for size in reversed(sizes):
+            slot_idx = torch.full((size,), self.cache.spare_slot, device=self.device)
+            text = torch.zeros(size, hidden, dtype=dtype, device=self.device)
+            for window in reversed(windows):
+                self.graphs.capture((slot_idx, text), (window,))
+        return self.graphs.captured
 
     def new_state(self, request: ARRequest) -> TalkerState:
         state = super().new_state(request)

@@ -20,15 +20,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers.integrations.moe import batched_mm_experts_forward
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
 from omni_serve.engines.ar.device_sampling import (
     RowSampling,
     apply_repetition_penalty,
     sample,
     sample_fixed,
+    to_gumbel,
+    uniform_streams,
 )
 from omni_serve.engines.ar.kv_cache import SlotKVCache
-from omni_serve.models.qwen3_omni.talker_runner import project_qkv
 
 # transformers' code predictor draws with these when sampling (its generate() call).
 PREDICTOR_TEMPERATURE, PREDICTOR_TOP_K, PREDICTOR_TOP_P = 1.0, 50, 0.8
@@ -130,21 +132,23 @@ class TalkerDecodeStep:
         kv_shape = (past.shape[0], cfg.num_key_value_heads, self.num_residuals + 1, cfg.head_dim)
         caches = [(past.new_empty(kv_shape), past.new_empty(kv_shape)) for _ in model.layers]
         x = torch.cat([past, c0_embed], dim=1)
+        noise = to_gumbel(uniform_streams(rows.seed, rows.counter, 1, self.num_residuals,
+                                          PREDICTOR_TOP_K))  # fmt: skip
         codes, embed_sum, start = [], torch.zeros_like(c0_embed), 0
         for j in range(self.num_residuals):
             end = start + x.shape[1]
             cos, sin = (t[:, start:end] for t in self.predictor_rope)
             hidden = x
             for layer, (keys, values) in zip(model.layers, caches, strict=True):
-                attn_in = layer.input_layernorm(hidden)
-                q, k, v = project_qkv(layer.self_attn, attn_in, cos, sin)
+                attn_in = _rms_norm(layer.input_layernorm, hidden)
+                q, k, v = _project_qkv(layer.self_attn, attn_in, cos, sin)
                 keys[:, :, start:end], values[:, :, start:end] = k, v
                 hidden = hidden + _attend(layer.self_attn, q, keys[:, :, :end], values[:, :, :end])
-                hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-            logits = self.predictor.lm_head[j](model.norm(hidden[:, -1])).float()
+                hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
+            logits = self.predictor.lm_head[j](_rms_norm(model.norm, hidden[:, -1])).float()
             token = sample_fixed(
-                logits, greedy, rows.seed, rows.counter, stream=j + 1,
-                temperature=PREDICTOR_TEMPERATURE, top_k=PREDICTOR_TOP_K, top_p=PREDICTOR_TOP_P,
+                logits, greedy, noise[:, j], temperature=PREDICTOR_TEMPERATURE,
+                top_k=PREDICTOR_TOP_K, top_p=PREDICTOR_TOP_P,
             )  # fmt: skip
             codes.append(token)
             x = model.get_input_embeddings()[j](token)[:, None]
@@ -162,15 +166,34 @@ class TalkerDecodeStep:
         key_pos = torch.arange(window, device=x.device)
         mask = (key_pos[None, :] <= length[:, None])[:, None, None, :]  # [B, 1, 1, W]
         for i, layer in enumerate(self.model.layers):
-            q, k, v = project_qkv(layer.self_attn, layer.input_layernorm(x), cos, sin)
+            q, k, v = _project_qkv(layer.self_attn, _rms_norm(layer.input_layernorm, x), cos, sin)
             keys, values = self.cache.keys[i], self.cache.values[i]
             keys[slot_idx, :, length] = k[:, :, 0]
             values[slot_idx, :, length] = v[:, :, 0]
             window_keys = keys[:, :, :window].index_select(0, slot_idx)
             window_values = values[:, :, :window].index_select(0, slot_idx)
             x = x + _attend(layer.self_attn, q, window_keys, window_values, mask)
-            x = x + _mlp(layer.mlp, layer.post_attention_layernorm(x))
-        return self.model.norm(x)[:, 0]
+            x = x + _mlp(layer.mlp, _rms_norm(layer.post_attention_layernorm, x))
+        return _rms_norm(self.model.norm, x)[:, 0]
+
+
+def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """A transformers RMSNorm module's output, as ``F.rms_norm``: one fused kernel on a GPU
+    where the module launches six (eight in bf16, with its casts). A step runs ~220 norms, the
+    largest share of a launch-bound graph's kernels. fp32 gives the module's values; bf16 rounds
+    once instead of twice (it scales by the weight before the cast to bf16, not after)."""
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+
+def _project_qkv(attn, x: torch.Tensor, cos, sin):
+    """``talker_runner.project_qkv`` with the fused norm: q, k, v [b, heads, L, d]."""
+    b, length, _ = x.shape
+    shape = (b, length, -1, attn.head_dim)
+    q = _rms_norm(attn.q_norm, attn.q_proj(x).view(shape)).transpose(1, 2)
+    k = _rms_norm(attn.k_norm, attn.k_proj(x).view(shape)).transpose(1, 2)
+    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    return q, k, v
 
 
 def _attend(attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

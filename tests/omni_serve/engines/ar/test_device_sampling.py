@@ -9,9 +9,11 @@ from omni_serve.engines.ar.device_sampling import (
     RowSampling,
     apply_repetition_penalty,
     fold_seed,
+    gumbel,
     sample,
     sample_fixed,
     uniform,
+    uniform_streams,
     unit_interval,
 )
 
@@ -44,6 +46,24 @@ def test_a_draw_depends_on_seed_counter_and_stream_only():
     assert not torch.equal(same, uniform(seed, counter + 1, 2, 16))
     assert not torch.equal(same, uniform(seed, counter, 3, 16))
     assert not torch.equal(same, uniform(seed + 1, counter, 2, 16))
+
+
+def test_the_hash_is_pinned_so_a_seed_gives_the_same_speech_across_versions():
+    """The 23-bit draws of two requests, as this hash has made them since it was written: a
+    seeded reply must not change with an upgrade."""
+    seed = torch.tensor([fold_seed(7), fold_seed(123456789)])
+    bits = uniform(seed, torch.tensor([0, 41]), 3, 4).mul(1 << 23).sub(0.5)
+    assert bits.tolist() == [
+        [3464221.0, 761736.0, 6090758.0, 1251601.0],
+        [2201465.0, 7214435.0, 2244063.0, 2279506.0],
+    ]
+
+
+def test_a_steps_streams_hashed_at_once_are_each_streams_own_draws():
+    seed, counter = torch.tensor([fold_seed(7), fold_seed(8)]), torch.tensor([5, 0])
+    at_once = uniform_streams(seed, counter, 1, 15, 50)
+    for j in range(15):
+        assert torch.equal(at_once[:, j], uniform(seed, counter, j + 1, 50))
 
 
 def test_draws_follow_softmax_of_logits_over_temperature():
@@ -88,8 +108,9 @@ def test_fixed_settings_match_per_row_settings_in_distribution():
     logits = torch.randn(1, 300)
     n = 20000
     seed, counter = torch.arange(n), torch.zeros(n, dtype=torch.int64)
-    fixed = sample_fixed(logits.expand(n, -1).clone(), torch.zeros(n, dtype=torch.bool), seed,
-                         counter, 1, temperature=1.0, top_k=50, top_p=0.8)  # fmt: skip
+    fixed = sample_fixed(logits.expand(n, -1).clone(), torch.zeros(n, dtype=torch.bool),
+                         gumbel(seed, counter, 1, 50), temperature=1.0, top_k=50,
+                         top_p=0.8)  # fmt: skip
     per_row = sample(logits.expand(n, -1).clone(), rows(n, top_k=50, top_p=0.8), 1)
     kept = set(torch.topk(logits[0], 50).indices.tolist())
     assert set(fixed.tolist()) <= kept and set(per_row.tolist()) <= kept

@@ -81,10 +81,12 @@ async def test_the_talker_on_the_gpu_makes_the_cpu_codes(tiny_omni_path, referen
 async def test_the_static_talker_step_as_cuda_graphs_gives_the_eager_steps_codes(
     tiny_omni_path, dtype
 ):
-    """Replayed graphs (batch padded to a bucket, KV window rounded up to one) make the codes
-    the same step makes eagerly on the GPU, greedy and seeded; in fp32 greedy they are
-    transformers' codes too (test_talker_step.py holds that on the CPU)."""
+    """Replayed graphs (all captured up front; batch padded to a bucket, KV window rounded
+    up to one) make the codes the same step makes eagerly on the GPU, greedy and seeded; in
+    fp32 greedy they are transformers' codes too (test_talker_step.py holds that on the
+    CPU)."""
     from omni_serve.engines.ar.base import SamplingConfig
+    from omni_serve.engines.ar.step_graphs import batch_buckets, length_buckets
     from omni_serve.models.qwen3_omni.talker_static_runner import StaticTalkerRunner
     from tests.omni_serve.models.qwen3_omni.test_talker_step import GREEDY, SEEDED, engine_codes
     from tests.omni_serve.models.qwen3_omni.test_talker_step import requests as talker_requests
@@ -98,6 +100,8 @@ async def test_the_static_talker_step_as_cuda_graphs_gives_the_eager_steps_codes
 
         eager = await engine_codes(runner("eager"), talker_requests(parts, sampling))
         graphed_runner = runner("cuda_graph")
+        captured = graphed_runner.capture()  # every bucket, on scratch rows, largest first
+        assert captured == len(batch_buckets(4)) * len(length_buckets(256)) == 9
         graphed = await engine_codes(graphed_runner, talker_requests(parts, sampling))
         assert graphed == eager
-        assert graphed_runner.graphs.captured >= 1
+        assert graphed_runner.graphs.captured == captured  # no capture in the middle of a reply
