@@ -9,7 +9,8 @@ the waveform.
 Runs bare (torch and transformers; no Ray, no vLLM), as ``scripts/gpu_check.sh`` runs it.
 A Talker step row counts everything the served step costs per frame: the eager runner's
 step plus the engine's host sampling of codebook 0; the static step samples on the device.
-Writes load_tests/results/bench_gpu_stages.json and prints a table.
+Writes load_tests/results/bench_gpu_stages.json and prints a table;
+``load_tests/gpu_stages_summary.py`` keeps that file as docs/results/gpu_stages.json.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import torch
 from speech_baseline import generate_speech, prompt_inputs  # load_tests/, beside this file
+from summary import machine
 
 import omni_serve  # noqa: F401  (torchvision compat before transformers)
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
@@ -239,8 +241,8 @@ def bench_transformers(path, device, dtype, text_tokens: int, frames: int, repea
     runs = [once() for _ in range(repeats)]
     walls = [w for w, _ in runs]
     return {"dtype": dtype, "e2e_s": statistics.median(walls),
-            "e2e_range_s": [min(walls), max(walls)], "audio_s": runs[0][1],
-            "repeats": repeats}  # fmt: skip
+            "e2e_range_s": [min(walls), max(walls)], "e2e_values_s": walls,
+            "audio_s": runs[0][1], "repeats": repeats}  # fmt: skip
 
 
 def git_commit() -> str:
@@ -282,6 +284,7 @@ def main() -> None:
         "command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": git_commit(),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
         "torch": torch.__version__, "model": model, "threads": torch.get_num_threads(),
+        "machine": machine(),
     }  # fmt: skip
     print(json.dumps(summary), flush=True)
     best = "cuda_graph" if cuda else "static"

@@ -69,16 +69,18 @@ def git_commit() -> str:
 STARTED_AT = git_commit()
 
 
-def write_summary(name: str, figures: dict[str, Any], sides: dict[str, Any],
-                  repeats: int) -> Path:  # fmt: skip
+def write_summary(name: str, figures: dict[str, Any], sides: dict[str, Any], repeats: int,
+                  measured_on: dict[str, Any] | None = None) -> Path:  # fmt: skip
     """``figures``: what the headline quotes (medians with ranges); ``sides``: what each side
-    of a comparison used (cores, threads, processes, dtype)."""
+    of a comparison used (cores, threads, processes, dtype). ``measured_on``: the command,
+    commit and machine of a run made elsewhere (a lent GPU machine, whose raw results are
+    kept here afterwards); by default this process's."""
     SUMMARIES.mkdir(parents=True, exist_ok=True)
+    here = {"command": "python " + shlex.join(sys.argv), "commit": STARTED_AT,
+            "machine": machine()}  # fmt: skip
     summary = {
         "name": name,
-        "command": "python " + shlex.join(sys.argv),
-        "commit": STARTED_AT,
-        "machine": machine(),
+        **(measured_on or here),
         "repeats": repeats,
         "sides": sides,
         "figures": figures,

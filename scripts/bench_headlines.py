@@ -201,7 +201,63 @@ def render_realtime(summary: dict) -> list[str]:
     return lines
 
 
-RENDERERS = {"speech": render_speech, "channel": render_channel, "realtime": render_realtime}
+def render_gpu_stages(summary: dict) -> list[str]:
+    figures, sides, machine = summary["figures"], summary["sides"], summary["machine"]
+    steps = figures["talker_step_ms"]
+    batches = sorted({int(k.rsplit("/b", 1)[1]) for k in steps}, key=int)
+    lines = [
+        f"### Speech stages on a GPU ({machine['gpu']}): our Talker and Code2wav, transformers",
+        "",
+        f"`{sides['model']}`, bare torch {machine['torch']} (no Ray, no vLLM); "
+        f"`{summary['command']}` at `{summary['commit']}`; one run (transformers: median of "
+        "its repeats, range in brackets).",
+        "",
+        "| Talker step (ms) | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "|---|" + "---|" * len(batches),
+    ]
+    for mode in sorted({k.rsplit("/b", 1)[0] for k in steps}):
+        cells = [cell(steps.get(f"{mode}/b{b}")) for b in batches]
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    lines += ["", "| from the Thinker's rows to waveforms | wall (s) | audio (s) | audio s per s |",
+              "|---|---|---|---|"]  # fmt: skip
+    for key, row in figures["end_to_end"].items():
+        lines.append(f"| ours, {key} | {cell(row['wall_s'])} | {row['audio_s']:.1f} "
+                     f"| {cell(row['audio_s_per_s'], 1)} |")  # fmt: skip
+    for dtype, row in figures["transformers_e2e_s"].items():
+        lines.append(f"| transformers generate, {dtype}/b1 | {cell(row)} | {row['audio_s']:.1f} "
+                     f"| {row['audio_s'] / row['median']:.2f} |")  # fmt: skip
+    lines += ["", "Targets (issue 35, bf16):", ""]
+    b1, b64 = steps.get("bfloat16/cuda_graph/b1"), steps.get("bfloat16/cuda_graph/b64")
+    if b1 and b64:
+        lines.append(f"- a step at batch 1: {b1['median']} ms, {verdict(b1['median'], 6, True)}")
+        lines.append(
+            f"- a step at batch 64: {b64['median']} ms, {verdict(b64['median'], 15, True)}"
+        )
+    ours = figures["end_to_end"].get("bfloat16/cuda_graph/b1")
+    theirs = figures["transformers_e2e_s"].get("bfloat16")
+    if ours and theirs:
+        ratio = theirs["median"] / ours["wall_s"]["median"]
+        fastest = theirs["min"] / ours["wall_s"]["median"]
+        lines.append(f"- Talker + Code2wav against `generate` in the same run: {ratio:.1f}x "
+                     f"(against its fastest run, {fastest:.1f}x), "
+                     f"{verdict(ratio, 10, below=False)}")  # fmt: skip
+    slower = [b for b in batches
+              if steps.get(f"bfloat16/cuda_graph/b{b}") and steps.get(f"float32/cuda_graph/b{b}")
+              and steps[f"bfloat16/cuda_graph/b{b}"]["median"]
+              > steps[f"float32/cuda_graph/b{b}"]["median"]]  # fmt: skip
+    lines.append(
+        "- bf16 no slower than fp32 (graphed step): "
+        + ("met at every batch" if not slower else f"**not met** at batch {slower}")
+    )
+    return lines
+
+
+RENDERERS = {
+    "speech": render_speech,
+    "channel": render_channel,
+    "realtime": render_realtime,
+    "gpu_stages": render_gpu_stages,
+}
 
 
 def renderer(name: str):

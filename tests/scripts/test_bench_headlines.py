@@ -30,7 +30,8 @@ def test_every_kept_summary_names_its_command_commit_and_machine():
     for path in paths:
         summary = json.loads(path.read_text())
         assert summary["command"].startswith("python load_tests/"), path
-        assert summary["commit"] and summary["machine"]["cores"] >= 1, path
+        machine = summary["machine"]
+        assert summary["commit"] and (machine.get("cores", 0) >= 1 or machine.get("gpu")), path
         assert summary["repeats"] >= 1 and summary["figures"], path
 
 
@@ -75,3 +76,28 @@ def test_the_realtime_table_reads_a_missed_target_as_missed():
     assert "no underrun at 4 sessions (worst over runs 0.60 s): **not met**" in text
     assert "barge-in stops the answer: met" in text
     assert "barge-in stops every stage: **not met**" in text
+
+
+def test_the_gpu_stages_table_reads_a_missed_target_as_missed():
+    def fig(v):
+        return {"median": v, "min": v, "max": v, "values": [v]}
+
+    steps = {
+        "bfloat16/cuda_graph/b1": fig(7.0),
+        "bfloat16/cuda_graph/b64": fig(12.0),
+        "float32/cuda_graph/b1": fig(5.0),
+        "float32/cuda_graph/b64": fig(13.0),
+    }
+    figures = {"talker_step_ms": steps,
+               "end_to_end": {"bfloat16/cuda_graph/b1": {
+                   "wall_s": fig(2.0), "audio_s": 8.0, "audio_s_per_s": fig(4.0)}},
+               "transformers_e2e_s": {"bfloat16": {**fig(10.0), "audio_s": 7.9}}}  # fmt: skip
+    summary = {"name": "gpu_stages", "command": "python load_tests/bench_gpu_stages.py",
+               "commit": "abc", "repeats": 1, "machine": {"gpu": "H200", "torch": "2.11"},
+               "figures": figures, "sides": {"model": "small-qwen3-omni"}}  # fmt: skip
+    text = "\n".join(headlines.render_gpu_stages(summary))
+    assert "| bfloat16/cuda_graph | 7.00 | 12.00 |" in text
+    assert "a step at batch 1: 7.0 ms, **not met** (<= 6)" in text
+    assert "a step at batch 64: 12.0 ms, met (<= 15)" in text
+    assert "same run: 5.0x (against its fastest run, 5.0x), **not met** (>= 10)" in text
+    assert "bf16 no slower than fp32 (graphed step): **not met** at batch [1]" in text
