@@ -97,6 +97,7 @@ def ingress_app(title: str):
     ``configure_http_guards`` sets their values per replica."""
     from fastapi import FastAPI
 
+    from omni_serve.api import playground
     from omni_serve.api.access import ApiKeyMiddleware
     from omni_serve.api.body_limit import BodyLimitMiddleware
     from omni_serve.api.errors import install_error_handlers
@@ -105,6 +106,7 @@ def ingress_app(title: str):
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(ApiKeyMiddleware)
     install_error_handlers(app)
+    playground.add_routes(app)
     return app
 
 

@@ -23,6 +23,7 @@ from deployments.common import (
     ingress_stats,
     serve_problems,
 )
+from omni_serve.api import playground
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
 from omni_serve.api.health import stage_health
@@ -91,6 +92,8 @@ class ImageIngress(ReleasesSharedMemory):
         step_cache = dit_stage.engine.step_cache
         mask = step_cache.steps_mask if step_cache and step_cache.enabled else None
         self.step_mask_length = len(mask) if mask is not None else None
+        playground.configure(self.config.api.playground, "image", self.config.served_model_name,
+                             sizes=["256x256", "512x512", "1024x1024"])  # fmt: skip
 
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from deployments.omni_stage_clients import HandleStageClients
 from deployments.realtime_routes import RealtimeRoutes
 from deployments.session_store import SessionStoreClient
 from deployments.spoken_replies import SpokenReplyClient
+from omni_serve.api import playground
 from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
 from omni_serve.api.errors import (
@@ -104,6 +105,8 @@ class Ingress(AudioRoutes, RealtimeRoutes, ReleasesSharedMemory):
         # Without a Talker (a text-only pipeline: the Thinking and Captioner checkpoints have
         # none) the app answers in text and refuses audio output.
         self.voices = set(load_config(model_path).talker_config.speaker_id) if talker else set()
+        playground.configure(self.config.api.playground, "speech",
+                             self.config.served_model_name, sorted(self.voices))  # fmt: skip
         self.handles = {"thinker": thinker}
         for name, handle in (("talker", talker), ("code2wav", code2wav), ("encoder", encoder)):
             if handle is not None:

@@ -32,7 +32,10 @@ class RealtimeRoutes:
     @app.websocket("/v1/realtime")
     async def realtime(self, ws: WebSocket, model: str | None = None) -> None:
         """A Realtime session (``?model=`` as OpenAI's clients send it)."""
-        await ws.accept()
+        # A browser offers "realtime" (with the key as a second subprotocol) and drops a
+        # handshake that picks none.
+        offered = ws.scope.get("subprotocols", [])
+        await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
         served = self.config.served_model_name
         if model is not None and model != served:
             message = f"model {model!r} does not exist; this server serves {served!r}"

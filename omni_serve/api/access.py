@@ -15,10 +15,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from omni_serve.api.playground import is_page_path
 from omni_serve.api.protocol import error_body
 from omni_serve.config import ApiSettings
 
 OPEN_PATHS = frozenset({"/health"})  # load balancers and probes do not carry keys
+# A browser cannot set headers on a WebSocket handshake: it offers the key as a subprotocol,
+# as OpenAI's Realtime API takes it from browsers (the "insecure" says the key is in the page).
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
 
 
 class _Key:
@@ -68,6 +72,9 @@ def _presented_key(scope: dict[str, Any]) -> str | None:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
             return token.strip() if scheme.lower() == "bearer" else None
+    for protocol in scope.get("subprotocols", []) if scope["type"] == "websocket" else []:
+        if protocol.startswith(KEY_SUBPROTOCOL):
+            return protocol[len(KEY_SUBPROTOCOL) :]
     return None
 
 
@@ -79,7 +86,8 @@ class ApiKeyMiddleware:
         key = _Key.value
         if key is None or scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        if scope["path"] in OPEN_PATHS:
+        # The playground's files hold no data (a login page's kind): the page asks for the key.
+        if scope["path"] in OPEN_PATHS or is_page_path(scope["path"]):
             return await self.app(scope, receive, send)
         presented = _presented_key(scope)
         if presented is not None and hmac.compare_digest(presented.encode(), key.encode()):

@@ -163,6 +163,12 @@ class ApiSettings(_Strict):
         description="A WebSocket client that sends no request for this long is closed (it "
         "holds an ingress slot while open). None = never.",
     )
+    playground: bool = Field(
+        True,
+        description="Serve the playground page at / (talk to the model, make images, in a "
+        "browser); its files are open, everything it calls needs the API key. Turn it off "
+        "for production.",
+    )
     realtime_early_answer_ms: int | None = Field(
         200,
         ge=0,

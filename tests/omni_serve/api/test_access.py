@@ -72,6 +72,22 @@ def test_a_websocket_without_the_key_is_refused_at_the_handshake(client):
         assert ws.receive_json() == {"type": "hello"}
 
 
+def test_a_browser_websocket_may_offer_the_key_as_a_subprotocol(client):
+    """A browser cannot set a handshake header: it offers the key as OpenAI's Realtime API
+    has browsers do; a wrong one is refused as a missing one is."""
+    access.configure("s3cret")
+    offered = ["realtime", f"{access.KEY_SUBPROTOCOL}s3cret"]
+    with client.websocket_connect("/v1/audio/stream", subprotocols=offered) as ws:
+        assert ws.receive_json() == {"type": "hello"}
+    wrong = ["realtime", f"{access.KEY_SUBPROTOCOL}nope"]
+    with (
+        pytest.raises(WebSocketDisconnect) as refused,
+        client.websocket_connect("/v1/audio/stream", subprotocols=wrong),
+    ):
+        pass
+    assert refused.value.code == 1008
+
+
 @pytest.mark.parametrize("host", [None, "127.0.0.1", "localhost", "::1"])
 def test_loopback_may_serve_without_a_key(host):
     assert access.resolve_api_key(ApiSettings(), host) is None
