@@ -68,6 +68,11 @@ def _chat_prompt(body: ChatCompletionRequest) -> str:
     raise ApiError(400, "messages: no user message to draw", param="messages")
 
 
+def _pixels(size: str) -> int:
+    width, _, height = size.partition("x")
+    return int(width) * int(height)
+
+
 # Keep module-level helpers ABOVE this class: Serve pickles the class by value when the
 # decorator runs, so a global defined below it is missing in the replica (NameError).
 @serve.deployment
@@ -92,8 +97,11 @@ class ImageIngress(ReleasesSharedMemory):
         step_cache = dit_stage.engine.step_cache
         mask = step_cache.steps_mask if step_cache and step_cache.enabled else None
         self.step_mask_length = len(mask) if mask is not None else None
-        playground.configure(self.config.api.playground, "image", self.config.served_model_name,
-                             sizes=["256x256", "512x512", "1024x1024"])  # fmt: skip
+        api = self.config.api
+        sizes = [api.image_default_size, "256x256", "512x512", "1024x1024"]
+        sizes = [s for s in dict.fromkeys(sizes) if _pixels(s) <= api.image_max_pixels]
+        playground.configure(api.playground, "image", self.config.served_model_name,
+                             sizes=sizes, default_steps=api.image_default_steps)  # fmt: skip
 
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:

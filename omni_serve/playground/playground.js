@@ -69,7 +69,7 @@ function showVoicePanel() {
   const select = $("voice-select");
   for (const voice of page.config.voices) select.add(new Option(voice, voice));
   select.disabled = page.config.voices.length === 0;
-  select.onchange = () => sendSession();
+  select.onchange = () => sendSession(select.value);
   connect();
 }
 
@@ -80,10 +80,7 @@ function connect() {
   if (page.key) protocols.push(`openai-insecure-api-key.${page.key}`);
   const ws = new WebSocket(url, protocols);
   page.ws = ws;
-  ws.onopen = () => {
-    setStatus("connected");
-    sendSession();
-  };
+  ws.onopen = () => setStatus("connected");
   ws.onmessage = (event) => handle(JSON.parse(event.data));
   ws.onclose = (event) => {
     setStatus("disconnected");
@@ -95,14 +92,15 @@ function send(event) {
   if (page.ws && page.ws.readyState === WebSocket.OPEN) page.ws.send(JSON.stringify(event));
 }
 
-function sendSession() {
+function sendSession(voice) {
+  // Sent on session.created (keeping the server's default voice) and when the voice changes.
   const spoken = page.config.voices.length > 0;
   const session = {
     type: "realtime",
     output_modalities: [spoken ? "audio" : "text"],
     audio: { input: { turn_detection: { type: "server_vad", silence_duration_ms: 500 } } },
   };
-  if (spoken) session.audio.output = { voice: $("voice-select").value };
+  if (spoken && voice) session.audio.output = { voice };
   send({ type: "session.update", session });
 }
 
@@ -117,6 +115,16 @@ function line(kind, text) {
 
 function handle(event) {
   switch (event.type) {
+    case "session.created": {
+      const output = event.session.audio && event.session.audio.output;
+      if (output && output.voice) $("voice-select").value = output.voice;
+      page.session = event.session;
+      sendSession();
+      break;
+    }
+    case "session.updated":
+      page.session = event.session; // what the server now uses (a test reads the voice)
+      break;
     case "input_audio_buffer.speech_started":
       setStatus("hearing you");
       interrupt();
@@ -274,6 +282,7 @@ async function sendText(event) {
 function showImagePanel() {
   $("image").hidden = false;
   for (const size of page.config.sizes || []) $("size").add(new Option(size, size));
+  if (page.config.default_steps) $("steps").value = page.config.default_steps;
   setStatus("ready");
 }
 

@@ -122,6 +122,7 @@ class Answer:
 
     async def _shown(self, respond, prefetch: _Prefetch | None) -> None:
         session = self.session
+        self._shown_at = time.monotonic()
         await session.emit("response.created", response=self.response_json("in_progress"))
         status, details, result = "completed", None, None
         try:
@@ -155,9 +156,20 @@ class Answer:
         if self._opened:
             await self._close(status)
         usage = _usage(result) if result is not None else None
-        timings = result.timings if result is not None else None
+        timings = result.timings if result is not None else self._own_timings()
         response = self.response_json(status, details, usage, timings)
         await session.emit("response.done", response=response)
+
+    def _own_timings(self) -> dict[str, float] | None:
+        """An answer stopped before the stages' timings came (barge-in, cancel): what the
+        session itself saw, from response.created, so a client still gets its first-audio
+        time and pace."""
+        if self._first_audio_at is None:
+            return None
+        total = time.monotonic() - self._shown_at
+        audio_s = len(self.part.pcm) / BYTES_PER_MS / 1000
+        timings = {"first_audio_s": self._first_audio_at - self._shown_at, "total_s": total}
+        return {**timings, "rtf": total / audio_s} if audio_s > 0 else timings
 
     def response_json(self, status: str, details: dict | None = None, usage: dict | None = None,
                       timings: dict | None = None) -> dict[str, Any]:  # fmt: skip

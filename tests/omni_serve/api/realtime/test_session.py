@@ -129,6 +129,8 @@ async def test_speech_during_an_answer_stops_it_and_keeps_only_what_was_played(
         assert "conversation.item.truncated" in kinds[started:]
         done = events[-1].response
         assert done.status == "cancelled" and done.status_details.reason == "turn_detected"
+        timings = done.timings  # the session's own: the stages' come only with a finished chat
+        assert 0 < timings["first_audio_s"] < timings["total_s"] and timings["rtf"] > 0
         assert chat.closed and chat.closed[0] <= stopped_at  # the chat's stream was closed
         truncated = next(e for e in events if e.type == "conversation.item.truncated")
         assert 400 <= truncated.audio_end_ms <= 2000  # about what had played, not all it sent
