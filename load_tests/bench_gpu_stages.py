@@ -161,21 +161,32 @@ def count_kernels(path, device, dtypes, batches) -> list[dict]:
     return rows
 
 
-def bench_code2wav(path, device, dtype, frames: int) -> dict:
-    decoder, context = load_code2wav_decoder(path, dtype=getattr(torch, dtype), device=device)
-    codes = torch.randint(0, 2048, (16, frames), generator=torch.Generator().manual_seed(0))
-    planner = ChunkPlanner(decoder.samples_per_frame, first_chunk=2, chunk=25,
-                           left_context=context, stream_id="s")  # fmt: skip
-    jobs = planner.push(codes) + [planner.finish()]
-    decoder.run(jobs[:2])  # warm-up
+def bench_code2wav(path, device, dtype, frames: int, batch: int = 1) -> dict:
+    """Code2wav's chunk decode with ``batch`` streams' chunks in one call (as the served
+    stage batches them): ms per call, normalized to 25-frame chunks. Flat in ``batch`` means
+    launch-bound (graphs would help); linear means compute-bound."""
+    decoder, context = load_code2wav_decoder(
+        path, dtype=getattr(torch, dtype), max_batch=batch, device=device
+    )
+    gen = torch.Generator().manual_seed(0)
+    streams = []
+    for i in range(batch):
+        planner = ChunkPlanner(decoder.samples_per_frame, first_chunk=2, chunk=25,
+                               left_context=context, stream_id=f"s{i}")  # fmt: skip
+        codes = torch.randint(0, 2048, (16, frames), generator=gen)
+        streams.append(planner.push(codes) + [planner.finish()])
+    rounds = [list(jobs) for jobs in zip(*streams, strict=True)]
+    for jobs in rounds[:2]:  # warm-up: the first chunks
+        decoder.run(jobs)
     times = []
-    for job in jobs[2:]:
+    for jobs in rounds[2:]:
         sync()
         start = time.perf_counter()
-        decoder.run([job])
+        decoder.run(jobs)
         sync()
-        times.append((time.perf_counter() - start) / job.num_frames * 25)
-    return {"dtype": dtype, "ms_per_25_frames": round(statistics.median(times) * 1e3, 2)}
+        times.append((time.perf_counter() - start) / jobs[0].num_frames * 25)
+    return {"dtype": dtype, "batch": batch,
+            "ms_per_25_frames": round(statistics.median(times) * 1e3, 2)}  # fmt: skip
 
 
 def bench_end_to_end(path, device, dtype, step: str, batch: int, frames: int) -> dict:
@@ -300,7 +311,9 @@ def main() -> None:
             bench_end_to_end(path, device, d, s, b, frames)
             for d in dtypes for s, b in shapes
         ],
-        "code2wav": lambda: [bench_code2wav(path, device, d, frames) for d in dtypes],
+        "code2wav": lambda: [
+            bench_code2wav(path, device, d, frames, b) for d in dtypes for b in (1, batches[-2])
+        ],
         "kernels": lambda: count_kernels(path, device, dtypes, [1, batches[-2]]),
         "transformers": lambda: [
             bench_transformers(path, device, d, 32, frames, 1 if args.quick else 3)
@@ -331,7 +344,10 @@ def print_table(summary: dict) -> None:
         cells = [by_batch.get(b, "-") for b in _batches(summary)]
         print(f"  {step:<10} | {dtype:<8} | " + " | ".join(cells))
     for row in summary.get("code2wav", []):
-        print(f"Code2wav {row['dtype']}: {row['ms_per_25_frames']} ms per 25-frame chunk")
+        print(
+            f"Code2wav {row['dtype']} batch {row.get('batch', 1)}: "
+            f"{row['ms_per_25_frames']} ms per 25-frame chunk of each stream"
+        )
     for row in summary.get("end_to_end", []):
         print(f"Talker+Code2wav {row['dtype']} {row['step']} batch {row['batch']}: "
               f"{row['wall_s']:.2f} s for {row['audio_s']:.1f} s of audio in all "

@@ -51,7 +51,8 @@ def figures_of(raw: dict) -> dict:
             "audio_s": row["audio_s"],
         }
     figures["code2wav_ms_per_25_frames"] = {
-        row["dtype"]: spread([row["ms_per_25_frames"]]) for row in raw.get("code2wav", [])
+        f"{row['dtype']}/b{row.get('batch', 1)}": spread([row["ms_per_25_frames"]])
+        for row in raw.get("code2wav", [])
     }
     figures["kernels_per_step"] = {
         f"{row['dtype']}/b{row['batch']}": {"kernels": row["kernels"],
