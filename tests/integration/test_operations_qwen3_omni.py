@@ -91,6 +91,13 @@ async def test_idle_websocket_clients_are_closed_and_do_not_lock_others_out(serv
             await asyncio.wait_for(ws.recv(), 10)
 
 
+def test_the_playground_switched_off_is_a_404_that_names_the_switch(served):
+    for path in ("/", "/playground/playground.js", "/playground/config.json"):
+        response = httpx.get(f"{URL}{path}", timeout=30)
+        assert response.status_code == 404, path
+        assert "api.playground" in response.json()["error"]["message"]
+
+
 def test_a_sessions_prefix_is_kept_for_the_app_not_per_ingress_replica(served):
     """With two ingress replicas, Serve's proxy sends a session's turns to either: the prefix
     turn one exported is in the app's session store, which /metrics on every ingress replica
