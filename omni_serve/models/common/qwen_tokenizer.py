@@ -9,8 +9,6 @@ transformers' Qwen3-Omni ``generate`` finds roles by token id.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 from transformers import PreTrainedTokenizerFast
@@ -115,10 +113,6 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         got = fast.convert_tokens_to_ids(role)
         assert got == want, f"role {role!r} got id {got}, want {want}"
     return fast
-
-
-def save_tokenizer(directory: Path) -> None:
-    build_tokenizer().save_pretrained(directory)
 
 
 def _byte_value(ch: str) -> int:

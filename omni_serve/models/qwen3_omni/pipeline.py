@@ -2,7 +2,7 @@
 
 Streaming is the path: ``stream_chat`` yields text deltas as the Thinker makes them and audio
 chunks as Code2wav decodes them (a small first chunk of codec frames, then steady chunks);
-``collect`` (``run_chat``) gathers it for non-streaming responses. Stage access is abstract
+``collect`` gathers it for non-streaming responses. Stage access is abstract
 (``StageClients``) so the flow runs the same over Serve handles and over in-process engines.
 Heavy tensors (the Thinker's prompt rows) travel as opaque references the Talker resolves.
 """
@@ -257,10 +257,3 @@ async def collect(events: AsyncIterator[ChatEvent]) -> ChatResult:
         if event.kind == "done":
             return event.result
     raise RuntimeError("chat stream ended without a result")
-
-
-async def run_chat(
-    clients: StageClients, prompt: PreparedPrompt, options: ChatOptions, request_id: str
-) -> ChatResult:
-    """The streaming path, collected."""
-    return await collect(stream_chat(clients, prompt, options, request_id))
