@@ -62,6 +62,14 @@ class ServeProcess:
         self.proc: subprocess.Popen | None = None
         self.log_path = REPO / ".serve_run.log"
 
+    def __enter__(self) -> ServeProcess:
+        """``with ServeProcess(...) as server``: started (ready) inside, stopped after."""
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def start(self, timeout_s: float = 240.0) -> None:
         """Launch, and return once the app answers /health with 200."""
         self.launch()

@@ -36,10 +36,8 @@ SLOW = {"prompt": "a slow kite", "size": "512x512", "num_inference_steps": 12, "
 @pytest.fixture(scope="module")
 def served():
     config = "pipeline_config=tests/integration/pipelines/qwen_image_ops.yaml"
-    server = ServeProcess("graphs.qwen_image:build_app", URL, args=(config,))
-    server.start()
-    yield server
-    server.stop()
+    with ServeProcess("graphs.qwen_image:build_app", URL, args=(config,)) as server:
+        yield server
 
 
 def generate(body: dict, headers: dict | None = None, timeout: float = 120) -> httpx.Response:

@@ -38,10 +38,8 @@ SPOKEN = {"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format":
 @pytest.fixture(scope="module")
 def served():
     config = "pipeline_config=tests/integration/pipelines/qwen3_omni_ops.yaml"
-    server = ServeProcess("graphs.qwen3_omni:build_app", URL, args=(config,))
-    server.start()
-    yield server
-    server.stop()
+    with ServeProcess("graphs.qwen3_omni:build_app", URL, args=(config,)) as server:
+        yield server
 
 
 def chat(body: dict, timeout: float = 240) -> httpx.Response:

@@ -19,10 +19,8 @@ KEY = "playground-key"  # tests/integration/pipelines/qwen_image_keyed.yaml
 @pytest.fixture(scope="module")
 def served():
     config = "pipeline_config=tests/integration/pipelines/qwen_image_keyed.yaml"
-    server = ServeProcess("graphs.qwen_image:build_app", URL, args=(config,))
-    server.start()
-    yield server
-    server.stop()
+    with ServeProcess("graphs.qwen_image:build_app", URL, args=(config,)) as server:
+        yield server
 
 
 def test_the_page_asks_for_the_key_then_makes_and_shows_an_image(served):

@@ -27,10 +27,8 @@ URL = "http://127.0.0.1:8000"
 
 @pytest.fixture(scope="module")
 def served():
-    server = ServeProcess("graphs.qwen3_omni:app", URL)
-    server.start()
-    yield server
-    server.stop()
+    with ServeProcess("graphs.qwen3_omni:app", URL) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

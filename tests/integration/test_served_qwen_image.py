@@ -23,10 +23,8 @@ URL = "http://127.0.0.1:8000"
 
 @pytest.fixture(scope="module")
 def served():
-    server = ServeProcess("graphs.qwen_image:app", URL)
-    server.start()
-    yield server
-    server.stop()
+    with ServeProcess("graphs.qwen_image:app", URL) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

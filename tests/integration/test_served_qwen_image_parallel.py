@@ -29,10 +29,8 @@ WHOLE_LOG = 10**8
 
 @pytest.fixture(scope="module")
 def served():
-    server = ServeProcess("configs/qwen_image_parallel.yaml", URL)
-    server.start()
-    yield server
-    server.stop()
+    with ServeProcess("configs/qwen_image_parallel.yaml", URL) as server:
+        yield server
 
 
 def generate(body: dict, timeout: float = 300) -> httpx.Response:

@@ -32,10 +32,8 @@ TEXT_TURNS = {"type": "realtime", "output_modalities": ["text"],
 
 @pytest.fixture(scope="module")
 def served():
-    server = ServeProcess("graphs.qwen3_omni:app", URL)
-    server.start()
-    yield server
-    server.stop()
+    with ServeProcess("graphs.qwen3_omni:app", URL) as server:
+        yield server
 
 
 def connect():

@@ -16,6 +16,11 @@ headlines = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(headlines)
 
 
+def fig(value: float) -> dict:
+    """One run's figure in a kept summary's shape."""
+    return {"median": value, "min": value, "max": value, "values": [value]}
+
+
 def test_the_docs_headlines_are_what_the_kept_summaries_say():
     doc = headlines.DOC.read_text()
     assert headlines.BEGIN in doc, "docs/benchmarks.md has no generated headline block"
@@ -57,9 +62,6 @@ def test_a_missed_target_reads_as_not_met(tmp_path):
 
 
 def test_the_realtime_table_reads_a_missed_target_as_missed():
-    def fig(v):
-        return {"median": v, "min": v, "max": v, "values": [v]}
-
     figures = {"turn_latency_p50_s_at_1": fig(0.3), "turn_latency_max_s_at_1": fig(0.4),
                "underrun_max_s_at_1": fig(0.0), "barge_in_stop_max_s_at_1": fig(0.01),
                "barge_in_stages_idle_max_s_at_1": fig(0.35),
@@ -79,9 +81,6 @@ def test_the_realtime_table_reads_a_missed_target_as_missed():
 
 
 def test_the_gpu_stages_table_reads_a_missed_target_as_missed():
-    def fig(v):
-        return {"median": v, "min": v, "max": v, "values": [v]}
-
     steps = {
         "bfloat16/cuda_graph/b1": fig(7.0),
         "bfloat16/cuda_graph/b64": fig(12.0),
