@@ -29,13 +29,15 @@ SIDES = {
 
 
 def figures_of(raw: dict) -> dict:
-    """Each figure as a median with its range: a step or an end-to-end row is one timed
-    window (20 steps, or one reply loop), transformers' E2E is over its repeats."""
+    """Each figure as a median with its range: a graphed step row over its timed windows of
+    20 steps (3 since run 2; one before), an end-to-end row one reply loop, transformers' E2E
+    over its repeats."""
     steps = raw.get("talker_step", []) + raw.get("talker_step_compiled", [])
     figures: dict = {"talker_step_ms": {}, "end_to_end": {}, "transformers_e2e_s": {}}
     for row in steps:
         key = f"{row['dtype']}/{row['step']}/b{row['batch']}"
-        figures["talker_step_ms"][key] = spread([row["ms"]]) if "ms" in row else None
+        windows = row.get("ms_windows") or [row["ms"]] if "ms" in row else None
+        figures["talker_step_ms"][key] = spread(windows) if windows else None
     for row in raw.get("end_to_end", []):
         key = f"{row['dtype']}/{row['step']}/b{row['batch']}"
         figures["end_to_end"][key] = {
