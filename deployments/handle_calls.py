@@ -25,6 +25,7 @@ clear 503.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -43,11 +44,14 @@ T = TypeVar("T")
 
 
 def _carried_refs(args: Any) -> list[TensorRef]:
-    """Channel refs among a call's arguments, at any depth of the dicts, lists and tuples
-    it passes (a Talker request carries the Thinker request, which carries encoder rows)."""
+    """Channel refs among a call's arguments, at any depth of the messages, dicts, lists and
+    tuples it passes (a Talker request carries the Thinker request, which carries encoder
+    rows)."""
     if isinstance(args, TensorRef):
         return [args]
-    if isinstance(args, dict):
+    if dataclasses.is_dataclass(args) and not isinstance(args, type):
+        args = [getattr(args, f.name) for f in dataclasses.fields(args)]
+    elif isinstance(args, dict):
         args = list(args.values())
     if isinstance(args, list | tuple):
         return [ref for arg in args for ref in _carried_refs(arg)]

@@ -32,22 +32,26 @@ DEFAULT_LOCAL_SLACK = 2
 
 
 def affinity_key(request: Any, prefix_tokens: int = DEFAULT_PREFIX_TOKENS) -> str | None:
-    """The key of a stage request: a dict with ``session_id``, ``cache_key`` and/or
-    ``prompt_ids``, or a list of codec decode jobs of one stream (their ``stream_id``: the
-    replica holding the stream's decoder state)."""
+    """The key of a stage request: a message (or dict) with ``session_id``, ``cache_key``
+    and/or ``prompt_ids``, or a list of codec decode jobs of one stream (their ``stream_id``:
+    the replica holding the stream's decoder state)."""
     if isinstance(request, list) and request and getattr(request[0], "stream_id", None):
         return f"stream:{request[0].stream_id}"
-    if not isinstance(request, Mapping):
-        return None
-    if request.get("session_id"):
-        return f"session:{request['session_id']}"
-    if request.get("cache_key"):
-        return f"cache:{request['cache_key']}"
-    ids = request.get("prompt_ids")
+    if session_id := _field(request, "session_id"):
+        return f"session:{session_id}"
+    if cache_key := _field(request, "cache_key"):
+        return f"cache:{cache_key}"
+    ids = _field(request, "prompt_ids")
     if not isinstance(ids, Sequence) or len(ids) < prefix_tokens:
         return None  # too short to share a cached prefix worth routing for
     head = ",".join(str(int(t)) for t in ids[:prefix_tokens])
     return "prefix:" + hashlib.blake2b(head.encode(), digest_size=8).hexdigest()
+
+
+def _field(request: Any, name: str) -> Any:
+    if isinstance(request, Mapping):
+        return request.get(name)
+    return getattr(request, name, None)
 
 
 def rendezvous_order(key: str, replica_ids: Sequence[str]) -> list[str]:

@@ -14,6 +14,7 @@ from deployments import session_store
 from deployments.ingress import Ingress
 from deployments.session_store import SessionStore, SessionStoreClient
 from omni_serve.api.metrics import ApiMetrics
+from omni_serve.models.qwen3_omni.messages import ThinkerChunk, ThinkerRequest
 from omni_serve.models.qwen3_omni.pipeline import ChatOptions, collect
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
 from omni_serve.testing.local_handle import LocalHandle
@@ -28,19 +29,25 @@ class FakeThinker:
 
     def __init__(self, fail: bool = False) -> None:
         self.channel = SharedMemoryChannel()
-        self.requests: list[dict] = []
+        self.requests: list[ThinkerRequest] = []
         self.exported: list[str] = []
         self.fail = fail
 
-    async def thinker(self, request):
+    async def thinker(self, request: ThinkerRequest):
         self.requests.append(request)
         if self.fail:
             raise RuntimeError("thinker replica died")
         ref = self.channel.put({"layer.0": torch.ones(2, 4)})
-        self.exported.append(KVPrefix(request["prompt_ids"], 2, ref).encode())
-        yield {"token_ids": [5], "text": "hi", "finished": True, "finish_reason": "stop",
-               "num_prompt_tokens": len(request["prompt_ids"]), "num_cached_tokens": 2,
-               "session_kv": self.exported[-1] if request.get("session_id") else None}  # fmt: skip
+        self.exported.append(KVPrefix(request.prompt_ids, 2, ref).encode())
+        yield ThinkerChunk(
+            [5],
+            "hi",
+            True,
+            "stop",
+            num_prompt_tokens=len(request.prompt_ids),
+            num_cached_tokens=2,
+            session_kv=self.exported[-1] if request.session_id else None,
+        )
 
 
 @pytest.fixture
@@ -86,10 +93,10 @@ def _turn(ingress, session: str | None, request_id: str):
 async def test_a_turn_gets_the_prefix_its_last_turn_exported(clients):
     ingress = _ingress(clients)
     first = await _turn(ingress, "s", "t1")
-    assert clients.requests[0]["session_kv"] is None and first.cached_tokens == 2
+    assert clients.requests[0].session_kv is None and first.cached_tokens == 2
     assert len(ingress.store.prefixes) == 1
     await _turn(ingress, "s", "t2")
-    assert clients.requests[1]["session_kv"] == clients.exported[0]  # handed to the Thinker
+    assert clients.requests[1].session_kv == clients.exported[0]  # handed to the Thinker
     assert await ingress.sessions.pop("s") == clients.exported[1]
     assert len(ingress.store.prefixes) == 0
     counted = ingress.metrics.registry.get_sample_value
@@ -109,7 +116,7 @@ async def test_a_failed_turn_frees_the_prefix_it_was_handed(clients):
 async def test_requests_without_a_session_keep_nothing(clients):
     ingress = _ingress(clients)
     await _turn(ingress, None, "t1")
-    assert clients.requests[0]["session_kv"] is None and len(ingress.store.prefixes) == 0
+    assert clients.requests[0].session_kv is None and len(ingress.store.prefixes) == 0
 
 
 async def test_a_turn_through_another_ingress_replica_gets_the_prefix(clients):
@@ -118,7 +125,7 @@ async def test_a_turn_through_another_ingress_replica_gets_the_prefix(clients):
     first, second = _ingress(clients, store), _ingress(clients, store)
     await _turn(first, "s", "t1")
     await _turn(second, "s", "t2")
-    assert clients.requests[1]["session_kv"] == clients.exported[0]
+    assert clients.requests[1].session_kv == clients.exported[0]
     assert await second.sessions.stats() == {"prefixes": 1, "bytes": 2 * 4 * 4}
 
 
@@ -137,6 +144,6 @@ async def test_a_failing_store_costs_the_turn_its_prefix_only(clients, monkeypat
     monkeypatch.setattr(session_store, "STORE_TIMEOUT_S", 0.1)
     ingress = _ingress(clients, FailingStore())
     result = await _turn(ingress, "s", "t1")
-    assert result.token_ids == [5] and clients.requests[0]["session_kv"] is None
+    assert result.token_ids == [5] and clients.requests[0].session_kv is None
     assert _freed(clients.exported[0])  # it could not be kept: nobody would free it
     assert await ingress.sessions.stats() == {"prefixes": 0, "bytes": 0}

@@ -11,6 +11,8 @@ import torch
 
 from deployments.thinker import ThinkerDeployment
 from omni_serve.config.loading import load_pipeline_config
+from omni_serve.engines.ar.base import SamplingConfig
+from omni_serve.models.qwen3_omni.messages import ThinkerRequest
 from omni_serve.testing.abuse import wait_for
 from omni_serve.testing.leaks import shm_usage
 from omni_serve.transport import make_channel, release, take
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.integration
 BLOCK = 128  # vLLM's CPU block size
 TURN_ONE = [(i * 7919) % 250 + 10 for i in range(300)]
 TURN_TWO = [*TURN_ONE, 42, 43, 44, 45, 46]
+GREEDY = SamplingConfig(max_tokens=4, temperature=0.0)
 CONFIG = Path(__file__).parents[2] / "configs/pipelines/qwen3_omni_tiny.yaml"
 
 
@@ -49,29 +52,31 @@ async def replicas(tiny_omni_path):
 async def _turn(
     replica, request_id: str, prompt: list[int], session_kv: str | None = None, **extra
 ):
-    request = {
-        "request_id": request_id, "prompt_ids": prompt, "session_id": "s-1",
-        "session_kv": session_kv, "sampling": {"max_tokens": 4, "temperature": 0.0}, **extra,
-    }  # fmt: skip
+    request = ThinkerRequest(
+        request_id, prompt, GREEDY, session_id="s-1", session_kv=session_kv, **extra
+    )
     chunks = [chunk async for chunk in replica.generate(request)]
-    tokens = [t for c in chunks for t in c["token_ids"]]
-    return tokens, chunks[0]["num_cached_tokens"], chunks[-1].get("session_kv")
+    tokens = [t for c in chunks for t in c.token_ids]
+    return tokens, chunks[0].num_cached_tokens, chunks[-1].session_kv
 
 
 async def _spoken_turn(
     replica, request_id: str, prompt: list[int], clips: torch.Tensor, session_kv=None, session=True
 ):
     """A spoken reply to a prompt whose audio the encoder stage encoded (``clips``: its rows)."""
-    request = {
-        "request_id": request_id, "prompt_ids": prompt, "session_kv": session_kv,
-        "session_id": "s-2" if session else None, "capture": True,
-        "audio_rows": make_channel("inline").put(clips.clone()),
-        "sampling": {"max_tokens": 4, "temperature": 0.0},
-    }  # fmt: skip
+    request = ThinkerRequest(
+        request_id,
+        prompt,
+        GREEDY,
+        capture=True,
+        session_id="s-2" if session else None,
+        session_kv=session_kv,
+        audio_rows=make_channel("inline").put(clips.clone()),
+    )
     chunks = [chunk async for chunk in replica.generate(request)]
-    (rows,) = [await take(c["prompt_rows"]) for c in chunks if c.get("prompt_rows") is not None]
-    tokens = [t for c in chunks for t in c["token_ids"]]
-    return tokens, chunks[0]["num_cached_tokens"], chunks[-1].get("session_kv"), rows
+    (rows,) = [await take(c.prompt_rows) for c in chunks if c.prompt_rows is not None]
+    tokens = [t for c in chunks for t in c.token_ids]
+    return tokens, chunks[0].num_cached_tokens, chunks[-1].session_kv, rows
 
 
 def _voice_chat(replica, seed: int, start: int) -> tuple[torch.Tensor, list[int], list[int]]:
@@ -152,9 +157,10 @@ async def test_an_audio_turn_the_encoder_stage_encoded_hands_its_prefix_over_too
 
 def test_a_turn_that_captures_rows_without_kept_rows_loads_nothing(replicas):
     first, _ = replicas
-    params = first._kv_params({"session_id": "s-1", "session_kv": None}, capturing=True)
+    params = first.turns.kv_params(ThinkerRequest("r", [1], GREEDY, session_id="s-1"), True)
     assert params == {EXPORT_KEY: True}  # exports for the next turn, loads nothing
-    assert first._kv_params({"session_kv": None}, capturing=False) is None  # no session
+    no_session = ThinkerRequest("r", [1], GREEDY)
+    assert first.turns.kv_params(no_session, capturing=False) is None
     assert PREFIX_KEY not in (params or {})
 
 
@@ -182,7 +188,9 @@ async def test_a_spoken_turn_with_audio_loads_the_prefix_and_its_kept_rows_elsew
     )
     assert ref_cached == 0 and tokens == reference
     media = torch.tensor(turn_two) == audio  # the Talker reads the accept layer only there
-    torch.testing.assert_close(rows[first.accept_layer][media], ref_rows[first.accept_layer][media])
+    torch.testing.assert_close(
+        rows[first.turns.accept_layer][media], ref_rows[first.turns.accept_layer][media]
+    )
     torch.testing.assert_close(rows[0][~media], ref_rows[0][~media])
 
     # Turn one's rows again, on the replica whose cache holds turn two (its second clip
@@ -198,7 +206,9 @@ async def test_a_spoken_turn_with_audio_loads_the_prefix_and_its_kept_rows_elsew
     )
     assert tokens == reference
     media = torch.tensor(turn_three) == audio
-    torch.testing.assert_close(rows[first.accept_layer][media], ref_rows[first.accept_layer][media])
+    torch.testing.assert_close(
+        rows[first.turns.accept_layer][media], ref_rows[first.turns.accept_layer][media]
+    )
     assert _freed(exported_one, companion=True)
     for encoded in (exported_two, exported_three):
         free_prefix(encoded)
@@ -220,7 +230,9 @@ async def test_a_spoken_turn_whose_kept_rows_are_gone_answers_without_caches(rep
     reference, _, _, ref_rows = await _spoken_turn(first, "w2-ref", turn_two, clips, session=False)
     assert tokens == reference
     media = torch.tensor(turn_two) == audio
-    torch.testing.assert_close(rows[first.accept_layer][media], ref_rows[first.accept_layer][media])
+    torch.testing.assert_close(
+        rows[first.turns.accept_layer][media], ref_rows[first.turns.accept_layer][media]
+    )
     free_prefix(exported_two)
 
 
@@ -251,7 +263,9 @@ async def test_a_spoken_turn_whose_prefix_is_gone_gives_the_talker_the_right_row
     reference, _, _, ref_rows = await _spoken_turn(first, "x2-ref", turn_two, clips, session=False)
     assert cached == 0 and tokens == reference
     media = torch.tensor(turn_two) == audio
-    torch.testing.assert_close(rows[first.accept_layer][media], ref_rows[first.accept_layer][media])
+    torch.testing.assert_close(
+        rows[first.turns.accept_layer][media], ref_rows[first.turns.accept_layer][media]
+    )
     torch.testing.assert_close(rows[0][~media], ref_rows[0][~media])
     assert _freed(exported, companion=True)  # unread, handed back at the turn's end
     free_prefix(exported_two)

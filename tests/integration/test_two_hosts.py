@@ -221,13 +221,16 @@ def thinkers(ray_on_two_hosts, tiny_omni_path):
             await cls.__init__(self.replica, pipeline)
 
         async def turn(self, request_id: str, prompt: list[int], session_kv: str | None = None):
-            request = {
-                "request_id": request_id, "prompt_ids": prompt, "session_id": "s-hosts",
-                "session_kv": session_kv, "sampling": {"max_tokens": 4, "temperature": 0.0},
-            }  # fmt: skip
+            from omni_serve.engines.ar.base import SamplingConfig
+            from omni_serve.models.qwen3_omni.messages import ThinkerRequest
+
+            greedy = SamplingConfig(max_tokens=4, temperature=0.0)
+            request = ThinkerRequest(
+                request_id, prompt, greedy, session_id="s-hosts", session_kv=session_kv
+            )
             chunks = [chunk async for chunk in self.replica.generate(request)]
-            tokens = [t for c in chunks for t in c["token_ids"]]
-            return tokens, chunks[0]["num_cached_tokens"], chunks[-1].get("session_kv")
+            tokens = [t for c in chunks for t in c.token_ids]
+            return tokens, chunks[0].num_cached_tokens, chunks[-1].session_kv
 
         async def stop(self) -> None:
             self.replica._watchdog.cancel()  # else it exits the actor when the engine stops

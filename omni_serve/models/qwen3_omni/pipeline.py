@@ -10,6 +10,7 @@ Heavy tensors (the Thinker's prompt rows) travel as opaque references the Talker
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,19 +20,28 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
+from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.codec.chunked import ChunkPlanner, DecodeJob
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.media_payload import media_payload
+from omni_serve.models.qwen3_omni.messages import (
+    CodecFrame,
+    ShippedMedia,
+    SpeakEvent,
+    SpeakRequest,
+    ThinkerChunk,
+    ThinkerRequest,
+)
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
 
 
 class StageClients(Protocol):
-    def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    def thinker(self, request: ThinkerRequest) -> AsyncIterator[ThinkerChunk]:
         """The Thinker's chunks (text replies)."""
 
-    def speak(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``: a list of
-        ints per frame) of one spoken reply, the Talker following the Thinker token by token."""
+    def speak(self, request: SpeakRequest) -> AsyncIterator[SpeakEvent]:
+        """The Thinker's chunks and the Talker's codec frames of one spoken reply, the Talker
+        following the Thinker token by token."""
 
     async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]: ...
 
@@ -107,7 +117,7 @@ def _finished_results(futures: Any) -> list[Any]:
 
 
 async def _encode_vision(clients: StageClients, prompt: PreparedPrompt) -> dict[str, Any]:
-    """The Thinker request's fields for the prompt's images and videos encoded by the encoder
+    """The ``ThinkerRequest`` fields for the prompt's images and videos encoded by the encoder
     stage (both kinds at once), or nothing without an encoder stage."""
     calls: dict[str, asyncio.Future] = {}
     for kind in ("image", "video"):
@@ -147,20 +157,19 @@ async def stream_chat(
     # First, before any channel ref exists: refs are freed when the call carrying them ends,
     # and a failure between making one and starting that call would strand it.
     info = await clients.codec_info() if options.want_audio else {}
-    thinker_request = {
-        "request_id": request_id,
-        "prompt_ids": prompt.prompt_ids,
-        "sampling": options.sampling,
-        "capture": options.want_audio,
-        "session_id": options.session_id,
-        "session_kv": options.session_kv,
-        "cache_key": options.cache_key,
-    }
+    thinker_request = ThinkerRequest(
+        request_id,
+        prompt.prompt_ids,
+        SamplingConfig(**options.sampling),
+        capture=options.want_audio,
+        session_id=options.session_id,
+        session_kv=options.session_kv,
+        cache_key=options.cache_key,
+        mm_processor_kwargs=prompt.mm_processor_kwargs or None,
+    )
     expanded_ids = prompt.prompt_ids  # media placeholders expanded by the Thinker's processor
     timings: dict[str, float] = {}
     raw_media = prompt.multi_modal_data  # what the Thinker encodes itself
-    if prompt.mm_processor_kwargs:
-        thinker_request["mm_processor_kwargs"] = prompt.mm_processor_kwargs
     vision = prompt.counts.get("image") or prompt.counts.get("video")
     if vision and not prompt.counts.get("audio"):
         # Images and videos by the encoder stage. Prompts with audio AND images or videos
@@ -169,63 +178,68 @@ async def stream_chat(
         encoded = await _encode_vision(clients, prompt)
         if encoded:
             raw_media = {}
-            thinker_request.update(encoded)
-            thinker_request.pop("mm_processor_kwargs", None)  # for vLLM's own video processing
+            thinker_request = dataclasses.replace(
+                thinker_request, **encoded, mm_processor_kwargs=None
+            )  # the kwargs are for vLLM's own video processing
             timings["encoder_s"] = time.perf_counter() - start
     elif prompt.audio_clips:
         audio_rows = await clients.encode_audio(prompt.audio_clips)
         if audio_rows is not None:
             raw_media = {}
-            thinker_request.update(prompt_ids=prompt.expanded_ids, audio_rows=audio_rows)
+            thinker_request.prompt_ids, thinker_request.audio_rows = prompt.expanded_ids, audio_rows
             expanded_ids = prompt.expanded_ids
             timings["encoder_s"] = time.perf_counter() - start
     if raw_media:  # on the channel, never as call arguments (media_payload.py)
         tensors, layout = media_payload(raw_media)
-        thinker_request["media"] = {"ref": clients.put(tensors), "layout": layout}
+        thinker_request.media = ShippedMedia(clients.put(tensors), layout)
     text, tokens, reason, n_cached, session_kv = [], [], "stop", 0, None
     n_prompt = len(expanded_ids)
     first_audio = True
+    events: AsyncIterator[SpeakEvent]
     if options.want_audio:
         events = clients.speak(
-            {
-                "request_id": request_id,
-                "thinker": thinker_request,
-                "prompt_ids": expanded_ids,
-                "voice": options.voice,
-                "sampling": options.talker_sampling,
-                "image_grid_thw": _listed(prompt.image_grid_thw),
-                "video_grid_thw": _listed(prompt.video_grid_thw),
-                "video_second_per_grid": prompt.video_second_per_grid,
-                "audio_seqlens": _listed(prompt.audio_seqlens),
-                "reply_ids": options.reply_ids,
-            }
+            SpeakRequest(
+                request_id,
+                thinker_request,
+                expanded_ids,
+                options.voice,
+                options.talker_sampling,
+                image_grid_thw=_listed(prompt.image_grid_thw),
+                video_grid_thw=_listed(prompt.video_grid_thw),
+                video_second_per_grid=prompt.video_second_per_grid,
+                audio_seqlens=_listed(prompt.audio_seqlens),
+                reply_ids=options.reply_ids,
+            )
         )
         planner = ChunkPlanner(
-            info["samples_per_frame"], first_chunk=info["first_chunk_frames"],
-            chunk=info["chunk_frames"], growth=info["chunk_growth"],
-            left_context=info["left_context"], stream_id=uuid.uuid4().hex,  # new per attempt
-        )  # fmt: skip
+            info["samples_per_frame"],
+            first_chunk=info["first_chunk_frames"],
+            chunk=info["chunk_frames"],
+            growth=info["chunk_growth"],
+            left_context=info["left_context"],
+            stream_id=uuid.uuid4().hex,  # new per attempt
+        )
     else:
         events = clients.thinker(thinker_request)
     audio: list[np.ndarray] = []
     async for event in events:
-        if event.get("kind", "text") == "codes":
+        if isinstance(event, CodecFrame):
             timings.setdefault("first_frame_s", time.perf_counter() - start)
             timings["last_frame_s"] = time.perf_counter() - start  # the Talker's end
-            jobs = planner.push(torch.tensor(event["codes"])[:, None])
+            jobs = planner.push(torch.tensor(event.codes)[:, None])
             pieces = await clients.code2wav(jobs) if jobs else []
         else:
-            tokens += event["token_ids"]
-            if event["token_ids"]:
+            tokens += event.token_ids
+            if event.token_ids:
                 timings.setdefault("first_token_s", time.perf_counter() - start)
-            if event["text"]:
-                text.append(event["text"])
-                yield ChatEvent("text", text=event["text"])
-            if event["finished"]:
-                reason = event["finish_reason"] or "stop"
-                n_prompt = event["num_prompt_tokens"] or n_prompt
-                n_cached = event.get("num_cached_tokens", 0)
-                session_kv = event.get("session_kv")
+            if event.text:
+                text.append(event.text)
+                yield ChatEvent("text", text=event.text)
+            if event.finished:
+                reason = event.finish_reason or "stop"
+                n_prompt = event.num_prompt_tokens or n_prompt
+                n_cached = event.num_cached_tokens
+                session_kv = event.session_kv
                 timings["thinker_s"] = time.perf_counter() - start
             pieces = []
         for piece in pieces:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,6 +23,12 @@ import torch
 
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
+from omni_serve.models.qwen3_omni.messages import (
+    CodecFrame,
+    SpeakEvent,
+    SpeakRequest,
+    ThinkerChunk,
+)
 from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS, TalkerInputBuilder
 
 _END = object()
@@ -33,18 +40,17 @@ def _tensor(small: Any) -> torch.Tensor | None:
 
 
 async def speak(
-    thinker_chunks: AsyncIterator[dict[str, Any]],
+    thinker_chunks: AsyncIterator[ThinkerChunk],
     engine: TorchAREngine,
     builder: TalkerInputBuilder,
-    request: dict[str, Any],
+    request: SpeakRequest,
     sampling: Callable[[int], SamplingConfig],
     resolve_rows: Callable[[Any], Awaitable[dict[int, torch.Tensor]]],
-    *,
     drop_rows: Callable[[Any], None],
-) -> AsyncIterator[dict[str, Any]]:
-    """Yields Thinker chunks (``kind: "text"``) and Talker frames (``kind: "codes"``, the frame's
-    codes as a list of ints: one event per frame crosses to the ingress, and a torch tensor
-    costs ~100 us to pickle and load against a few us for the list).
+) -> AsyncIterator[SpeakEvent]:
+    """Yields the Thinker's chunks and the Talker's frames (one event per frame crosses to the
+    ingress, its codes as a list of ints: a torch tensor costs ~100 us to pickle and load
+    against a few us for the list).
 
     ``sampling(prompt_len)`` gives the Talker's sampling; ``resolve_rows`` turns the Thinker's
     prompt-rows reference (``TOKEN_EMBEDDINGS`` for a prompt without media: nothing to resolve)
@@ -53,13 +59,13 @@ async def speak(
     before its first token), which would otherwise hold its buffer until the channel's lease.
     """
     out: asyncio.Queue = asyncio.Queue()
-    request_id = request["request_id"]
+    request_id = request.request_id
 
     async def run_talker(stream: AsyncIterator) -> None:
         try:
             async for chunk in stream:
                 if "codes" in chunk.outputs:
-                    await out.put({"kind": "codes", "codes": chunk.outputs["codes"].tolist()})
+                    await out.put(CodecFrame(chunk.outputs["codes"].tolist()))
         except Exception as exc:
             await out.put(exc)
         finally:
@@ -67,7 +73,7 @@ async def speak(
 
     async def run_thinker() -> None:
         talker_task = None
-        prompt_ids, rows, pending = request["prompt_ids"], None, None
+        prompt_ids, rows, pending = request.prompt_ids, None, None
         heard: list[int] = []  # the Thinker's tokens
         tokens: list[int] = []  # those the Talker follows: all but the held back or taken back
         handed = False
@@ -80,11 +86,11 @@ async def speak(
 
         try:
             async for chunk in thinker_chunks:
-                await out.put({"kind": "text", **chunk})
-                prompt_ids = chunk.get("prompt_token_ids") or prompt_ids
-                rows = chunk.get("prompt_rows") or rows
-                heard += chunk["token_ids"]
-                end = max(len(heard) - chunk.get("stop_tokens", 0), 0)
+                await out.put(chunk)
+                prompt_ids = chunk.prompt_token_ids or prompt_ids
+                rows = chunk.prompt_rows or rows
+                heard += chunk.token_ids
+                end = max(len(heard) - chunk.stop_tokens, 0)
                 for token in heard[len(tokens) : end]:
                     tokens.append(token)
                     if talker_task is None:
@@ -122,16 +128,22 @@ async def speak(
             layers = sorted(rows)
             embed_rows, accept_rows = rows[layers[0]], rows[layers[-1]]
         prompt = builder.build_prompt(
-            prompt_ids, embed_rows, accept_rows, tokens[0], request["voice"],
-            image_grid_thw=_tensor(request.get("image_grid_thw")),
-            video_grid_thw=_tensor(request.get("video_grid_thw")),
-            video_second_per_grid=_tensor(request.get("video_second_per_grid")),
-            audio_seqlens=_tensor(request.get("audio_seqlens")),
-        )  # fmt: skip
+            prompt_ids,
+            embed_rows,
+            accept_rows,
+            tokens[0],
+            request.voice,
+            image_grid_thw=_tensor(request.image_grid_thw),
+            video_grid_thw=_tensor(request.video_grid_thw),
+            video_second_per_grid=_tensor(request.video_second_per_grid),
+            audio_seqlens=_tensor(request.audio_seqlens),
+        )
         ar = ARRequest(
-            request_id, prompt_embeds=prompt.embeds, sampling=sampling(len(prompt.embeds)),
+            request_id,
+            prompt_embeds=prompt.embeds,
+            sampling=sampling(len(prompt.embeds)),
             extra={"position_ids": prompt.position_ids, "rope_delta": prompt.rope_delta},
-        )  # fmt: skip
+        )
         stream = engine.generate(ar)  # registered now: feed() is valid from here on
         return asyncio.get_running_loop().create_task(run_talker(stream))
 
@@ -154,17 +166,23 @@ async def speak(
 
 
 async def given_reply(
-    thinker_chunks: AsyncIterator[dict[str, Any]], reply_ids: list[int]
-) -> AsyncIterator[dict[str, Any]]:
+    thinker_chunks: AsyncIterator[ThinkerChunk], reply_ids: list[int]
+) -> AsyncIterator[ThinkerChunk]:
     """Text-to-speech: the Thinker only prefills the prompt (for its rows); ``reply_ids`` stand
     in for the reply it would have generated, so the Talker speaks exactly that text."""
     first = None
     async for chunk in thinker_chunks:
         if first is None:
             first = chunk
-        if chunk.get("prompt_rows") is not None:
-            first = {**first, "prompt_rows": chunk["prompt_rows"]}
+        if chunk.prompt_rows is not None:
+            first = dataclasses.replace(first, prompt_rows=chunk.prompt_rows)
     if first is None:
         raise RuntimeError("the Thinker returned nothing for the speech prompt")
-    yield {**first, "token_ids": list(reply_ids), "text": "", "finished": True,
-           "finish_reason": "stop", "stop_tokens": 0}  # fmt: skip
+    yield dataclasses.replace(
+        first,
+        token_ids=list(reply_ids),
+        text="",
+        finished=True,
+        finish_reason="stop",
+        stop_tokens=0,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,10 @@ from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
     _get_feat_extract_output_lengths,
 )
 
-from omni_serve.models.qwen3_omni.session_rows import digest
+from omni_serve.models.qwen3_omni.media_payload import media_from_payload
+from omni_serve.models.qwen3_omni.messages import ThinkerRequest
+from omni_serve.models.qwen3_omni.session_rows import digest, media_digests
+from omni_serve.transport import take
 
 
 def thinker_prompt(
@@ -155,3 +159,51 @@ def video_embeds_input(
         "second_per_grid_ts": torch.as_tensor(second_per_grid, dtype=torch.float32),
         "use_audio_in_video": torch.tensor(False),
     }
+
+
+@dataclass
+class EngineInputs:
+    """A ``ThinkerRequest`` as the engine takes it. ``prompt``: ``prompt_token_ids`` or
+    ``prompt_embeds`` (encoded audio spliced in); ``raw``: the media the engine encodes
+    itself; ``spliced``: the encoded audio items in an embeddings prompt (offset, digest);
+    ``encoded``: the encoder stage's image and video rows with their grids."""
+
+    prompt: dict[str, Any]
+    multi_modal_data: dict[str, Any]
+    raw: dict[str, Any]
+    spliced: list[tuple[int, str]] | None
+    encoded: dict[str, tuple[torch.Tensor, Any]]
+
+    def media_digests(self, merge_size: int) -> dict[str, list[str]]:
+        return media_digests(self.raw, self.spliced, self.encoded, merge_size)
+
+
+async def engine_inputs(
+    request: ThinkerRequest, embed_tokens: torch.Tensor, audio_token_id: int
+) -> EngineInputs:
+    """Reads the request's media off the channel (this takes its refs)."""
+    prompt: dict[str, Any] = {"prompt_token_ids": request.prompt_ids}
+    raw: dict[str, Any] = {}
+    if request.media is not None:
+        raw = media_from_payload(await take(request.media.ref), request.media.layout)
+    media = dict(raw)
+    spliced = None
+    if request.audio_rows is not None:
+        rows = await take(request.audio_rows)
+        embeds, spliced = splice_rows(embed_tokens, request.prompt_ids, rows, audio_token_id)
+        prompt = {"prompt_embeds": embeds}
+    encoded: dict[str, tuple[torch.Tensor, Any]] = {}
+    if request.image_rows is not None:
+        grid = request.image_grid_thw
+        encoded["image"] = (await take(request.image_rows), grid)
+        media["image"] = {
+            "image_embeds": encoded["image"][0],
+            "image_grid_thw": torch.as_tensor(grid),
+        }
+    if request.video_rows is not None:
+        grid = request.video_grid_thw
+        encoded["video"] = (await take(request.video_rows), grid)
+        media["video"] = video_embeds_input(
+            encoded["video"][0], torch.as_tensor(grid), request.video_second_per_grid
+        )
+    return EngineInputs(prompt, media, raw, spliced, encoded)

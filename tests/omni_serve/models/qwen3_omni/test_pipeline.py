@@ -5,6 +5,7 @@ or an audio clip is megabytes)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 from PIL import Image
 
 from omni_serve.models.qwen3_omni.media_payload import media_from_payload
+from omni_serve.models.qwen3_omni.messages import CodecFrame, SpeakRequest, ThinkerChunk
 from omni_serve.models.qwen3_omni.pipeline import ChatOptions, collect, stream_chat
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
 from omni_serve.models.qwen3_omni.session_rows import digest
@@ -22,7 +24,9 @@ def heavy_values_in(value: Any) -> list[Any]:
     """Tensors, arrays and images at any depth of a call's arguments."""
     if isinstance(value, torch.Tensor | np.ndarray | Image.Image):
         return [value]
-    if isinstance(value, dict):
+    if dataclasses.is_dataclass(value):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    elif isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, list | tuple):
         return [t for item in value for t in heavy_values_in(item)]
@@ -37,16 +41,15 @@ class RecordingClients:
         self.encoder = encoder
         self.put_payloads: list[dict[str, torch.Tensor]] = []
 
-    def thinker(self, request: dict[str, Any]):
+    def thinker(self, request):
         raise AssertionError("a spoken reply goes through the Talker")
 
-    def speak(self, request: dict[str, Any]):
+    def speak(self, request: SpeakRequest):
         self.sent["speak"] = request
 
         async def events():
-            yield {"kind": "codes", "codes": list(range(16))}
-            yield {"kind": "text", "token_ids": [5], "text": "hi", "finished": True,
-                   "finish_reason": "stop", "num_prompt_tokens": 3}  # fmt: skip
+            yield CodecFrame(list(range(16)))
+            yield ThinkerChunk([5], "hi", True, "stop", num_prompt_tokens=3)
 
         return events()
 
@@ -55,8 +58,13 @@ class RecordingClients:
         return [np.zeros(4 * job.num_frames, np.float32) for job in jobs]
 
     async def codec_info(self) -> dict[str, Any]:
-        return {"samples_per_frame": 4, "left_context": 0, "first_chunk_frames": 1,
-                "chunk_frames": 2, "chunk_growth": 2.0}  # fmt: skip
+        return {
+            "samples_per_frame": 4,
+            "left_context": 0,
+            "first_chunk_frames": 1,
+            "chunk_frames": 2,
+            "chunk_growth": 2.0,
+        }
 
     async def encode_audio(self, features):
         raise AssertionError("no audio in this prompt")
@@ -79,16 +87,19 @@ class RecordingClients:
 
 async def test_a_spoken_image_turn_sends_the_stages_no_torch_tensors():
     prompt = PreparedPrompt(
-        [1, 2, 3], {"image": ["an image"]}, image_grid_thw=torch.tensor([[1, 4, 4]]),
-        audio_seqlens=torch.tensor([7]), counts={"image": 1},
-    )  # fmt: skip
+        [1, 2, 3],
+        {"image": ["an image"]},
+        image_grid_thw=torch.tensor([[1, 4, 4]]),
+        audio_seqlens=torch.tensor([7]),
+        counts={"image": 1},
+    )
     clients = RecordingClients()
     result = await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
     assert result.text == "hi" and len(result.audio) == 4
     speak = clients.sent["speak"]
     assert heavy_values_in(speak) == [], speak
-    assert speak["image_grid_thw"] == [[1, 4, 4]] and speak["audio_seqlens"] == [7]
-    assert speak["thinker"]["image_rows"] == "image-rows-ref"
+    assert speak.image_grid_thw == [[1, 4, 4]] and speak.audio_seqlens == [7]
+    assert speak.thinker.image_rows == "image-rows-ref"
     assert clients.sent["encode_images"] == ["an image"]  # as the prompt has them: a list
     [[job]] = clients.sent["code2wav"]
     assert torch.equal(job.codes, torch.arange(16)[:, None])  # the frame, as a tensor again
@@ -99,8 +110,8 @@ async def test_the_thinker_request_carries_what_its_router_keys_on():
     clients = RecordingClients()
     options = ChatOptions({}, want_audio=True, session_id=None, cache_key="tenant-7")
     await collect(stream_chat(clients, PreparedPrompt([1, 2, 3], {}), options, "r2"))
-    thinker = clients.sent["speak"]["thinker"]
-    assert thinker["cache_key"] == "tenant-7" and thinker["session_id"] is None
+    thinker = clients.sent["speak"].thinker
+    assert thinker.cache_key == "tenant-7" and thinker.session_id is None
 
 
 def clip() -> np.ndarray:
@@ -121,16 +132,19 @@ def image() -> Image.Image:
 )
 async def test_media_the_thinker_encodes_goes_on_the_channel(media, encoder):
     prompt = PreparedPrompt(
-        [1, 2, 3], media, image_grid_thw=torch.tensor([[1, 4, 4]]),
-        audio_seqlens=torch.tensor([7]), counts={"image": 1, "audio": int("audio" in media)},
-    )  # fmt: skip
+        [1, 2, 3],
+        media,
+        image_grid_thw=torch.tensor([[1, 4, 4]]),
+        audio_seqlens=torch.tensor([7]),
+        counts={"image": 1, "audio": int("audio" in media)},
+    )
     clients = RecordingClients(encoder=encoder)
     await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
-    thinker = clients.sent["speak"]["thinker"]
+    thinker = clients.sent["speak"].thinker
     assert heavy_values_in(clients.sent["speak"]) == [], clients.sent["speak"]
-    assert "multi_modal_data" not in thinker and thinker["media"]["ref"] == "ref-1"
+    assert thinker.media.ref == "ref-1"
     [payload] = clients.put_payloads
-    rebuilt = media_from_payload(payload, thinker["media"]["layout"])
+    rebuilt = media_from_payload(payload, thinker.media.layout)
     assert rebuilt.keys() == media.keys()
     assert all(digest(rebuilt[kind]) == digest(media[kind]) for kind in media)
 
@@ -170,14 +184,14 @@ async def test_images_and_videos_go_to_the_encoder_stage_together():
     clients = RecordingClients()
     prompt = video_prompt({"image": image(), "video": video})
     await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
-    thinker = clients.sent["speak"]["thinker"]
+    thinker = clients.sent["speak"].thinker
     assert clients.sent["encode_videos"][0] is video
     assert [i.size for i in clients.sent["encode_images"]] == [(8, 8)]
-    assert thinker["image_rows"] == "image-rows-ref" and thinker["image_grid_thw"] == [[1, 4, 4]]
-    assert thinker["video_rows"] == "video-rows-ref" and thinker["video_grid_thw"] == [[2, 4, 4]]
-    assert thinker["video_second_per_grid"] == [1.0]
+    assert thinker.image_rows == "image-rows-ref" and thinker.image_grid_thw == [[1, 4, 4]]
+    assert thinker.video_rows == "video-rows-ref" and thinker.video_grid_thw == [[2, 4, 4]]
+    assert thinker.video_second_per_grid == [1.0]
     # nothing raw for vLLM, so none of its processor's video settings either
-    assert "media" not in thinker and "mm_processor_kwargs" not in thinker
+    assert thinker.media is None and thinker.mm_processor_kwargs is None
     assert clients.put_payloads == [] and "released" not in clients.sent
 
 
@@ -185,9 +199,9 @@ async def test_a_video_with_audio_stays_with_the_thinker():
     clients = RecordingClients()
     prompt = video_prompt({"audio": (clip(), 16000), "video": frames()})
     await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
-    thinker = clients.sent["speak"]["thinker"]
-    assert "encode_videos" not in clients.sent and "video_rows" not in thinker
-    assert thinker["mm_processor_kwargs"] == {"fps": 2.0} and thinker["media"]["ref"] == "ref-1"
+    thinker = clients.sent["speak"].thinker
+    assert "encode_videos" not in clients.sent and thinker.video_rows is None
+    assert thinker.mm_processor_kwargs == {"fps": 2.0} and thinker.media.ref == "ref-1"
 
 
 async def test_a_failed_video_encode_frees_the_image_rows_already_made():

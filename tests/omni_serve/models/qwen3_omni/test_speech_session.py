@@ -9,6 +9,12 @@ import pytest
 import torch
 
 from omni_serve.engines.ar.base import SamplingConfig
+from omni_serve.models.qwen3_omni.messages import (
+    CodecFrame,
+    SpeakRequest,
+    ThinkerChunk,
+    ThinkerRequest,
+)
 from omni_serve.models.qwen3_omni.speech_session import speak
 from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS
 from tests.omni_serve.models.qwen3_omni.conftest import new_engine
@@ -25,43 +31,51 @@ async def thinker_stream(run, sizes, delay=0.0, empty_final=False, rows=None):
         piece = tokens[i : i + size]
         i += size
         last = i >= len(tokens) and not empty_final
-        chunk = {
-            "token_ids": piece,
-            "text": "",
-            "finished": last,
-            "finish_reason": None,
-            "num_prompt_tokens": n,
-            "prompt_token_ids": run.prompt_ids if first else None,
-        }
-        if first:
-            chunk["prompt_rows"] = rows
+        chunk = ThinkerChunk(
+            piece,
+            "",
+            last,
+            num_prompt_tokens=n,
+            prompt_token_ids=run.prompt_ids if first else None,
+            prompt_rows=rows if first else None,
+        )
         first = False
         await asyncio.sleep(delay)
         yield chunk
         if i >= len(tokens):
             break
     if empty_final:
-        yield {"token_ids": [], "text": "", "finished": True, "finish_reason": "stop",
-               "num_prompt_tokens": n}  # fmt: skip
+        yield ThinkerChunk([], "", True, "stop", num_prompt_tokens=n)
 
 
 def spoken_codes(events) -> torch.Tensor:
     """The Talker's frames among ``speak``'s events, as codes [groups, frames]."""
-    frames = [e["codes"] for e in events if e["kind"] == "codes"]
+    frames = [e.codes for e in events if isinstance(e, CodecFrame)]
     return torch.tensor(frames).T if frames else torch.empty(0, 0, dtype=torch.long)
 
 
-def session_request(run):
+def speak_request(prompt_ids, **grids) -> SpeakRequest:
+    thinker = ThinkerRequest("s", prompt_ids, SamplingConfig(), capture=True)
+    return SpeakRequest("s", thinker, prompt_ids, SPEAKER, {}, **grids)
+
+
+def listed(small):
+    return None if small is None else small.tolist()
+
+
+def session_request(run) -> SpeakRequest:
     mask = run.inputs.get("feature_attention_mask")
-    return {
-        "request_id": "s",
-        "prompt_ids": run.prompt_ids,
-        "voice": SPEAKER,
-        "image_grid_thw": run.inputs.get("image_grid_thw"),
-        "video_grid_thw": run.inputs.get("video_grid_thw"),
-        "video_second_per_grid": run.inputs.get("video_second_per_grid"),
-        "audio_seqlens": mask.sum(-1) if mask is not None else None,
-    }
+    return speak_request(
+        run.prompt_ids,
+        image_grid_thw=listed(run.inputs.get("image_grid_thw")),
+        video_grid_thw=listed(run.inputs.get("video_grid_thw")),
+        video_second_per_grid=listed(run.inputs.get("video_second_per_grid")),
+        audio_seqlens=listed(mask.sum(-1) if mask is not None else None),
+    )
+
+
+def text_tokens_of(events) -> list[int]:
+    return [t for e in events if isinstance(e, ThinkerChunk) for t in e.token_ids]
 
 
 def greedy(_prompt_len):
@@ -94,14 +108,19 @@ async def test_codes_match_transformers(talker_parts, reference_runs, kind, size
     events = [
         e
         async for e in speak(
-            thinker_stream(run, sizes, delay=0.002, empty_final=empty_final), engine,
-            talker_parts[1], session_request(run), greedy, identity, drop_rows=kept,
+            thinker_stream(run, sizes, delay=0.002, empty_final=empty_final),
+            engine,
+            talker_parts[1],
+            session_request(run),
+            greedy,
+            identity,
+            drop_rows=kept,
         )
-    ]  # fmt: skip
+    ]
     await engine.shutdown()
     codes = spoken_codes(events)
     assert torch.equal(codes, run.codes)
-    text_tokens = [t for e in events if e["kind"] == "text" for t in e["token_ids"]]
+    text_tokens = text_tokens_of(events)
     assert text_tokens == run.generated
 
 
@@ -111,10 +130,15 @@ async def codes_spoken(talker_parts, chunks, run, drop_rows=kept) -> torch.Tenso
     events = [
         e
         async for e in speak(
-            chunks, engine, talker_parts[1], session_request(run), greedy, identity,
+            chunks,
+            engine,
+            talker_parts[1],
+            session_request(run),
+            greedy,
+            identity,
             drop_rows=drop_rows,
         )
-    ]  # fmt: skip
+    ]
     await engine.shutdown()
     return spoken_codes(events)
 
@@ -124,8 +148,8 @@ async def with_doubts(chunks, in_doubt):
     may reach into (``in_doubt[i]`` after token i), as its engine's ``StopStringWatch`` does."""
     i = 0
     async for chunk in chunks:
-        i += len(chunk["token_ids"])
-        yield {**chunk, "stop_tokens": in_doubt[i - 1]}
+        i += len(chunk.token_ids)
+        yield dataclasses.replace(chunk, stop_tokens=in_doubt[i - 1])
 
 
 @pytest.mark.parametrize(("stop_tokens", "false_start"), [(1, False), (3, False), (3, True)])
@@ -174,10 +198,15 @@ async def test_a_prompt_without_media_speaks_from_the_token_embeddings(
     events = [
         e
         async for e in speak(
-            thinker_stream(run, [2] * 64, rows=TOKEN_EMBEDDINGS), engine, talker_parts[1],
-            session_request(run), greedy, unresolvable, drop_rows=kept,
+            thinker_stream(run, [2] * 64, rows=TOKEN_EMBEDDINGS),
+            engine,
+            talker_parts[1],
+            session_request(run),
+            greedy,
+            unresolvable,
+            drop_rows=kept,
         )
-    ]  # fmt: skip
+    ]
     await engine.shutdown()
     codes = spoken_codes(events)
     assert torch.equal(codes, run.codes)
@@ -188,12 +217,17 @@ async def test_talker_starts_before_the_thinker_finishes(talker_parts, reference
     engine = new_engine(talker_parts)
     await engine.start()
     kinds = [
-        e["kind"]
+        "codes" if isinstance(e, CodecFrame) else "text"
         async for e in speak(
-            thinker_stream(run, [1] * 64, delay=0.05), engine, talker_parts[1],
-            session_request(run), greedy, identity, drop_rows=kept,
+            thinker_stream(run, [1] * 64, delay=0.05),
+            engine,
+            talker_parts[1],
+            session_request(run),
+            greedy,
+            identity,
+            drop_rows=kept,
         )
-    ]  # fmt: skip
+    ]
     await engine.shutdown()
     last_text = max(i for i, k in enumerate(kinds) if k == "text")
     first_codes = kinds.index("codes")
@@ -213,7 +247,7 @@ async def until_the_talker_ends(chunks, engine, tokens_first: int, then_text: bo
                 await asyncio.sleep(0.01)
             assert engine.num_running == 0, "the Talker should have ended by now"
             if not then_text:
-                yield {"token_ids": [], "text": "", "finished": True, "finish_reason": "stop"}
+                yield ThinkerChunk([], "", True, "stop")
                 return
         i += 1
         yield chunk
@@ -235,12 +269,17 @@ async def test_a_talker_that_ends_first_leaves_the_reply_to_finish(
 
     replies = until_the_talker_ends(thinker_stream(run, [1] * 64), engine, 4, then_text)
     stream = speak(
-        replies, engine, talker_parts[1], session_request(run), two_frames, identity,
+        replies,
+        engine,
+        talker_parts[1],
+        session_request(run),
+        two_frames,
+        identity,
         drop_rows=kept,
-    )  # fmt: skip
+    )
     events = await asyncio.wait_for(_collect(stream), timeout=30)
     await engine.shutdown()
-    text_tokens = [t for e in events if e["kind"] == "text" for t in e["token_ids"]]
+    text_tokens = text_tokens_of(events)
     assert text_tokens == (run.generated if then_text else run.generated[:4])
     codes = spoken_codes(events)
     # max_tokens codes make max_tokens - 1 frames, as transformers' 40 make its 39
@@ -256,11 +295,16 @@ async def test_closing_the_stream_cancels_both_sides(talker_parts, reference_run
     engine = new_engine(talker_parts)
     await engine.start()
     stream = speak(
-        thinker_stream(run, [1] * 64, delay=0.05), engine, talker_parts[1],
-        session_request(run), greedy, identity, drop_rows=kept,
-    )  # fmt: skip
+        thinker_stream(run, [1] * 64, delay=0.05),
+        engine,
+        talker_parts[1],
+        session_request(run),
+        greedy,
+        identity,
+        drop_rows=kept,
+    )
     async for event in stream:
-        if event["kind"] == "codes":
+        if isinstance(event, CodecFrame):
             break
     await stream.aclose()
     await asyncio.sleep(0.05)
@@ -279,10 +323,15 @@ async def test_given_reply_speaks_exactly_those_tokens(talker_parts, reference_r
     events = [
         e
         async for e in speak(
-            given_reply(prefill_only, run.generated), engine, talker_parts[1],
-            session_request(run), greedy, identity, drop_rows=kept,
+            given_reply(prefill_only, run.generated),
+            engine,
+            talker_parts[1],
+            session_request(run),
+            greedy,
+            identity,
+            drop_rows=kept,
         )
-    ]  # fmt: skip
+    ]
     await engine.shutdown()
     codes = spoken_codes(events)
     assert torch.equal(codes, run.codes)
@@ -290,9 +339,9 @@ async def test_given_reply_speaks_exactly_those_tokens(talker_parts, reference_r
 
 async def _rows_then(then: str):
     """A Thinker that sends its prompt rows (no token yet), then fails or stalls."""
-    yield {"token_ids": [], "text": "", "finished": False, "finish_reason": None,
-           "num_prompt_tokens": 3, "prompt_token_ids": [1, 2, 3],
-           "prompt_rows": "rows-ref"}  # fmt: skip
+    yield ThinkerChunk(
+        [], "", False, num_prompt_tokens=3, prompt_token_ids=[1, 2, 3], prompt_rows="rows-ref"
+    )
     if then == "fail":
         raise RuntimeError("thinker replica died")
     await asyncio.sleep(60)
@@ -304,11 +353,16 @@ async def test_rows_the_talker_never_got_are_dropped(talker_parts, then):
     await engine.start()
     dropped = []
     stream = speak(
-        _rows_then(then), engine, talker_parts[1], {"request_id": "r", "prompt_ids": [1, 2, 3],
-        "voice": SPEAKER}, greedy, identity, drop_rows=dropped.append,
-    )  # fmt: skip
+        _rows_then(then),
+        engine,
+        talker_parts[1],
+        speak_request([1, 2, 3]),
+        greedy,
+        identity,
+        drop_rows=dropped.append,
+    )
     first = await stream.__anext__()
-    assert first["kind"] == "text"
+    assert isinstance(first, ThinkerChunk)
     if then == "fail":
         with pytest.raises(RuntimeError, match="died"):
             await stream.__anext__()

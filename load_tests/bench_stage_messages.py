@@ -1,0 +1,156 @@
+"""What the typed stage messages cost against the dicts they replaced, per handle call.
+
+    .venv/bin/python load_tests/bench_stage_messages.py            # ~1 min
+    .venv/bin/python load_tests/bench_stage_messages.py --repeats 5 --calls 400
+
+Two measures, both forms in the same run and on the same cores:
+- serialization: Ray's cloudpickle dumps + loads of one Thinker request (a 200-token prompt,
+  encoder rows as a channel ref), one Talker request (carrying it), one Thinker chunk and one
+  codec frame, in microseconds;
+- a streaming Serve handle call: an echo deployment takes the request and streams back 8
+  chunks, as the Thinker stage does; milliseconds per call, calls made one after another.
+
+The dicts are the wire format the stages used before the messages (the same keys and
+values). Writes docs/results/stage_messages.json (median and range over the repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ray import cloudpickle, serve
+
+from load_tests.summary import spread, write_summary
+from omni_serve.engines.ar.base import SamplingConfig
+from omni_serve.models.qwen3_omni.messages import (
+    CodecFrame,
+    SpeakRequest,
+    ThinkerChunk,
+    ThinkerRequest,
+)
+from omni_serve.transport.base import TensorRef
+
+PROMPT = list(range(1000, 1200))
+CHUNKS_PER_CALL = 8
+
+
+def _ref() -> TensorRef:
+    spec = {"rows": ("torch.float32", (80, 1024))}
+    return TensorRef("shared_memory", "omni-bench-segment", 80 * 1024 * 4, spec, ("pool", 3))
+
+
+def typed_messages() -> dict[str, Any]:
+    thinker = ThinkerRequest(
+        "chatcmpl-0123456789abcdef",
+        PROMPT,
+        SamplingConfig(max_tokens=256, temperature=0.7, top_p=0.9, seed=7),
+        capture=True,
+        session_id="session-1",
+        audio_rows=_ref(),
+    )
+    return {
+        "thinker_request": thinker,
+        "speak_request": SpeakRequest(
+            "chatcmpl-0123456789abcdef", thinker, PROMPT, "ethan", {}, audio_seqlens=[80]
+        ),
+        "thinker_chunk": ThinkerChunk([1234], " word", False, num_prompt_tokens=200),
+        "codec_frame": CodecFrame(list(range(16))),
+    }
+
+
+def dict_messages() -> dict[str, Any]:
+    sampling = {"max_tokens": 256, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "seed": 7,
+                "stop": [], "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                "repetition_penalty": 1.0, "logit_bias": None, "min_p": 0.0, "min_tokens": 0,
+                "ignore_eos": False}  # fmt: skip
+    thinker = {"request_id": "chatcmpl-0123456789abcdef", "prompt_ids": PROMPT,
+               "sampling": sampling, "capture": True, "session_id": "session-1",
+               "session_kv": None, "cache_key": None, "audio_rows": _ref()}  # fmt: skip
+    return {
+        "thinker_request": thinker,
+        "speak_request": {"request_id": "chatcmpl-0123456789abcdef", "thinker": thinker,
+                          "prompt_ids": PROMPT, "voice": "ethan", "sampling": {},
+                          "image_grid_thw": None, "video_grid_thw": None,
+                          "video_second_per_grid": None, "audio_seqlens": [80],
+                          "reply_ids": None},  # fmt: skip
+        "thinker_chunk": {"kind": "text", "token_ids": [1234], "text": " word",
+                          "finished": False, "finish_reason": None, "stop_tokens": 0,
+                          "num_prompt_tokens": 200, "num_cached_tokens": 0,
+                          "prompt_token_ids": None},  # fmt: skip
+        "codec_frame": {"kind": "codes", "codes": list(range(16))},
+    }
+
+
+FORMS: dict[str, Callable[[], dict[str, Any]]] = {"dict": dict_messages, "typed": typed_messages}
+
+
+def pickle_us(message: Any, loops: int) -> float:
+    began = time.perf_counter()
+    for _ in range(loops):
+        cloudpickle.loads(cloudpickle.dumps(message))
+    return (time.perf_counter() - began) / loops * 1e6
+
+
+@serve.deployment(max_ongoing_requests=4)
+class Echo:
+    """A stage that takes a request and streams back chunks, as the Thinker does."""
+
+    def generate(self, request: Any, chunk: Any):
+        for _ in range(CHUNKS_PER_CALL):
+            yield chunk
+
+
+async def call_ms(handle: Any, request: Any, chunk: Any, calls: int) -> float:
+    stream = handle.options(stream=True)
+    began = time.perf_counter()
+    for _ in range(calls):
+        async for _ in stream.generate.remote(request, chunk):
+            pass
+    return (time.perf_counter() - began) / calls * 1e3
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=200, help="handle calls per repeat")
+    parser.add_argument("--loops", type=int, default=5000, help="pickle round trips per repeat")
+    args = parser.parse_args()
+    pickled: dict[str, dict[str, list[float]]] = {form: {} for form in FORMS}
+    handled: dict[str, list[float]] = {form: [] for form in FORMS}
+    handle = serve.run(Echo.bind(), name="bench-stage-messages", route_prefix=None)
+    try:
+        for make in FORMS.values():  # warm both paths (class registration, imports)
+            messages = make()
+            await call_ms(handle, messages["thinker_request"], messages["thinker_chunk"], 20)
+        for _ in range(args.repeats):
+            for form, make in FORMS.items():
+                messages = make()
+                for name, message in messages.items():
+                    pickled[form].setdefault(name, []).append(pickle_us(message, args.loops))
+                request, chunk = messages["thinker_request"], messages["thinker_chunk"]
+                handled[form].append(await call_ms(handle, request, chunk, args.calls))
+    finally:
+        serve.delete("bench-stage-messages")
+    figures: dict[str, Any] = {}
+    for form in FORMS:
+        figures[form] = {f"{name}_pickle_us": spread(v) for name, v in pickled[form].items()}
+        figures[form]["handle_call_ms"] = spread(handled[form])
+    dict_ms = statistics.median(handled["dict"])
+    figures["typed_over_dict_handle_call"] = statistics.median(handled["typed"]) / dict_ms
+    sides = {"handle_call": f"one echo replica, {CHUNKS_PER_CALL} chunks streamed back per call"}
+    path = write_summary("stage_messages", figures, sides, args.repeats)
+    for form in FORMS:
+        row = {k: round(v["median"], 1) for k, v in figures[form].items()}
+        print(form, row)
+    print("typed/dict handle call:", round(figures["typed_over_dict_handle_call"], 3))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    import asyncio
+
+    asyncio.run(main())

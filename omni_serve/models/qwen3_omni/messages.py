@@ -1,0 +1,106 @@
+"""What Qwen3-Omni's stages send each other over Serve handles.
+
+Plain dataclasses, so that a reader sees every field a stage may get, a type checker follows
+them across the handle, and they pickle as cheaply as the dicts they replace (the benchmark is
+``load_tests/bench_stage_messages.py``). Small tensors (grids, lengths) ride as lists: a torch
+tensor costs ~100 us to pickle and load, a short list a few. Heavy tensors never ride here:
+only their channel references do (``TensorRef``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omni_serve.engines.ar.base import SamplingConfig
+from omni_serve.transport.base import TensorRef
+
+
+class _Message:
+    """Pickles as its class and its field values in order: about half the time of a slotted
+    dataclass's default state (a dict of field names), and a third of the bytes."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return type(self), tuple(getattr(self, name) for name in self.__slots__)
+
+
+@dataclass(slots=True)
+class ShippedMedia(_Message):
+    """Media the Thinker encodes itself: the tensors on the channel and how to read them
+    back (``media_payload``)."""
+
+    ref: TensorRef
+    layout: dict[str, Any]
+
+
+@dataclass(slots=True)
+class ThinkerRequest(_Message):
+    """One prompt for the Thinker. ``capture`` asks for the prompt's hidden rows (a spoken
+    reply); the media come as one of: ``media`` (raw, the Thinker's processor encodes them),
+    ``audio_rows`` (the encoder stage's rows, spliced into an embeddings prompt), or
+    ``image_rows``/``video_rows`` with their grids (the encoder stage's rows)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingConfig
+    capture: bool = False
+    session_id: str | None = None  # routing affinity, and the session's KV handover
+    session_kv: str | None = None  # the session's last exported KV prefix (encoded)
+    cache_key: str | None = None  # routing affinity only
+    mm_processor_kwargs: dict[str, Any] | None = None
+    media: ShippedMedia | None = None
+    audio_rows: TensorRef | None = None
+    image_rows: TensorRef | None = None
+    image_grid_thw: list[list[int]] | None = None
+    video_rows: TensorRef | None = None
+    video_grid_thw: list[list[int]] | None = None
+    video_second_per_grid: list[float] | None = None
+
+
+@dataclass(slots=True)
+class ThinkerChunk(_Message):
+    """A piece of the Thinker's reply. ``prompt_rows`` comes once, on a spoken reply's chunk
+    where the prompt's rows are complete (a channel ref, or ``TOKEN_EMBEDDINGS`` for a prompt
+    without media); ``session_kv`` on the last chunk of a session's turn."""
+
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    stop_tokens: int = 0  # trailing tokens a stop string may still claim (stop_strings.py)
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    prompt_token_ids: list[int] | None = None  # as the engine ran it (None: the caller's ids)
+    prompt_rows: TensorRef | str | None = None
+    session_kv: str | None = None
+
+
+@dataclass(slots=True)
+class SpeakRequest(_Message):
+    """One spoken reply: the Talker runs ``thinker`` itself and follows it. ``prompt_ids``:
+    the prompt with media placeholders expanded as the Thinker will see them; ``sampling``:
+    the caller's Talker sampling overrides; ``reply_ids``: speak these tokens instead of the
+    Thinker's reply (text to speech)."""
+
+    request_id: str
+    thinker: ThinkerRequest
+    prompt_ids: list[int]
+    voice: str
+    sampling: dict[str, Any]
+    image_grid_thw: list[list[int]] | None = None
+    video_grid_thw: list[list[int]] | None = None
+    video_second_per_grid: list[float] | None = None
+    audio_seqlens: list[int] | None = None
+    reply_ids: list[int] | None = None
+
+
+@dataclass(slots=True)
+class CodecFrame(_Message):
+    """One frame of the Talker's codec codes (one per codebook, as ints)."""
+
+    codes: list[int]
+
+
+SpeakEvent = ThinkerChunk | CodecFrame
