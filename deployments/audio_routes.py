@@ -44,8 +44,13 @@ from omni_serve.models.qwen3_omni.transcription import instruction, unknown_lang
 
 log = logging.getLogger("ray.serve")
 
-SPEECH_MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac",
-                      "mp3": "audio/mpeg", "opus": "audio/ogg"}  # fmt: skip
+SPEECH_MEDIA_TYPES = {
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+}
 
 
 # The form field a transcription's chat field came from (its clip, the file: every
@@ -113,13 +118,17 @@ class AudioRoutes:
         clip = await asyncio.to_thread(base64.b64encode, raw)
         fmt = await asyncio.to_thread(audio_format, raw)  # a file upload names no format
         clip_part = {"data": clip.decode(), "format": fmt or "wav"}
-        content = [{"type": "input_audio", "input_audio": clip_part},
-                   {"type": "text", "text": asked}]  # fmt: skip
+        content = [
+            {"type": "input_audio", "input_audio": clip_part},
+            {"type": "text", "text": asked},
+        ]
         body = ChatCompletionRequest(
-            model=form.model, messages=[{"role": "user", "content": content}], stream=stream,
+            model=form.model,
+            messages=[{"role": "user", "content": content}],
+            stream=stream,
             temperature=form.temperature,
             max_tokens=form.max_completion_tokens or self.config.api.max_tokens_limit,
-        )  # fmt: skip
+        )
         try:
             prompt, options = await self._prepare(body)
         except ApiError as exc:  # named as the chat's fields: name the form's instead
@@ -164,8 +173,9 @@ class AudioRoutes:
 
     async def _ws_events(self, message: Any, said: dict[str, Any] | None):
         if not isinstance(message, dict) or message.get("type") not in ("chat", "speech"):
-            raise ValueError('send {"type": "chat", "messages": [...]} or {"type": "speech", '
-                             '"input": "..."}')  # fmt: skip
+            raise ValueError(
+                'send {"type": "chat", "messages": [...]} or {"type": "speech", "input": "..."}'
+            )
         fields = {k: v for k, v in message.items() if k not in ("type", "input_audio")}
         fields.setdefault("model", self.config.served_model_name)
         voice = fields.pop("voice", "ethan")
@@ -193,14 +203,24 @@ class AudioRoutes:
                         await socket.send({"type": "response.text.delta", "delta": event.text})
                     elif event.kind == "audio":
                         pcm = encode_audio(event.audio, SAMPLE_RATE, "pcm16")
-                        meta = {"type": "response.audio.delta", "bytes": len(pcm),
-                                "sample_rate": SAMPLE_RATE, "format": "pcm16"}  # fmt: skip
+                        meta = {
+                            "type": "response.audio.delta",
+                            "bytes": len(pcm),
+                            "sample_rate": SAMPLE_RATE,
+                            "format": "pcm16",
+                        }
                         await socket.send(meta, pcm)
                     else:
                         result = event.result
-                        await socket.send({"type": "response.done", "id": response_id,
-                                           "status": "completed", "usage": reply_usage(result),
-                                           "timings": result.timings})  # fmt: skip
+                        await socket.send(
+                            {
+                                "type": "response.done",
+                                "id": response_id,
+                                "status": "completed",
+                                "usage": reply_usage(result),
+                                "timings": result.timings,
+                            }
+                        )
         except WebSocketDisconnect:
             raise
         except Exception as exc:
@@ -210,8 +230,14 @@ class AudioRoutes:
     async def _speech_events(self, body: SpeechRequest, deadline: bool = True):
         prompt, reply = await self.prompts.speech(body.input)
         sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
-        options = ChatOptions(sampling, True, body.voice, body.talker_sampling(body.seed),
-                              reply_ids=reply, session_id=body.session_id)  # fmt: skip
+        options = ChatOptions(
+            sampling,
+            True,
+            body.voice,
+            body.talker_sampling(body.seed),
+            reply_ids=reply,
+            session_id=body.session_id,
+        )
         events = self._chat(prompt, options, uuid.uuid4().hex)
         return iterate_within(events, self._deadline(body)) if deadline else events
 
@@ -257,8 +283,13 @@ class AudioRoutes:
                     yield sse({"type": "speech.audio.delta", "audio": data.decode()})
                 elif event.kind == "done":
                     seconds = len(event.result.audio) / SAMPLE_RATE
-                    yield sse({"type": "speech.audio.done", "audio_seconds": seconds,
-                               "timings": event.result.timings})  # fmt: skip
+                    yield sse(
+                        {
+                            "type": "speech.audio.done",
+                            "audio_seconds": seconds,
+                            "timings": event.result.timings,
+                        }
+                    )
         except Exception as exc:  # headers are out: report in-band
             log.exception("streamed speech request failed in a stage")
             failure = stage_failure(exc)

@@ -23,9 +23,11 @@ class Code2WavDeployment(ReleasesSharedMemory):
         setup = torch_stage(pipeline, stage_name)
         stage = setup.stage
         self.codec, self.left_context = load_code2wav_decoder(
-            setup.model_path, setup.dtype, max_batch=stage.engine.max_batch_size,
+            setup.model_path,
+            setup.dtype,
+            max_batch=stage.engine.max_batch_size,
             device=setup.device,
-        )  # fmt: skip
+        )
         self.decode_batched.set_max_batch_size(stage.engine.max_batch_size)
         self.channel = edge_channel(setup.config, stage_name)
         # Streaming chunk plan (engine args): small first chunk, growing to the steady size.
@@ -72,9 +74,11 @@ class Code2WavDeployment(ReleasesSharedMemory):
     def stats(self) -> dict[str, Any]:
         streams = self.codec.streams
         return {
-            "steps": self.batches, "max_batch": self.max_batch, "running": 0,
+            "steps": self.batches,
+            "max_batch": self.max_batch,
+            "running": 0,
             "decode_s": round(self.decode_s, 3),
             "stream_state_hits": streams.hits if streams is not None else 0,
             "stream_state_misses": streams.misses if streams is not None else 0,
             "channel": channel_stats(),
-        }  # fmt: skip
+        }

@@ -157,8 +157,9 @@ def stage_device(gpus: float) -> str:
     return "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
 
 
-def find_edge(config: PipelineConfig, source: str, payload: str | None = None,
-              target: str | None = None) -> EdgeConfig | None:  # fmt: skip
+def find_edge(
+    config: PipelineConfig, source: str, payload: str | None = None, target: str | None = None
+) -> EdgeConfig | None:
     """The first edge out of ``source`` (carrying ``payload``, toward ``target``, when given)."""
     for edge in config.edges:
         wanted = payload in (None, edge.payload) and target in (None, edge.target)
@@ -167,8 +168,9 @@ def find_edge(config: PipelineConfig, source: str, payload: str | None = None,
     return None
 
 
-def edge_channel(config: PipelineConfig, source: str, payload: str | None = None,
-                 target: str | None = None) -> Channel:  # fmt: skip
+def edge_channel(
+    config: PipelineConfig, source: str, payload: str | None = None, target: str | None = None
+) -> Channel:
     """The tensor channel for what ``source`` sends downstream (its edge's settings; the
     defaults where the config names no such edge). A GPU payload stays on the GPU only when
     the target stage reserves one (the ingress has none)."""

@@ -65,10 +65,17 @@ class DiTDeployment(ReleasesSharedMemory):
         prompt = await take(request["prompt"])
         negative = await take(request["negative"]) if request["negative"] is not None else None
         jobs = [
-            ImageJob(prompt, request["height"], request["width"], request["steps"], seed,
-                     negative_embeds=negative, true_cfg_scale=request["true_cfg_scale"])
+            ImageJob(
+                prompt,
+                request["height"],
+                request["width"],
+                request["steps"],
+                seed,
+                negative_embeds=negative,
+                true_cfg_scale=request["true_cfg_scale"],
+            )
             for seed in request["seeds"]
-        ]  # fmt: skip
+        ]
         # The request's n images join the same batch (and other requests' images with them).
         denoise = self.denoise_batched if self.steps is None else self._denoise_stepped
         try:
@@ -89,8 +96,13 @@ class DiTDeployment(ReleasesSharedMemory):
             groups[job.shape_key].append(i)
         out: list[Any] = [None] * len(jobs)
         for key, members in groups.items():
-            log.info("DiT batch of %d image(s), size %dx%d, %d steps", len(members), key[1],
-                     key[0], key[2])  # fmt: skip
+            log.info(
+                "DiT batch of %d image(s), size %dx%d, %d steps",
+                len(members),
+                key[1],
+                key[0],
+                key[2],
+            )
             self.running += len(members)
             try:
                 latents = await self._denoise([jobs[i] for i in members])
@@ -100,8 +112,11 @@ class DiTDeployment(ReleasesSharedMemory):
             finally:
                 self.running -= len(members)
             if self.denoiser is not None and self.denoiser.step_cache is not None:
-                log.info("DiT batch took %d of %d steps from the step cache",
-                         self.denoiser.last_cached_steps, key[2])  # fmt: skip
+                log.info(
+                    "DiT batch took %d of %d steps from the step cache",
+                    self.denoiser.last_cached_steps,
+                    key[2],
+                )
             for i, lat in zip(members, latents, strict=True):
                 out[i] = lat
             self.batches += 1
@@ -130,8 +145,12 @@ class DiTDeployment(ReleasesSharedMemory):
                 "joined_running": stats.joined_running,
                 "channel": channel_stats(),
             }
-        return {"steps": self.batches, "max_batch": self.max_batch, "running": self.running,
-                "channel": channel_stats()}  # fmt: skip
+        return {
+            "steps": self.batches,
+            "max_batch": self.max_batch,
+            "running": self.running,
+            "channel": channel_stats(),
+        }
 
     def __del__(self) -> None:
         if getattr(self, "steps", None) is not None:

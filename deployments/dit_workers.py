@@ -95,8 +95,11 @@ class DenoiseWorkerGroup:
         ray.get([w.__ray_ready__.remote() for w in self.workers])
         log.info(
             "DiT on %d workers (ulysses %d x cfg %d) over %s",
-            settings.world_size, settings.ulysses_degree, settings.cfg_degree, init_method,
-        )  # fmt: skip
+            settings.world_size,
+            settings.ulysses_degree,
+            settings.cfg_degree,
+            init_method,
+        )
 
     async def run(self, jobs: list[ImageJob]) -> list[Any]:
         batch_id = uuid.uuid4().hex
@@ -139,7 +142,8 @@ class DenoiseWorkerGroup:
         """Exiting lets Serve replace the replica (and with it the workers, which it owns) at
         once, and callers retry on the replacement, instead of every batch failing until
         Serve's health check notices."""
-        log.error("the DiT worker group broke; exiting so that Serve replaces this replica: "
-                  "%s", exc)  # fmt: skip
+        log.error(
+            "the DiT worker group broke; exiting so that Serve replaces this replica: %s", exc
+        )
         logging.shutdown()
         os._exit(1)

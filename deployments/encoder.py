@@ -87,5 +87,10 @@ class EncoderDeployment(ReleasesSharedMemory):
 
     def stats(self) -> dict[str, Any]:
         cache = self.items.cache.stats()
-        return {"steps": self.clips, "max_batch": 0, "running": 0, "channel": channel_stats(),
-                "item_cache": cache}  # fmt: skip
+        return {
+            "steps": self.clips,
+            "max_batch": 0,
+            "running": 0,
+            "channel": channel_stats(),
+            "item_cache": cache,
+        }

@@ -100,8 +100,13 @@ class ImageIngress(ReleasesSharedMemory):
         api = self.config.api
         sizes = [api.image_default_size, "256x256", "512x512", "1024x1024"]
         sizes = [s for s in dict.fromkeys(sizes) if _pixels(s) <= api.image_max_pixels]
-        playground.configure(api.playground, "image", self.config.served_model_name,
-                             sizes=sizes, default_steps=api.image_default_steps)  # fmt: skip
+        playground.configure(
+            api.playground,
+            "image",
+            self.config.served_model_name,
+            sizes=sizes,
+            default_steps=api.image_default_steps,
+        )
 
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:
@@ -140,8 +145,9 @@ class ImageIngress(ReleasesSharedMemory):
         if body.stream:
             raise ApiError(400, "stream: image generation answers in one piece", param="stream")
         if "image" not in body.modalities:
-            raise ApiError(400, "modalities: this model generates images: send ['image']",
-                           "modalities")  # fmt: skip
+            raise ApiError(
+                400, "modalities: this model generates images: send ['image']", "modalities"
+            )
         refuse_unsupported(body)
         try:
             request = ImageGenerationRequest(prompt=_chat_prompt(body), seed=body.seed)
@@ -151,15 +157,24 @@ class ImageIngress(ReleasesSharedMemory):
             raise ApiError(400, message, "messages") from None
         result = await self._run(self._options(request), body.timeout_s)
         encoded = await asyncio.to_thread(images_b64, result.images)
-        parts = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
-                 for data in encoded]  # fmt: skip
+        parts = [
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+            for data in encoded
+        ]
         return {
-            "id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
+            "id": new_id("chatcmpl"),
+            "object": "chat.completion",
+            "created": int(time.time()),
             "model": self.config.served_model_name,
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": parts}}],
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": parts},
+                }
+            ],
             "timings": result.timings,
-        }  # fmt: skip
+        }
 
     def _options(self, body: ImageGenerationRequest) -> ImageOptions:
         api = self.config.api
@@ -174,11 +189,15 @@ class ImageIngress(ReleasesSharedMemory):
             message = f"num_inference_steps: this server's DiT step-cache mask needs {mask} steps"
             raise ApiError(400, message, param="num_inference_steps")
         return ImageOptions(
-            prompt=body.prompt, width=width, height=height, n=body.n,
+            prompt=body.prompt,
+            width=width,
+            height=height,
+            n=body.n,
             steps=steps,
-            negative_prompt=body.negative_prompt, true_cfg_scale=body.true_cfg_scale,
+            negative_prompt=body.negative_prompt,
+            true_cfg_scale=body.true_cfg_scale,
             seed=body.seed,
-        )  # fmt: skip
+        )
 
     async def _run(self, options: ImageOptions, timeout_s: float | None):
         deadline = request_deadline(timeout_s, self.config.api.request_timeout_s)

@@ -105,8 +105,9 @@ class Ingress(AudioRoutes, RealtimeRoutes, ReleasesSharedMemory):
         # Without a Talker (a text-only pipeline: the Thinking and Captioner checkpoints have
         # none) the app answers in text and refuses audio output.
         self.voices = set(load_config(model_path).talker_config.speaker_id) if talker else set()
-        playground.configure(self.config.api.playground, "speech",
-                             self.config.served_model_name, sorted(self.voices))  # fmt: skip
+        playground.configure(
+            self.config.api.playground, "speech", self.config.served_model_name, sorted(self.voices)
+        )
         self.handles = {"thinker": thinker}
         for name, handle in (("talker", talker), ("code2wav", code2wav), ("encoder", encoder)):
             if handle is not None:
@@ -194,11 +195,14 @@ class Ingress(AudioRoutes, RealtimeRoutes, ReleasesSharedMemory):
         expires_at = int(time.time() + self.config.api.spoken_reply_ttl_s)
         if body.stream:
             writer = ChunkWriter(
-                new_id("chatcmpl"), self.config.served_model_name, audio_id, SAMPLE_RATE,
+                new_id("chatcmpl"),
+                self.config.served_model_name,
+                audio_id,
+                SAMPLE_RATE,
                 body.audio.format if body.audio else "pcm16",
                 include_usage=bool(body.stream_options and body.stream_options.include_usage),
                 audio_expires_at=expires_at,
-            )  # fmt: skip
+            )
             answer = self._sse(body, prompt, options, uuid.uuid4().hex, writer, audio_id)
             return StreamingResponse(answer, media_type="text/event-stream")
         result = await self._complete(body, prompt, options, audio_id)
@@ -207,8 +211,12 @@ class Ingress(AudioRoutes, RealtimeRoutes, ReleasesSharedMemory):
         if options.want_audio and result.audio is not None:
             audio_s, fmt = len(result.audio) / SAMPLE_RATE, body.audio.format
             data = await asyncio.to_thread(encode_audio, result.audio, SAMPLE_RATE, fmt)
-            audio = {"id": audio_id, "data": base64.b64encode(data).decode(),
-                     "expires_at": expires_at, "transcript": result.text}  # fmt: skip
+            audio = {
+                "id": audio_id,
+                "data": base64.b64encode(data).decode(),
+                "expires_at": expires_at,
+                "transcript": result.text,
+            }
         self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
         self.metrics.requests.labels("ok").inc()
         usage = reply_usage(result)
@@ -234,8 +242,9 @@ class Ingress(AudioRoutes, RealtimeRoutes, ReleasesSharedMemory):
             message = f"min_tokens ({body.min_tokens}) is over max_tokens ({max_tokens})"
             raise ApiError(400, message, "min_tokens")
         if "image" in body.modalities:
-            raise ApiError(400, "modalities: this model answers in text and audio, not images",
-                           "modalities")  # fmt: skip
+            raise ApiError(
+                400, "modalities: this model answers in text and audio, not images", "modalities"
+            )
         want_audio = "audio" in body.modalities
         if want_audio:
             self._check_speaks("modalities")
@@ -260,19 +269,34 @@ class Ingress(AudioRoutes, RealtimeRoutes, ReleasesSharedMemory):
             raise ApiError(502, str(exc), type_="server_error", code="media_proxy") from None
         n_prompt = len(prompt.expanded_ids or prompt.prompt_ids)
         if n_prompt >= self.context_tokens:
-            message = (f"the prompt is {n_prompt} tokens; this model's context is "
-                       f"{self.context_tokens} tokens, prompt and reply together")  # fmt: skip
+            message = (
+                f"the prompt is {n_prompt} tokens; this model's context is "
+                f"{self.context_tokens} tokens, prompt and reply together"
+            )
             raise ApiError(400, message, "messages")
-        sampling = {"max_tokens": max_tokens, "temperature": body.temperature,
-                    "top_p": body.top_p, "top_k": body.top_k, "seed": body.seed,
-                    "stop": body.stop, "presence_penalty": body.presence_penalty,
-                    "frequency_penalty": body.frequency_penalty,
-                    "repetition_penalty": body.repetition_penalty, "min_p": body.min_p,
-                    "min_tokens": body.min_tokens, "ignore_eos": body.ignore_eos,
-                    "logit_bias": body.token_biases}  # fmt: skip
-        options = ChatOptions(sampling, want_audio, voice, body.talker_sampling(body.seed),
-                              session_id=body.session_id,
-                              cache_key=body.prompt_cache_key)  # fmt: skip
+        sampling = {
+            "max_tokens": max_tokens,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "top_k": body.top_k,
+            "seed": body.seed,
+            "stop": body.stop,
+            "presence_penalty": body.presence_penalty,
+            "frequency_penalty": body.frequency_penalty,
+            "repetition_penalty": body.repetition_penalty,
+            "min_p": body.min_p,
+            "min_tokens": body.min_tokens,
+            "ignore_eos": body.ignore_eos,
+            "logit_bias": body.token_biases,
+        }
+        options = ChatOptions(
+            sampling,
+            want_audio,
+            voice,
+            body.talker_sampling(body.seed),
+            session_id=body.session_id,
+            cache_key=body.prompt_cache_key,
+        )
         return prompt, options
 
     async def _recall_replies(self, messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -294,8 +318,10 @@ class Ingress(AudioRoutes, RealtimeRoutes, ReleasesSharedMemory):
         recalled = list(messages)
         for (i, audio_id), transcript in zip(named, transcripts, strict=True):
             if transcript is None:
-                message = (f"no spoken reply {audio_id!r} is kept: unknown, or past its "
-                           "expires_at; send its transcript as content")  # fmt: skip
+                message = (
+                    f"no spoken reply {audio_id!r} is kept: unknown, or past its "
+                    "expires_at; send its transcript as content"
+                )
                 raise ApiError(400, message, f"messages[{i}].audio.id")
             recalled[i] = messages[i].model_copy(update={"content": transcript})
         return recalled

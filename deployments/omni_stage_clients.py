@@ -21,8 +21,9 @@ from omni_serve.transport.base import cat_into, put_in_place
 class HandleStageClients:
     """``StageClients`` over Serve handles."""
 
-    def __init__(self, handles: dict[str, DeploymentHandle], to_encoder: Channel,
-                 to_thinker: Channel) -> None:  # fmt: skip
+    def __init__(
+        self, handles: dict[str, DeploymentHandle], to_encoder: Channel, to_thinker: Channel
+    ) -> None:
         """``to_encoder``, ``to_thinker``: the channels of the ingress's media edges (audio
         samples, image pixels and video frames for the encoder stage; the media of a
         prompt the Thinker encodes itself)."""

@@ -44,10 +44,20 @@ class RealtimeRoutes:
             await ws.close(POLICY_VIOLATION, "unknown model")
             return
         api = self.config.api
-        limits = Limits(served, frozenset(self.voices), api.max_tokens_limit,
-                        min(api.default_max_tokens, api.max_tokens_limit))  # fmt: skip
-        session = RealtimeSession(ws, self._realtime_answer, limits, api.ws_idle_timeout_s,
-                                  api.max_audio_bytes, api.realtime_early_answer_ms)  # fmt: skip
+        limits = Limits(
+            served,
+            frozenset(self.voices),
+            api.max_tokens_limit,
+            min(api.default_max_tokens, api.max_tokens_limit),
+        )
+        session = RealtimeSession(
+            ws,
+            self._realtime_answer,
+            limits,
+            api.ws_idle_timeout_s,
+            api.max_audio_bytes,
+            api.realtime_early_answer_ms,
+        )
         try:
             await session.run()
         except (WebSocketDisconnect, IdleTimeout):
@@ -60,13 +70,22 @@ class RealtimeRoutes:
         and its KV prefix for the whole conversation) and the server's deadline."""
         spoken = {"modalities": ["text"]}
         if ask.audio:
-            spoken = {"modalities": ["text", "audio"],
-                      "audio": {"voice": ask.voice, "format": "pcm16"}}  # fmt: skip
-        body = ChatCompletionRequest.model_validate({
-            "model": self.config.served_model_name, "messages": ask.messages, "stream": True,
-            "max_tokens": ask.max_tokens, "temperature": ask.temperature, "seed": ask.seed,
-            "session_id": ask.session_id, **spoken,
-        })  # fmt: skip
+            spoken = {
+                "modalities": ["text", "audio"],
+                "audio": {"voice": ask.voice, "format": "pcm16"},
+            }
+        body = ChatCompletionRequest.model_validate(
+            {
+                "model": self.config.served_model_name,
+                "messages": ask.messages,
+                "stream": True,
+                "max_tokens": ask.max_tokens,
+                "temperature": ask.temperature,
+                "seed": ask.seed,
+                "session_id": ask.session_id,
+                **spoken,
+            }
+        )
         start = time.perf_counter()
         prompt, options = await self._prepare(body)
         prepare_s = time.perf_counter() - start

@@ -43,8 +43,10 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     data = config.model_dump(mode="json")
     kinds = {s.kind for s in config.stages}
     if ("talker" in kinds) != ("code2wav" in kinds):
-        raise ValueError(f"pipeline {config.name!r}: talker and code2wav stages go together (a "
-                         "spoken reply needs both); leave both out to serve text only")  # fmt: skip
+        raise ValueError(
+            f"pipeline {config.name!r}: talker and code2wav stages go together (a "
+            "spoken reply needs both); leave both out to serve text only"
+        )
     bound = {}
     for kind, cls in STAGE_CLASSES.items():
         stage = next((s for s in config.stages if s.kind == kind), None)
@@ -71,9 +73,14 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         )
     ingress = next(s for s in config.stages if s.kind == "ingress")
     return Ingress.options(name=ingress.name, **ingress.deployment.serve_options()).bind(
-        data, bound["thinker"], bound.get("talker"), bound.get("code2wav"), bound.get("encoder"),
-        store, replies,
-    )  # fmt: skip
+        data,
+        bound["thinker"],
+        bound.get("talker"),
+        bound.get("code2wav"),
+        bound.get("encoder"),
+        store,
+        replies,
+    )
 
 
 app = build_app()

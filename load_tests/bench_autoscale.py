@@ -52,12 +52,21 @@ class Profile:
 
 
 PROFILES = {
-    "image": Profile("load_tests/configs/qwen_image_autoscale.yaml", "qwen-image",
-                     ("text_encoder", "dit", "vae"), ("dit", "vae"), "bench_autoscale"),
-    "omni": Profile("load_tests/configs/qwen3_omni_autoscale.yaml", "qwen3-omni",
-                    ("thinker", "talker", "code2wav"), ("talker", "code2wav"),
-                    "bench_autoscale_omni"),
-}  # fmt: skip
+    "image": Profile(
+        "load_tests/configs/qwen_image_autoscale.yaml",
+        "qwen-image",
+        ("text_encoder", "dit", "vae"),
+        ("dit", "vae"),
+        "bench_autoscale",
+    ),
+    "omni": Profile(
+        "load_tests/configs/qwen3_omni_autoscale.yaml",
+        "qwen3-omni",
+        ("thinker", "talker", "code2wav"),
+        ("talker", "code2wav"),
+        "bench_autoscale_omni",
+    ),
+}
 
 
 async def send_image(client: httpx.AsyncClient, _: int) -> tuple[int | str, float | None]:
@@ -78,8 +87,10 @@ async def send_speech(client: httpx.AsyncClient, i: int) -> tuple[int | str, flo
 async def replicas_now(client: httpx.AsyncClient, app: str) -> dict[str, int]:
     r = await client.get(f"{DASHBOARD}/api/serve/applications/", timeout=10)
     deployments = r.json()["applications"][app]["deployments"]
-    return {name: sum(1 for rep in d.get("replicas", []) if rep["state"] == "RUNNING")
-            for name, d in deployments.items()}  # fmt: skip
+    return {
+        name: sum(1 for rep in d.get("replicas", []) if rep["state"] == "RUNNING")
+        for name, d in deployments.items()
+    }
 
 
 async def sample_replicas(started: float, app: str, out: list, stop: asyncio.Event) -> None:
@@ -96,8 +107,15 @@ async def client_loop(started: float, until: float, phase: str, requests: list, 
         while time.monotonic() < until:
             t0 = time.monotonic()
             status, ttfp = await send(client, len(requests))
-            requests.append({"t": t0 - started, "phase": phase, "status": status,
-                             "latency_s": time.monotonic() - t0, "ttfp_s": ttfp})  # fmt: skip
+            requests.append(
+                {
+                    "t": t0 - started,
+                    "phase": phase,
+                    "status": status,
+                    "latency_s": time.monotonic() - t0,
+                    "ttfp_s": ttfp,
+                }
+            )
 
 
 async def run(args: argparse.Namespace, profile: Profile) -> dict:
@@ -107,15 +125,19 @@ async def run(args: argparse.Namespace, profile: Profile) -> dict:
     started = time.monotonic()
     sampler = asyncio.create_task(sample_replicas(started, profile.app, replicas, stop))
     send = send_speech if args.pipeline == "omni" else send_image
-    phases = [("low", 1, args.low_s), ("high", args.high_clients, args.high_s),
-              ("after", 1, args.idle_s)]  # fmt: skip
+    phases = [
+        ("low", 1, args.low_s),
+        ("high", args.high_clients, args.high_s),
+        ("after", 1, args.idle_s),
+    ]
     bounds = {}
     for phase, clients, seconds in phases:
         begin = time.monotonic()
         until = begin + seconds
         bounds[phase] = (begin - started, until - started)
-        await asyncio.gather(*(client_loop(started, until, phase, requests, send)
-                               for _ in range(clients)))  # fmt: skip
+        await asyncio.gather(
+            *(client_loop(started, until, phase, requests, send) for _ in range(clients))
+        )
     stop.set()
     await sampler
     return summarize(replicas, requests, bounds, profile)
@@ -130,8 +152,10 @@ def percentiles(values: list[float], prefix: str) -> dict[str, float | None]:
     if not values:
         return {f"{prefix}_p50_s": None, f"{prefix}_p99_s": None}
     p99 = values[min(len(values) - 1, int(0.99 * len(values)))]
-    return {f"{prefix}_p50_s": round(statistics.median(values), 3),
-            f"{prefix}_p99_s": round(p99, 3)}  # fmt: skip
+    return {
+        f"{prefix}_p50_s": round(statistics.median(values), 3),
+        f"{prefix}_p99_s": round(p99, 3),
+    }
 
 
 def summarize(replicas: list[dict], requests: list[dict], bounds: dict, profile: Profile) -> dict:
@@ -148,19 +172,25 @@ def summarize(replicas: list[dict], requests: list[dict], bounds: dict, profile:
             phases[phase].update(percentiles([r["ttfp_s"] for r in ok if r["ttfp_s"]], "ttfp"))
     return {
         "pipeline": profile.app,
-        "scale_up_s": {s: first_time(replicas, high_start, lambda x, s=s: x.get(s, 0) >= 2)
-                       for s in profile.scaled},
-        "scale_down_s": {s: first_time(replicas, high_end, lambda x, s=s: x.get(s, 0) == 1)
-                         if any(x.get(s, 0) >= 2 for x in replicas) else None
-                         for s in profile.scaled},
-        "max_replicas": {s: max((x.get(s, 0) for x in replicas), default=0)
-                         for s in profile.stages},
+        "scale_up_s": {
+            s: first_time(replicas, high_start, lambda x, s=s: x.get(s, 0) >= 2)
+            for s in profile.scaled
+        },
+        "scale_down_s": {
+            s: first_time(replicas, high_end, lambda x, s=s: x.get(s, 0) == 1)
+            if any(x.get(s, 0) >= 2 for x in replicas)
+            else None
+            for s in profile.scaled
+        },
+        "max_replicas": {
+            s: max((x.get(s, 0) for x in replicas), default=0) for s in profile.stages
+        },
         "failed_requests": sum(p["failed"] for p in phases.values()),
         "phases": phases,
         "bounds_s": bounds,
         "replicas": replicas,
         "requests": requests,
-    }  # fmt: skip
+    }
 
 
 def plot(summary: dict, stages: tuple[str, ...], path: Path) -> None:
@@ -180,8 +210,9 @@ def plot(summary: dict, stages: tuple[str, ...], path: Path) -> None:
     bad = [r for r in summary["requests"] if r["status"] != 200]
     bottom.scatter([r["t"] for r in ok], [r["latency_s"] for r in ok], s=4, label="ok")
     if bad:
-        bottom.scatter([r["t"] for r in bad], [r["latency_s"] for r in bad], s=12, c="red",
-                       label="failed")  # fmt: skip
+        bottom.scatter(
+            [r["t"] for r in bad], [r["latency_s"] for r in bad], s=12, c="red", label="failed"
+        )
     bottom.set_ylabel("latency (s)")
     bottom.set_xlabel("seconds")
     bottom.legend()
@@ -210,8 +241,10 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{profile.result}.json").write_text(json.dumps(summary, indent=1))
     plot(summary, profile.stages, RESULTS / f"{profile.result}.png")
-    brief = {k: summary[k] for k in ("scale_up_s", "scale_down_s", "max_replicas",
-                                     "failed_requests", "phases")}  # fmt: skip
+    brief = {
+        k: summary[k]
+        for k in ("scale_up_s", "scale_down_s", "max_replicas", "failed_requests", "phases")
+    }
     print(json.dumps(brief, indent=1))
 
 

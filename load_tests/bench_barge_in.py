@@ -32,11 +32,17 @@ from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
 URL = "http://127.0.0.1:8000"
 WS_URL = "ws://127.0.0.1:8000/v1/audio/stream"
 RESULTS = Path(__file__).parent / "results"
-CHAT = {"type": "chat", "messages": [{"role": "user", "content": "Tell me a long story."}],
-        "max_tokens": 200, "temperature": 0,
-        "stage_overrides": {"talker": {"max_tokens": 500, "temperature": 0}}}  # fmt: skip
-RUNNING = ('omni_stage_running_requests{stage="talker"}',
-           'omni_stage_running_requests{stage="code2wav"}')  # fmt: skip
+CHAT = {
+    "type": "chat",
+    "messages": [{"role": "user", "content": "Tell me a long story."}],
+    "max_tokens": 200,
+    "temperature": 0,
+    "stage_overrides": {"talker": {"max_tokens": 500, "temperature": 0}},
+}
+RUNNING = (
+    'omni_stage_running_requests{stage="talker"}',
+    'omni_stage_running_requests{stage="code2wav"}',
+)
 
 
 def stages_busy() -> float:
@@ -74,9 +80,12 @@ async def one_answer(ws, cut_after_s: float | None) -> dict[str, float]:
     out = {"first_audio_s": first - start, "end_s": now - start}
     if cancel is not None:
         idle = await until_idle()
-        out |= {"cancel_s": cancel - start, "cancel_to_done_ms": (now - cancel) * 1000,
-                "cancel_to_idle_ms": (idle - cancel) * 1000,
-                "audio_bytes_after_cancel": bytes_after_cancel}  # fmt: skip
+        out |= {
+            "cancel_s": cancel - start,
+            "cancel_to_done_ms": (now - cancel) * 1000,
+            "cancel_to_idle_ms": (idle - cancel) * 1000,
+            "audio_bytes_after_cancel": bytes_after_cancel,
+        }
     return out
 
 

@@ -57,16 +57,32 @@ from summary import spread, write_summary  # noqa: E402
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 RESULTS = Path(__file__).parent / "results"
 SIZES = {"4KB": 4 << 10, "1MB": 1 << 20, "16MB": 16 << 20, "64MB": 64 << 20, "256MB": 256 << 20}
-BACKENDS = ["auto", "shared_memory", "direct", "direct_tcp", "object_store", "pickled", "copy",
-            "auto_read", "copy_read"]  # fmt: skip
+BACKENDS = [
+    "auto",
+    "shared_memory",
+    "direct",
+    "direct_tcp",
+    "object_store",
+    "pickled",
+    "copy",
+    "auto_read",
+    "copy_read",
+]
 # direct_tcp: the direct backend with UCX limited to TCP, the wire it uses between two hosts
 # (its actors run with UCX_TLS=tcp); the cross-host throughput this machine can measure.
 TCP_ONLY = {"env_vars": {"UCX_TLS": "tcp"}}
 # Rounds that are not a channel of their own. "copy": the producer copies the tensor into a
 # private buffer and the calls carry only its size: the floor for any channel that copies once,
 # since a copy inside a round runs with caches the two calls (and the other actor) just used.
-EXTRA = {"pickled": None, "direct_tcp": "direct", "copy": None, "auto_read": "auto",
-         "copy_read": None, "auto_beside": "auto", "direct_beside": "direct"}  # fmt: skip
+EXTRA = {
+    "pickled": None,
+    "direct_tcp": "direct",
+    "copy": None,
+    "auto_read": "auto",
+    "copy_read": None,
+    "auto_beside": "auto",
+    "direct_beside": "direct",
+}
 # "_read": the consumer also reads the whole payload (a sum), as a stage does; the copy round's
 # consumer reads a private tensor of the size. What a read costs beyond reading memory the
 # consumer has mapped (a fresh mapping's pages fault in) shows as auto_read minus copy_read.
@@ -74,8 +90,15 @@ EXTRA = {"pickled": None, "direct_tcp": "direct", "copy": None, "auto_read": "au
 STREAM_BACKENDS = ["auto", "object_store", "pickled", "copy"]
 STREAM_BURST_BYTES = 256 << 20
 CROSS_NODE_BACKENDS = ["object_store", "direct_tcp", "pickled", "copy"]
-TWO_HOSTS_BACKENDS = ["auto", "object_store", "direct", "pickled", "copy", "auto_beside",
-                      "direct_beside"]  # fmt: skip
+TWO_HOSTS_BACKENDS = [
+    "auto",
+    "object_store",
+    "direct",
+    "pickled",
+    "copy",
+    "auto_beside",
+    "direct_beside",
+]
 NODE_STORE_BYTES = 2 << 30  # each node's object store: 256 MB payloads with room to spare
 COLD_SPAN = 512 << 20  # 16x the L3: a cold memcpy's buffers
 
@@ -86,8 +109,9 @@ def stream_gbps(producer, consumer, nbytes: int, backend: str) -> float:
     import ray
 
     count = max(2, min(16, STREAM_BURST_BYTES // nbytes))
-    seconds = [ray.get(producer.stream.remote(nbytes, backend, count, consumer))
-               for _ in range(6)][1:]  # fmt: skip
+    seconds = [ray.get(producer.stream.remote(nbytes, backend, count, consumer)) for _ in range(6)][
+        1:
+    ]
     return nbytes * count / statistics.median(seconds) / 1e9
 
 
@@ -156,10 +180,15 @@ def start_ray(mode: str):
         return hosts.stop
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "resources": {"node_a": 1}, "object_store_memory": NODE_STORE_BYTES,
-        "include_dashboard": False,
-    })  # fmt: skip
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "resources": {"node_a": 1},
+            "object_store_memory": NODE_STORE_BYTES,
+            "include_dashboard": False,
+        },
+    )
     cluster.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=NODE_STORE_BYTES)
     ray.init(address=cluster.address, log_to_driver=False)
     return cluster.shutdown
@@ -170,13 +199,25 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cross-node", action="store_true", help="producer, consumer on 2 nodes")
-    parser.add_argument("--two-hosts", action="store_true",
-                        help="producer, consumer on 2 hosts made of namespaces (root)")  # fmt: skip
-    parser.add_argument("--copy-threads", type=int, default=None,
-                        help="threads for the channel's copy (default: the library's)")  # fmt: skip
-    parser.add_argument("--split-copy-from", type=int, default=None, metavar="BYTES",
-                        help="payload size from which the copy is split over threads "
-                        "(default: the library's, 32 MiB)")  # fmt: skip
+    parser.add_argument(
+        "--two-hosts",
+        action="store_true",
+        help="producer, consumer on 2 hosts made of namespaces (root)",
+    )
+    parser.add_argument(
+        "--copy-threads",
+        type=int,
+        default=None,
+        help="threads for the channel's copy (default: the library's)",
+    )
+    parser.add_argument(
+        "--split-copy-from",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="payload size from which the copy is split over threads "
+        "(default: the library's, 32 MiB)",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs over all sizes")
     args = parser.parse_args()
     mode = "two_hosts" if args.two_hosts else "cross_node" if args.cross_node else "one_node"
@@ -184,14 +225,18 @@ def main() -> int:
         os.environ["OMNI_CHANNEL_COPY_THREADS"] = str(args.copy_threads)
     if args.split_copy_from is not None:
         os.environ["OMNI_CHANNEL_SPLIT_COPY_FROM"] = str(args.split_copy_from)
-    backends = {"one_node": BACKENDS, "cross_node": CROSS_NODE_BACKENDS,
-                "two_hosts": TWO_HOSTS_BACKENDS}[mode]  # fmt: skip
+    backends = {
+        "one_node": BACKENDS,
+        "cross_node": CROSS_NODE_BACKENDS,
+        "two_hosts": TWO_HOSTS_BACKENDS,
+    }[mode]
     stop_nodes = start_ray(mode)
     # Producer on one node (host), consumer on the other, or both anywhere.
-    places = {"one_node": ({}, {}),
-              "cross_node": ({"resources": {"node_a": 0.1}}, {"resources": {"node_b": 0.1}}),
-              "two_hosts": ({"resources": {"host_a": 0.1}}, {"resources": {"host_b": 0.1}}),
-              }[mode]  # fmt: skip
+    places = {
+        "one_node": ({}, {}),
+        "cross_node": ({"resources": {"node_a": 0.1}}, {"resources": {"node_b": 0.1}}),
+        "two_hosts": ({"resources": {"host_a": 0.1}}, {"resources": {"host_b": 0.1}}),
+    }[mode]
 
     @ray.remote(num_cpus=0)
     class Producer:
@@ -249,11 +294,12 @@ def main() -> int:
             return None
 
     pairs = {
-        "default": (Producer.options(**places[0]).remote(),
-                    Consumer.options(**places[1]).remote()),
-        "tcp": (Producer.options(runtime_env=TCP_ONLY, **places[0]).remote(),
-                Consumer.options(runtime_env=TCP_ONLY, **places[1]).remote()),
-    }  # fmt: skip
+        "default": (Producer.options(**places[0]).remote(), Consumer.options(**places[1]).remote()),
+        "tcp": (
+            Producer.options(runtime_env=TCP_ONLY, **places[0]).remote(),
+            Consumer.options(runtime_env=TCP_ONLY, **places[1]).remote(),
+        ),
+    }
     producer, consumer = pairs["default"]
     if mode == "two_hosts":  # a consumer on the producer's host, for the _beside rounds
         pairs["beside"] = (producer, Consumer.options(**places[0]).remote())
@@ -285,9 +331,13 @@ def main() -> int:
 
     def measure_size(label: str, nbytes: int) -> dict:
         repeats = 30 if nbytes <= 64 << 20 else 8
-        row = {"size": label, "nbytes": nbytes, "memcpy_gbps": memcpy_gbps(nbytes, repeats),
-               "memcpy_cold_gbps": memcpy_gbps(nbytes, repeats, cold=True),
-               "shared_memory_in_process": in_process_ms(nbytes, repeats)}  # fmt: skip
+        row = {
+            "size": label,
+            "nbytes": nbytes,
+            "memcpy_gbps": memcpy_gbps(nbytes, repeats),
+            "memcpy_cold_gbps": memcpy_gbps(nbytes, repeats, cold=True),
+            "shared_memory_in_process": in_process_ms(nbytes, repeats),
+        }
         for backend in backends:
             timed_round(nbytes, backend)  # warm-up
             # Each round paired with an empty one right before it: the machine's load drifts
@@ -308,10 +358,14 @@ def main() -> int:
         if mode == "one_node":
             for backend in STREAM_BACKENDS:
                 row[backend]["stream_gbps"] = stream_gbps(producer, consumer, nbytes, backend)
-        print(f"{label:>6}  memcpy {row['memcpy_gbps']:6.2f} GB/s "
-              f"(cold {row['memcpy_cold_gbps']:6.2f})  " + "  ".join(
-            f"{b} {row[b]['gbps']:6.2f} GB/s {row[b]['added_ms']:7.2f} ms" for b in backends
-        ), flush=True)  # fmt: skip
+        print(
+            f"{label:>6}  memcpy {row['memcpy_gbps']:6.2f} GB/s "
+            f"(cold {row['memcpy_cold_gbps']:6.2f})  "
+            + "  ".join(
+                f"{b} {row[b]['gbps']:6.2f} GB/s {row[b]['added_ms']:7.2f} ms" for b in backends
+            ),
+            flush=True,
+        )
         return row
 
     runs = []
@@ -339,9 +393,11 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / name).write_text(json.dumps(summary, indent=1))
     if one_node:
-        sides = {"producer and consumer": "two Ray actors on this host, 1 torch thread each",
-                 "memcpy": "one thread in one process, hot and cold buffers",
-                 "copy_threads": COPY_THREADS}  # fmt: skip
+        sides = {
+            "producer and consumer": "two Ray actors on this host, 1 torch thread each",
+            "memcpy": "one thread in one process, hot and cold buffers",
+            "copy_threads": COPY_THREADS,
+        }
         kept = write_summary("channel", kept_figures(runs), sides, args.repeats)
         print(f"summary: {kept}")
     print("targets:", json.dumps(summary["targets"], indent=1))
@@ -363,8 +419,12 @@ def kept_figures(runs: list[list[dict]]) -> dict:
             "direct_gbps": spread([r["direct"]["gbps"] for r in rows]),
         }
     targets = [one_node_targets(run) for run in runs]
-    keys = ("auto_transfer_over_memcpy_min_at_16MB_plus", "auto_over_memcpy_min_at_16MB_plus",
-            "auto_over_pickled_min_at_16MB_plus", "added_ms_at_4KB")  # fmt: skip
+    keys = (
+        "auto_transfer_over_memcpy_min_at_16MB_plus",
+        "auto_over_memcpy_min_at_16MB_plus",
+        "auto_over_pickled_min_at_16MB_plus",
+        "added_ms_at_4KB",
+    )
     return {"by_size": by_size, "targets": {k: spread([t[k] for t in targets]) for k in keys}}
 
 
@@ -385,8 +445,10 @@ def one_node_targets(rows: list[dict]) -> dict:
     big = [r for r in rows if r["nbytes"] >= 16 << 20]
 
     def worst(over: str, field: str = "gbps") -> float:
-        return min(r["auto"][field] / (r[over] if over.startswith("memcpy") else r[over][field])
-                   for r in big)  # fmt: skip
+        return min(
+            r["auto"][field] / (r[over] if over.startswith("memcpy") else r[over][field])
+            for r in big
+        )
 
     return {
         "auto_over_memcpy_min_at_16MB_plus": worst("memcpy_gbps"),

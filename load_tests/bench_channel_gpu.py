@@ -31,8 +31,16 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).parent / "results"
-SIZES = {"64KB": 1 << 16, "256KB": 1 << 18, "1MB": 1 << 20, "4MB": 4 << 20, "16MB": 16 << 20,
-         "64MB": 64 << 20, "256MB": 256 << 20, "1GB": 1 << 30}  # fmt: skip
+SIZES = {
+    "64KB": 1 << 16,
+    "256KB": 1 << 18,
+    "1MB": 1 << 20,
+    "4MB": 4 << 20,
+    "16MB": 16 << 20,
+    "64MB": 64 << 20,
+    "256MB": 256 << 20,
+    "1GB": 1 << 30,
+}
 
 
 def _consumer(conn) -> None:
@@ -135,12 +143,16 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "bench_channel_gpu.json"
     out.write_text(json.dumps(summary, indent=1))
-    print(f"{'size':>6} {'d2d ms':>8} {'direct ms':>10} {'host ms':>9} {'direct GB/s':>12} "
-          f"{'host GB/s':>10} {'direct/host':>12}")  # fmt: skip
+    print(
+        f"{'size':>6} {'d2d ms':>8} {'direct ms':>10} {'host ms':>9} {'direct GB/s':>12} "
+        f"{'host GB/s':>10} {'direct/host':>12}"
+    )
     for name, r in rows.items():
         speedup = f"{r['direct_vs_host']}x"
-        print(f"{name:>6} {r['d2d_ms']:>8} {r['direct_ms']:>10} {r['host_ms']:>9} "
-              f"{r['direct_gbps']:>12} {r['host_gbps']:>10} {speedup:>12}")  # fmt: skip
+        print(
+            f"{name:>6} {r['d2d_ms']:>8} {r['direct_ms']:>10} {r['host_ms']:>9} "
+            f"{r['direct_gbps']:>12} {r['host_gbps']:>10} {speedup:>12}"
+        )
     print("wrote", out)
 
 

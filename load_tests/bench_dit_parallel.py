@@ -34,8 +34,10 @@ RESULTS = Path(__file__).parent / "results"
 
 def workload(rows: dict[str, torch.Tensor], size: int, steps: int, rounds: int) -> list:
     """``rounds`` identical batches of one CFG request; the first one is the warm-up."""
-    return [[ImageJob(rows["prompt"], size, size, steps, seed=3, negative_embeds=rows["negative"])]
-            for _ in range(rounds)]  # fmt: skip
+    return [
+        [ImageJob(rows["prompt"], size, size, steps, seed=3, negative_embeds=rows["negative"])]
+        for _ in range(rounds)
+    ]
 
 
 def main() -> None:
@@ -48,8 +50,9 @@ def main() -> None:
     path = ensure_model(args.model)
     encoder = PromptEncoder(path)
     prompt, negative = encoder.encode(["a lighthouse on a cliff at dusk", "blurry, low quality"])
-    work = functools.partial(workload, {"prompt": prompt, "negative": negative}, args.size,
-                             args.steps, args.rounds + 1)  # fmt: skip
+    work = functools.partial(
+        workload, {"prompt": prompt, "negative": negative}, args.size, args.steps, args.rounds + 1
+    )
 
     torch.set_num_threads(2)
     denoiser = load_denoiser(path)
@@ -69,16 +72,22 @@ def main() -> None:
     base = rows["one worker, 2 threads"]["seconds"]
     for row in rows.values():
         row["speedup"] = base / row["seconds"]
-    result = {"model": args.model, "size": args.size, "steps": args.steps,
-              "rounds": args.rounds, "rows": rows}  # fmt: skip
+    result = {
+        "model": args.model,
+        "size": args.size,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "rows": rows,
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_dit_parallel.json").write_text(json.dumps(result, indent=2))
-    print(f"{args.model}, {args.size}x{args.size}, {args.steps} steps, one request with CFG "
-          f"(best of {args.rounds})")  # fmt: skip
+    print(
+        f"{args.model}, {args.size}x{args.size}, {args.steps} steps, one request with CFG "
+        f"(best of {args.rounds})"
+    )
     print(f"{'':40} {'seconds':>8} {'speedup':>8} {'max abs diff':>13}")
     for name, row in rows.items():
-        print(f"{name:40} {row['seconds']:8.2f} {row['speedup']:7.2f}x "
-              f"{row['max_abs_diff']:13.2e}")  # fmt: skip
+        print(f"{name:40} {row['seconds']:8.2f} {row['speedup']:7.2f}x {row['max_abs_diff']:13.2e}")
 
 
 if __name__ == "__main__":

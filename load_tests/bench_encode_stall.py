@@ -72,5 +72,9 @@ if __name__ == "__main__":
     args = parser.parse_args()
     result = asyncio.run(main(args.replies, args.rounds))
     for name, numbers in result["workloads"].items():
-        print(name, {k: numbers[k] for k in ("max_stall_ms", "wall_s")},
-              "ratio", numbers["max_stall_ratio_thread_over_inline"])  # fmt: skip
+        print(
+            name,
+            {k: numbers[k] for k in ("max_stall_ms", "wall_s")},
+            "ratio",
+            numbers["max_stall_ratio_thread_over_inline"],
+        )

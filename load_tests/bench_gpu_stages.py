@@ -71,8 +71,9 @@ class Talker:
         hidden, dtype = self.builder.tts_pad.shape[-1], self.builder.tts_pad.dtype
         for i in range(batch):
             embeds = torch.randn(40 + i % 16, hidden, dtype=dtype)
-            request = ARRequest(str(i), prompt_embeds=embeds, sampling=SAMPLING,
-                                extra={"text_done": True})  # fmt: skip
+            request = ARRequest(
+                str(i), prompt_embeds=embeds, sampling=SAMPLING, extra={"text_done": True}
+            )
             state = self.runner.new_state(request)
             self.states.append(state)
             self.generated.append([self._token(state, self.runner.prefill(state), [])])
@@ -118,11 +119,15 @@ def bench_talker(path, device, dtypes, kinds, batches, steps, compile_batches) -
                     # The graphed rows are the targets: 3 windows, median and range; the
                     # eager ones are references, and 3 windows of them would not fit a call.
                     windows = 3 if kind in ("cuda_graph", "compile") else 1
-                    times = [time_steps(run, steps, warmup=3 if i == 0 else 0)
-                             for i in range(windows)]  # fmt: skip
+                    times = [
+                        time_steps(run, steps, warmup=3 if i == 0 else 0) for i in range(windows)
+                    ]
                     step_s = statistics.median(times)
-                    row = {"ms": round(step_s * 1e3, 2), "audio_s_per_s": batch * FRAME_S / step_s,
-                           "ms_windows": [round(t * 1e3, 2) for t in times]}  # fmt: skip
+                    row = {
+                        "ms": round(step_s * 1e3, 2),
+                        "audio_s_per_s": batch * FRAME_S / step_s,
+                        "ms_windows": [round(t * 1e3, 2) for t in times],
+                    }
                     row["graphs"] = getattr(getattr(run.runner, "graphs", None), "captured", 0)
                     row["captured_before"] = run.graphs  # a capture while timed shows as more
                     row["capture_s"] = round(run.capture_s, 2)
@@ -155,14 +160,21 @@ def count_kernels(path, device, dtypes, batches) -> list[dict]:
                 run.step()
                 sync()
             kernels = [
-                e for e in prof.events()
+                e
+                for e in prof.events()
                 if (e.device_type.name == "CUDA" if cuda else not e.cpu_children)
-            ]  # fmt: skip
+            ]
             names = Counter(e.name[:60] for e in kernels)
             busy_ms = sum(e.device_time for e in kernels) / 1e3
-            rows.append({"dtype": dtype, "batch": batch, "kernels": len(kernels),
-                         "gpu_busy_ms": round(busy_ms, 2),
-                         "top": names.most_common(12)})  # fmt: skip
+            rows.append(
+                {
+                    "dtype": dtype,
+                    "batch": batch,
+                    "kernels": len(kernels),
+                    "gpu_busy_ms": round(busy_ms, 2),
+                    "top": names.most_common(12),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -177,8 +189,13 @@ def bench_code2wav(path, device, dtype, frames: int, batch: int = 1) -> dict:
     gen = torch.Generator().manual_seed(0)
     streams = []
     for i in range(batch):
-        planner = ChunkPlanner(decoder.samples_per_frame, first_chunk=2, chunk=25,
-                               left_context=context, stream_id=f"s{i}")  # fmt: skip
+        planner = ChunkPlanner(
+            decoder.samples_per_frame,
+            first_chunk=2,
+            chunk=25,
+            left_context=context,
+            stream_id=f"s{i}",
+        )
         codes = torch.randint(0, 2048, (16, frames), generator=gen)
         streams.append(planner.push(codes) + [planner.finish()])
     rounds = [list(jobs) for jobs in zip(*streams, strict=True)]
@@ -191,8 +208,11 @@ def bench_code2wav(path, device, dtype, frames: int, batch: int = 1) -> dict:
         decoder.run(jobs)
         sync()
         times.append((time.perf_counter() - start) / jobs[0].num_frames * 25)
-    return {"dtype": dtype, "batch": batch,
-            "ms_per_25_frames": round(statistics.median(times) * 1e3, 2)}  # fmt: skip
+    return {
+        "dtype": dtype,
+        "batch": batch,
+        "ms_per_25_frames": round(statistics.median(times) * 1e3, 2),
+    }
 
 
 def bench_end_to_end(path, device, dtype, step: str, batch: int, frames: int) -> dict:
@@ -213,8 +233,15 @@ def bench_end_to_end(path, device, dtype, step: str, batch: int, frames: int) ->
         sync()
         wall = time.perf_counter() - start
     audio = samples / 24_000
-    return {"dtype": dtype, "step": step, "batch": batch, "frames": frames, "wall_s": wall,
-            "audio_s": audio, "audio_s_per_s": audio / wall}  # fmt: skip
+    return {
+        "dtype": dtype,
+        "step": step,
+        "batch": batch,
+        "frames": frames,
+        "wall_s": wall,
+        "audio_s": audio,
+        "audio_s_per_s": audio / wall,
+    }
 
 
 def speak(run: Talker, decoder, context: int, batch: int, frames: int) -> int:
@@ -257,9 +284,14 @@ def bench_transformers(path, device, dtype, text_tokens: int, frames: int, repea
     once()
     runs = [once() for _ in range(repeats)]
     walls = [w for w, _ in runs]
-    return {"dtype": dtype, "e2e_s": statistics.median(walls),
-            "e2e_range_s": [min(walls), max(walls)], "e2e_values_s": walls,
-            "audio_s": runs[0][1], "repeats": repeats}  # fmt: skip
+    return {
+        "dtype": dtype,
+        "e2e_s": statistics.median(walls),
+        "e2e_range_s": [min(walls), max(walls)],
+        "e2e_values_s": walls,
+        "audio_s": runs[0][1],
+        "repeats": repeats,
+    }
 
 
 def git_commit() -> str:
@@ -298,11 +330,14 @@ def main() -> None:
     path = ensure_model(model)
     torch.set_num_threads(1 if not cuda else torch.get_num_threads())
     summary = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": git_commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "commit": git_commit(),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-        "torch": torch.__version__, "model": model, "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "model": model,
+        "threads": torch.get_num_threads(),
         "machine": machine(),
-    }  # fmt: skip
+    }
     print(json.dumps(summary), flush=True)
     best = "cuda_graph" if cuda else "static"
     dtypes = ("float32", "bfloat16")
@@ -314,22 +349,25 @@ def main() -> None:
             path, device, dtypes, eager_kinds, batches, steps, set()
         ),
         "end_to_end": lambda: [
-            bench_end_to_end(path, device, d, s, b, frames)
-            for d in dtypes for s, b in shapes
+            bench_end_to_end(path, device, d, s, b, frames) for d in dtypes for s, b in shapes
         ],
         "code2wav": lambda: [
             bench_code2wav(path, device, d, frames, b) for d in dtypes for b in (1, batches[-2])
         ],
         "kernels": lambda: count_kernels(path, device, dtypes, [1, batches[-2]]),
         "transformers": lambda: [
-            bench_transformers(path, device, d, 32, frames, 1 if args.quick else 3)
-            for d in dtypes
+            bench_transformers(path, device, d, 32, frames, 1 if args.quick else 3) for d in dtypes
         ],
         "talker_step_compiled": lambda: bench_talker(
-            path, device, ("bfloat16",), ["compile"] if cuda else [], batches, steps,
+            path,
+            device,
+            ("bfloat16",),
+            ["compile"] if cuda else [],
+            batches,
+            steps,
             compile_batches,
         ),
-    }  # fmt: skip
+    }
     RESULTS.mkdir(exist_ok=True)
     chosen = args.sections.split(",") if args.sections else list(sections)
     for name, run in sections.items():  # written after each: a timeout keeps what finished
@@ -355,13 +393,17 @@ def print_table(summary: dict) -> None:
             f"{row['ms_per_25_frames']} ms per 25-frame chunk of each stream"
         )
     for row in summary.get("end_to_end", []):
-        print(f"Talker+Code2wav {row['dtype']} {row['step']} batch {row['batch']}: "
-              f"{row['wall_s']:.2f} s for {row['audio_s']:.1f} s of audio in all "
-              f"({row['audio_s_per_s']:.1f} audio s/s)")  # fmt: skip
+        print(
+            f"Talker+Code2wav {row['dtype']} {row['step']} batch {row['batch']}: "
+            f"{row['wall_s']:.2f} s for {row['audio_s']:.1f} s of audio in all "
+            f"({row['audio_s_per_s']:.1f} audio s/s)"
+        )
     for row in summary.get("transformers", []):
-        print(f"transformers generate {row['dtype']}: {row['e2e_s']:.2f} s E2E "
-              f"(range {row['e2e_range_s'][0]:.2f}-{row['e2e_range_s'][1]:.2f}) for "
-              f"{row['audio_s']:.1f} s audio")  # fmt: skip
+        print(
+            f"transformers generate {row['dtype']}: {row['e2e_s']:.2f} s E2E "
+            f"(range {row['e2e_range_s'][0]:.2f}-{row['e2e_range_s'][1]:.2f}) for "
+            f"{row['audio_s']:.1f} s audio"
+        )
 
 
 def _batches(summary: dict) -> list[int]:

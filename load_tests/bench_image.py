@@ -64,8 +64,15 @@ def bench_step_cache(model_dir: Path, size: int, steps: int) -> dict:
         latents = cached.run([job])[0]
         cached_s = time.perf_counter() - start
         quality = psnr(decoder.decode(latents, size, size), decoder.decode(reference, size, size))
-        rows.append({"prompt": prompt, "uncached_s": plain_s, "cached_s": cached_s,
-                     "cached_steps": cached.last_cached_steps, "psnr_db": quality})  # fmt: skip
+        rows.append(
+            {
+                "prompt": prompt,
+                "uncached_s": plain_s,
+                "cached_s": cached_s,
+                "cached_steps": cached.last_cached_steps,
+                "psnr_db": quality,
+            }
+        )
         print(
             f"  {prompt[:32]:34}{plain_s:6.2f}s -> {cached_s:5.2f}s {quality:5.1f} dB", flush=True
         )
@@ -88,12 +95,21 @@ def bench_diffusers(model_dir: Path, size: int, steps: int, requests: int) -> di
     start = time.perf_counter()
     for i in range(requests):
         begin = time.perf_counter()
-        pipe(PROMPTS[i % len(PROMPTS)], height=size, width=size, num_inference_steps=steps,
-             generator=torch.Generator().manual_seed(i))  # fmt: skip
+        pipe(
+            PROMPTS[i % len(PROMPTS)],
+            height=size,
+            width=size,
+            num_inference_steps=steps,
+            generator=torch.Generator().manual_seed(i),
+        )
         latencies.append(time.perf_counter() - begin)
     wall = time.perf_counter() - start
-    return {"requests": requests, "wall_s": wall, "images_per_s": requests / wall,
-            "latency_p50_s": statistics.median(latencies)}  # fmt: skip
+    return {
+        "requests": requests,
+        "wall_s": wall,
+        "images_per_s": requests / wall,
+        "latency_p50_s": statistics.median(latencies),
+    }
 
 
 async def served_level(concurrency: int, requests: int, size: int, steps: int) -> dict:
@@ -101,8 +117,12 @@ async def served_level(concurrency: int, requests: int, size: int, steps: int) -
     latencies, errors = [], []
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
-        body = {"prompt": PROMPTS[i % len(PROMPTS)], "size": f"{size}x{size}", "seed": i,
-                "num_inference_steps": steps}  # fmt: skip
+        body = {
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "size": f"{size}x{size}",
+            "seed": i,
+            "num_inference_steps": steps,
+        }
         async with gate:
             begin = time.perf_counter()
             r = await client.post(f"{URL}/v1/images/generations", json=body)
@@ -115,9 +135,15 @@ async def served_level(concurrency: int, requests: int, size: int, steps: int) -
     async with httpx.AsyncClient(timeout=600) as client:
         await asyncio.gather(*(one(client, i) for i in range(requests)))
     wall = time.perf_counter() - start
-    return {"concurrency": concurrency, "requests": requests, "errors": len(errors),
-            "error_samples": errors[:3], "wall_s": wall, "images_per_s": len(latencies) / wall,
-            "latency_p50_s": statistics.median(latencies) if latencies else None}  # fmt: skip
+    return {
+        "concurrency": concurrency,
+        "requests": requests,
+        "errors": len(errors),
+        "error_samples": errors[:3],
+        "wall_s": wall,
+        "images_per_s": len(latencies) / wall,
+        "latency_p50_s": statistics.median(latencies) if latencies else None,
+    }
 
 
 def main() -> int:
@@ -146,23 +172,29 @@ def main() -> int:
 
     by_c = {level["concurrency"]: level for level in levels}
     summary = {
-        "model": "small-qwen-image", "size": args.size, "steps": args.steps,
-        "step_cache": cache, "baseline": baseline, "served": levels,
+        "model": "small-qwen-image",
+        "size": args.size,
+        "steps": args.steps,
+        "step_cache": cache,
+        "baseline": baseline,
+        "served": levels,
         "ratios": {
             "step_cache_speedup": cache["speedup"],
             "step_cache_psnr_min_db": cache["psnr_min_db"],
             "images_per_s_c1_over_baseline": by_c[1]["images_per_s"] / baseline["images_per_s"],
             "images_per_s_c8_over_baseline": by_c[8]["images_per_s"] / baseline["images_per_s"],
         },
-    }  # fmt: skip
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_image.json").write_text(json.dumps(summary, indent=1))
     print(f"\n{'':12}{'images/s':>10}{'p50 s':>8}{'errors':>8}")
     print(f"{'diffusers':12}{baseline['images_per_s']:10.3f}{baseline['latency_p50_s']:8.2f}{0:8d}")
     for level in levels:
         name = f"served c={level['concurrency']}"
-        print(f"{name:12}{level['images_per_s']:10.3f}{level['latency_p50_s'] or 0:8.2f}"
-              f"{level['errors']:8d}")  # fmt: skip
+        print(
+            f"{name:12}{level['images_per_s']:10.3f}{level['latency_p50_s'] or 0:8.2f}"
+            f"{level['errors']:8d}"
+        )
     print("ratios:", json.dumps(summary["ratios"], indent=1))
     return 0
 

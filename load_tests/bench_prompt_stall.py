@@ -35,11 +35,18 @@ def media_chat(seed: int) -> list[ChatMessage]:
     rng = np.random.default_rng(seed)
     image = Image.fromarray(rng.integers(0, 255, (1080, 1920, 3), np.uint8))
     clip = (rng.standard_normal(16000 * 30) * 0.1).astype(np.float32)
-    return [ChatMessage.model_validate({"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": png_data_url(image)}},
-        {"type": "input_audio", "input_audio": {"data": wav_b64(clip, 16000)}},
-        {"type": "text", "text": "Describe both."},
-    ]})]  # fmt: skip
+    return [
+        ChatMessage.model_validate(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": png_data_url(image)}},
+                    {"type": "input_audio", "input_audio": {"data": wav_b64(clip, 16000)}},
+                    {"type": "text", "text": "Describe both."},
+                ],
+            }
+        )
+    ]
 
 
 async def main(requests: int, rounds: int) -> dict:

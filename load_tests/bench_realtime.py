@@ -49,8 +49,12 @@ URL = "http://127.0.0.1:8000"
 RESULTS = Path(__file__).parent / "results"
 CHUNK_MS = 40
 SILENCE_MS = 500  # server_vad's silence window (OpenAI's default)
-QUESTIONS = ["What is the weather like today?", "Tell me something about the sea.",
-             "How do I make a cup of tea?", "Which city should I visit next?"]  # fmt: skip
+QUESTIONS = [
+    "What is the weather like today?",
+    "Tell me something about the sea.",
+    "How do I make a cup of tea?",
+    "Which city should I visit next?",
+]
 INTERRUPTION = "Wait, stop, please."
 INTERRUPT_AFTER_S = 0.5  # of the second answer's audio
 LONG_ANSWER = 200  # text tokens of the answer talked over
@@ -94,10 +98,17 @@ async def session(n: int, max_tokens: int, measure_stages: bool = False) -> dict
     client = AsyncOpenAI(base_url=f"{URL}/v1", api_key="unused")
     record: dict = {"turns": []}
     async with client.realtime.connect(model="qwen3-omni") as conn:
-        await conn.session.update(session={"type": "realtime", "max_output_tokens": max_tokens,
-                                           "audio": {"input": {"turn_detection": {
-                                               "type": "server_vad",
-                                               "silence_duration_ms": SILENCE_MS}}}})  # fmt: skip
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "max_output_tokens": max_tokens,
+                "audio": {
+                    "input": {
+                        "turn_detection": {"type": "server_vad", "silence_duration_ms": SILENCE_MS}
+                    }
+                },
+            }
+        )
         mic = Microphone(conn)
         sending = asyncio.create_task(mic.run())
         try:
@@ -120,9 +131,12 @@ async def _stages_idle(within_s: float = 1.0) -> float | None:
     async with httpx.AsyncClient(timeout=30) as http:
         while time.monotonic() < give_up:
             text = (await http.get(f"{URL}/metrics")).text
-            running = [float(line.split()[-1]) for line in text.splitlines()
-                       if line.startswith("omni_stage_running_requests{")
-                       and ('"thinker"' in line or '"talker"' in line)]  # fmt: skip
+            running = [
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("omni_stage_running_requests{")
+                and ('"thinker"' in line or '"talker"' in line)
+            ]
             if running and not any(running):
                 return time.monotonic()
             await asyncio.sleep(0.01)
@@ -240,9 +254,15 @@ def main() -> int:
     stem = "bench_realtime_quick" if args.quick else "bench_realtime"
     (RESULTS / f"{stem}.json").write_text(json.dumps({**summary, "raw": runs}, indent=1))
     if not args.quick:
-        sides = {"served": {"preset": preset, "pipeline": pipeline, "max_output_tokens":
-                            args.max_tokens, "silence_duration_ms": SILENCE_MS},
-                 "baseline": "none: the targets are absolute (issue 36)"}  # fmt: skip
+        sides = {
+            "served": {
+                "preset": preset,
+                "pipeline": pipeline,
+                "max_output_tokens": args.max_tokens,
+                "silence_duration_ms": SILENCE_MS,
+            },
+            "baseline": "none: the targets are absolute (issue 36)",
+        }
         kept = write_summary("realtime", {**figures, "targets": targets}, sides, args.repeats)
         print(f"summary: {kept}")
     print(json.dumps(summary, indent=1))

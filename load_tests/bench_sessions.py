@@ -44,11 +44,38 @@ URL = "http://127.0.0.1:8000"
 PIPELINE = "load_tests/configs/qwen3_omni_sessions_pipeline.yaml"
 RESULTS = Path(__file__).parent / "results"
 WORDS = [
-    "river", "stone", "light", "paper", "cloud", "garden", "window", "market", "silver",
-    "winter", "morning", "letter", "forest", "bridge", "orange", "candle", "harbor", "mountain",
-    "pocket", "thunder", "violet", "meadow", "anchor", "lantern", "pebble", "saddle", "copper",
-    "ribbon", "whisper", "canyon", "velvet",
-]  # fmt: skip
+    "river",
+    "stone",
+    "light",
+    "paper",
+    "cloud",
+    "garden",
+    "window",
+    "market",
+    "silver",
+    "winter",
+    "morning",
+    "letter",
+    "forest",
+    "bridge",
+    "orange",
+    "candle",
+    "harbor",
+    "mountain",
+    "pocket",
+    "thunder",
+    "violet",
+    "meadow",
+    "anchor",
+    "lantern",
+    "pebble",
+    "saddle",
+    "copper",
+    "ribbon",
+    "whisper",
+    "canyon",
+    "velvet",
+]
 TURNS = ("Name a colour.", "And another one?", "One more, please.")
 
 

@@ -94,8 +94,10 @@ def plot(summary: dict, path: Path) -> None:
     base = summary["baseline"]
     names = [f"c={lv['concurrency']}" for lv in levels]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.bar(["baseline E2E"] + [f"TTFP {n}" for n in names],
-          [base["e2e_p50_s"]] + [lv["ttfp_p50_s"] or 0 for lv in levels])  # fmt: skip
+    a.bar(
+        ["baseline E2E"] + [f"TTFP {n}" for n in names],
+        [base["e2e_p50_s"]] + [lv["ttfp_p50_s"] or 0 for lv in levels],
+    )
     a.set_ylabel("seconds (p50)")
     a.set_title("time to first audio vs baseline")
     b.bar(
@@ -125,10 +127,13 @@ def main() -> int:
 
     runs = []
     for repeat in range(args.repeats):
-        print(f"repeat {repeat + 1}/{args.repeats}: baselines (transformers generate, "
-              f"{baseline_requests} requests per process) on cores {cores}")  # fmt: skip
-        baselines = run_baselines(model_dir, PROMPTS, baseline_requests, args.text_tokens,
-                                  args.frames, cores)  # fmt: skip
+        print(
+            f"repeat {repeat + 1}/{args.repeats}: baselines (transformers generate, "
+            f"{baseline_requests} requests per process) on cores {cores}"
+        )
+        baselines = run_baselines(
+            model_dir, PROMPTS, baseline_requests, args.text_tokens, args.frames, cores
+        )
         runs.append({"baselines": baselines, **serve_levels(args, pipeline, plan)})
     summary = summarize_runs(runs, preset, args)
     RESULTS.mkdir(exist_ok=True)
@@ -152,9 +157,15 @@ def serve_levels(args, pipeline: str, plan: list[tuple[int, int]]) -> dict:
 
         def level(concurrency: int, requests: int, stop: list[str] | None = None) -> dict:
             load = run_level(
-                URL, PROMPTS, concurrency, requests, args.text_tokens, args.frames, args.cap_s,
+                URL,
+                PROMPTS,
+                concurrency,
+                requests,
+                args.text_tokens,
+                args.frames,
+                args.cap_s,
                 stop,
-            )  # fmt: skip
+            )
             return asyncio.run(load)
 
         level(2, 2)  # warm-up, not counted
@@ -179,24 +190,38 @@ def summarize_runs(runs: list[dict], preset: str, args) -> dict:
         fastest_e2e = min(row["e2e_p50_s"] for row in shapes.values())
         levels = {lv["concurrency"]: summarize(lv) for lv in run["levels"]}
         stop = summarize(run["c1_with_stop"])
-        per_run.append({
-            "baselines": shapes, "best_baseline": best, "levels": levels, "c1_with_stop": stop,
-            "ratios": {
-                "ttfp_c1_over_fastest_baseline_e2e": levels[1]["ttfp_p50_s"] / fastest_e2e,
-                "throughput_c16_over_best_baseline":
-                    levels[16]["audio_s_per_wall_s"] / shapes[best]["audio_s_per_wall_s"],
-                "throughput_c16_over_1x1": levels[16]["audio_s_per_wall_s"]
+        per_run.append(
+            {
+                "baselines": shapes,
+                "best_baseline": best,
+                "levels": levels,
+                "c1_with_stop": stop,
+                "ratios": {
+                    "ttfp_c1_over_fastest_baseline_e2e": levels[1]["ttfp_p50_s"] / fastest_e2e,
+                    "throughput_c16_over_best_baseline": levels[16]["audio_s_per_wall_s"]
+                    / shapes[best]["audio_s_per_wall_s"],
+                    "throughput_c16_over_1x1": levels[16]["audio_s_per_wall_s"]
                     / shapes["1x1"]["audio_s_per_wall_s"],
-                "rtf_c4": levels[4]["rtf_p50"],
-                "ttfp_c1_with_stop_over_without": stop["ttfp_p50_s"] / levels[1]["ttfp_p50_s"],
-            },
-        })  # fmt: skip
-    keys = ("ttfp_p50_s", "ttfp_p99_s", "e2e_p50_s", "rtf_p50", "rtf_mean", "stall_mean_s",
-            "audio_s_per_wall_s", "errors")  # fmt: skip
+                    "rtf_c4": levels[4]["rtf_p50"],
+                    "ttfp_c1_with_stop_over_without": stop["ttfp_p50_s"] / levels[1]["ttfp_p50_s"],
+                },
+            }
+        )
+    keys = (
+        "ttfp_p50_s",
+        "ttfp_p99_s",
+        "e2e_p50_s",
+        "rtf_p50",
+        "rtf_mean",
+        "stall_mean_s",
+        "audio_s_per_wall_s",
+        "errors",
+    )
     figures: dict = {"served": {}, "baselines": {}, "ratios": {}}
     for c in per_run[0]["levels"]:
-        figures["served"][f"c{c}"] = {k: spread([r["levels"][c][k] or 0 for r in per_run])
-                                      for k in keys}  # fmt: skip
+        figures["served"][f"c{c}"] = {
+            k: spread([r["levels"][c][k] or 0 for r in per_run]) for k in keys
+        }
     for name in per_run[0]["baselines"]:
         figures["baselines"][name] = {
             k: spread([r["baselines"][name][k] for r in per_run])
@@ -206,36 +231,61 @@ def summarize_runs(runs: list[dict], preset: str, args) -> dict:
         figures["ratios"][key] = spread([r["ratios"][key] for r in per_run])
     figures["best_baseline"] = [r["best_baseline"] for r in per_run]
     sides = {
-        "served": {"model": preset, "dtype": "float32", "cores": len(os.sched_getaffinity(0)),
-                   "pipeline": "configs/pipelines/qwen3_omni_small.yaml (Thinker pinned to "
-                               "core 0, Talker to core 1, the rest unpinned)"},
-        "baselines": {name: {"model": preset, "dtype": "float32",
-                             "processes": b["processes"], "threads": b["threads"],
-                             "cores": b["cores"]}
-                      for name, b in runs[0]["baselines"].items()},
-        "reply": {"text_tokens": args.text_tokens, "talker_frames": args.frames,
-                  "audio_s": args.frames * 0.08},
-    }  # fmt: skip
-    return {"figures": figures, "sides": sides, "per_run": per_run,
-            "last_run": {"baseline": per_run[-1]["baselines"][per_run[-1]["best_baseline"]],
-                         "levels": list(per_run[-1]["levels"].values())}}  # fmt: skip
+        "served": {
+            "model": preset,
+            "dtype": "float32",
+            "cores": len(os.sched_getaffinity(0)),
+            "pipeline": "configs/pipelines/qwen3_omni_small.yaml (Thinker pinned to "
+            "core 0, Talker to core 1, the rest unpinned)",
+        },
+        "baselines": {
+            name: {
+                "model": preset,
+                "dtype": "float32",
+                "processes": b["processes"],
+                "threads": b["threads"],
+                "cores": b["cores"],
+            }
+            for name, b in runs[0]["baselines"].items()
+        },
+        "reply": {
+            "text_tokens": args.text_tokens,
+            "talker_frames": args.frames,
+            "audio_s": args.frames * 0.08,
+        },
+    }
+    return {
+        "figures": figures,
+        "sides": sides,
+        "per_run": per_run,
+        "last_run": {
+            "baseline": per_run[-1]["baselines"][per_run[-1]["best_baseline"]],
+            "levels": list(per_run[-1]["levels"].values()),
+        },
+    }
 
 
 def print_table(summary: dict) -> None:
     figures = summary["figures"]
-    print(f"\n{'':14}{'TTFP p50':>19}{'E2E p50':>19}{'RTF mean':>19}{'audio s/s':>19}"
-          f"{'stall/reply':>19}")  # fmt: skip
+    print(
+        f"\n{'':14}{'TTFP p50':>19}{'E2E p50':>19}{'RTF mean':>19}{'audio s/s':>19}"
+        f"{'stall/reply':>19}"
+    )
 
     def cell(f: dict | None) -> str:
         return f"{f['median']:.2f} ({f['min']:.2f}-{f['max']:.2f})" if f else "-"
 
     for name, row in figures["baselines"].items():
-        print(f"{'tf ' + name:14}{'':>19}{cell(row['e2e_p50_s']):>19}{'':>19}"
-              f"{cell(row['audio_s_per_wall_s']):>19}")  # fmt: skip
+        print(
+            f"{'tf ' + name:14}{'':>19}{cell(row['e2e_p50_s']):>19}{'':>19}"
+            f"{cell(row['audio_s_per_wall_s']):>19}"
+        )
     for name, row in figures["served"].items():
-        print(f"{'served ' + name:14}{cell(row['ttfp_p50_s']):>19}{cell(row['e2e_p50_s']):>19}"
-              f"{cell(row['rtf_mean']):>19}{cell(row['audio_s_per_wall_s']):>19}"
-              f"{cell(row['stall_mean_s']):>19}")  # fmt: skip
+        print(
+            f"{'served ' + name:14}{cell(row['ttfp_p50_s']):>19}{cell(row['e2e_p50_s']):>19}"
+            f"{cell(row['rtf_mean']):>19}{cell(row['audio_s_per_wall_s']):>19}"
+            f"{cell(row['stall_mean_s']):>19}"
+        )
     print("ratios:", json.dumps({k: cell(v) for k, v in figures["ratios"].items()}, indent=1))
 
 

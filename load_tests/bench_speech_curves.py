@@ -38,8 +38,10 @@ from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
 FRAME_S = 0.08
 BUSY = re.compile(r"^omni_stage_busy_seconds\{(.*)\} ([0-9.e+-]+)$")
 STAGE = re.compile(r'stage="(\w+)"')
-PIPELINES = {"concurrency": "configs/pipelines/qwen3_omni_small.yaml",
-             "length": "load_tests/configs/qwen3_omni_long_pipeline.yaml"}  # fmt: skip
+PIPELINES = {
+    "concurrency": "configs/pipelines/qwen3_omni_small.yaml",
+    "length": "load_tests/configs/qwen3_omni_long_pipeline.yaml",
+}
 
 
 def stage_busy() -> dict[str, float]:
@@ -92,18 +94,29 @@ def sweep_length(args) -> list[dict]:
 
 def figures(sweep: str, runs: list[list[dict]]) -> dict:
     """Each level's figures over the runs: median and range."""
-    keys = ("ttfp_p50_s", "ttfp_p99_s", "e2e_p50_s", "rtf_mean", "stall_mean_s",
-            "audio_s_per_wall_s", "errors")  # fmt: skip
+    keys = (
+        "ttfp_p50_s",
+        "ttfp_p99_s",
+        "e2e_p50_s",
+        "rtf_mean",
+        "stall_mean_s",
+        "audio_s_per_wall_s",
+        "errors",
+    )
     out = {}
     for i, first in enumerate(runs[0]):
         s = first["summary"]
-        name = (f"c{s['concurrency']}" if sweep == "concurrency"
-                else f"{s['swept']['seconds']}s_c{s['concurrency']}")  # fmt: skip
+        name = (
+            f"c{s['concurrency']}"
+            if sweep == "concurrency"
+            else f"{s['swept']['seconds']}s_c{s['concurrency']}"
+        )
         levels = [run[i]["summary"] for run in runs if i < len(run)]
         row = {k: spread([lv[k] or 0.0 for lv in levels]) for k in keys}
         stages = sorted({st for lv in levels for st in lv["busy_per_wall_s"]})
-        row["busy_per_wall_s"] = {st: spread([lv["busy_per_wall_s"].get(st, 0.0)
-                                              for lv in levels]) for st in stages}  # fmt: skip
+        row["busy_per_wall_s"] = {
+            st: spread([lv["busy_per_wall_s"].get(st, 0.0) for lv in levels]) for st in stages
+        }
         out[name] = row
     return out
 
@@ -116,9 +129,16 @@ def plot(sweep: str, table: dict, path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     names = list(table)
-    med = lambda key: [table[n][key]["median"] for n in names]  # noqa: E731
-    err = lambda key: [[table[n][key]["median"] - table[n][key]["min"] for n in names],  # noqa: E731
-                       [table[n][key]["max"] - table[n][key]["median"] for n in names]]  # fmt: skip
+
+    def med(key: str) -> list[float]:
+        return [table[n][key]["median"] for n in names]
+
+    def err(key: str) -> list[list[float]]:
+        return [
+            [table[n][key]["median"] - table[n][key]["min"] for n in names],
+            [table[n][key]["max"] - table[n][key]["median"] for n in names],
+        ]
+
     x = range(len(names))
     if sweep == "concurrency":
         a.errorbar(x, med("audio_s_per_wall_s"), yerr=err("audio_s_per_wall_s"), marker="o")
@@ -135,10 +155,19 @@ def plot(sweep: str, table: dict, path: Path) -> None:
         for c, group in by_c.items():
             seconds = [float(n.split("s_")[0]) for n in group]
             a.plot(seconds, [table[n]["rtf_mean"]["median"] for n in group], marker="o", label=c)
-            b.plot(seconds, [table[n]["e2e_p50_s"]["median"] for n in group], marker="o",
-                   label=f"E2E p50, {c}")  # fmt: skip
-            b.plot(seconds, [table[n]["stall_mean_s"]["median"] for n in group], marker="s",
-                   linestyle="--", label=f"stall per reply, {c}")  # fmt: skip
+            b.plot(
+                seconds,
+                [table[n]["e2e_p50_s"]["median"] for n in group],
+                marker="o",
+                label=f"E2E p50, {c}",
+            )
+            b.plot(
+                seconds,
+                [table[n]["stall_mean_s"]["median"] for n in group],
+                marker="s",
+                linestyle="--",
+                label=f"stall per reply, {c}",
+            )
         a.axhline(1.0, color="grey", linestyle=":")
         a.set_ylabel("RTF (mean)")
         a.legend()
@@ -183,14 +212,22 @@ def main() -> int:
     (ROOT / "load_tests/results").mkdir(exist_ok=True)
     (ROOT / f"load_tests/results/{name}.json").write_text(json.dumps(runs, indent=1))
     plot(args.sweep, table, ROOT / f"docs/img/{name}.png")
-    sides = {"served": {"model": "small-qwen3-omni", "dtype": "float32", "cores": 2,
-                        "pipeline": pipeline}}  # fmt: skip
+    sides = {
+        "served": {
+            "model": "small-qwen3-omni",
+            "dtype": "float32",
+            "cores": 2,
+            "pipeline": pipeline,
+        }
+    }
     print(f"summary: {write_summary(name, {'levels': table}, sides, args.repeats)}")
     for level, row in table.items():
         busy = {s: round(v["median"], 2) for s, v in row["busy_per_wall_s"].items()}
-        print(f"{level:>10}: {row['audio_s_per_wall_s']['median']:.2f} audio s/s, TTFP p50 "
-              f"{row['ttfp_p50_s']['median']:.2f} s, RTF {row['rtf_mean']['median']:.2f}, "
-              f"stall {row['stall_mean_s']['median']:.2f} s, busy {busy}")  # fmt: skip
+        print(
+            f"{level:>10}: {row['audio_s_per_wall_s']['median']:.2f} audio s/s, TTFP p50 "
+            f"{row['ttfp_p50_s']['median']:.2f} s, RTF {row['rtf_mean']['median']:.2f}, "
+            f"stall {row['stall_mean_s']['median']:.2f} s, busy {busy}"
+        )
     return 0
 
 

@@ -63,24 +63,56 @@ def typed_messages() -> dict[str, Any]:
 
 
 def dict_messages() -> dict[str, Any]:
-    sampling = {"max_tokens": 256, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "seed": 7,
-                "stop": [], "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                "repetition_penalty": 1.0, "logit_bias": None, "min_p": 0.0, "min_tokens": 0,
-                "ignore_eos": False}  # fmt: skip
-    thinker = {"request_id": "chatcmpl-0123456789abcdef", "prompt_ids": PROMPT,
-               "sampling": sampling, "capture": True, "session_id": "session-1",
-               "session_kv": None, "cache_key": None, "audio_rows": _ref()}  # fmt: skip
+    sampling = {
+        "max_tokens": 256,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": -1,
+        "seed": 7,
+        "stop": [],
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "logit_bias": None,
+        "min_p": 0.0,
+        "min_tokens": 0,
+        "ignore_eos": False,
+    }
+    thinker = {
+        "request_id": "chatcmpl-0123456789abcdef",
+        "prompt_ids": PROMPT,
+        "sampling": sampling,
+        "capture": True,
+        "session_id": "session-1",
+        "session_kv": None,
+        "cache_key": None,
+        "audio_rows": _ref(),
+    }
     return {
         "thinker_request": thinker,
-        "speak_request": {"request_id": "chatcmpl-0123456789abcdef", "thinker": thinker,
-                          "prompt_ids": PROMPT, "voice": "ethan", "sampling": {},
-                          "image_grid_thw": None, "video_grid_thw": None,
-                          "video_second_per_grid": None, "audio_seqlens": [80],
-                          "reply_ids": None},  # fmt: skip
-        "thinker_chunk": {"kind": "text", "token_ids": [1234], "text": " word",
-                          "finished": False, "finish_reason": None, "stop_tokens": 0,
-                          "num_prompt_tokens": 200, "num_cached_tokens": 0,
-                          "prompt_token_ids": None},  # fmt: skip
+        "speak_request": {
+            "request_id": "chatcmpl-0123456789abcdef",
+            "thinker": thinker,
+            "prompt_ids": PROMPT,
+            "voice": "ethan",
+            "sampling": {},
+            "image_grid_thw": None,
+            "video_grid_thw": None,
+            "video_second_per_grid": None,
+            "audio_seqlens": [80],
+            "reply_ids": None,
+        },
+        "thinker_chunk": {
+            "kind": "text",
+            "token_ids": [1234],
+            "text": " word",
+            "finished": False,
+            "finish_reason": None,
+            "stop_tokens": 0,
+            "num_prompt_tokens": 200,
+            "num_cached_tokens": 0,
+            "prompt_token_ids": None,
+        },
         "codec_frame": {"kind": "codes", "codes": list(range(16))},
     }
 

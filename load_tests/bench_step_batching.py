@@ -127,8 +127,10 @@ def main() -> None:
     denoiser = load_denoiser(path)
 
     def jobs(steps: list[int]) -> list[ImageJob]:
-        return [ImageJob(prompt, args.size, args.size, steps[i % len(steps)], seed=i)
-                for i in range(args.requests)]  # fmt: skip
+        return [
+            ImageJob(prompt, args.size, args.size, steps[i % len(steps)], seed=i)
+            for i in range(args.requests)
+        ]
 
     denoiser.run(jobs([args.steps])[:1])  # warm-up
     start = time.perf_counter()
@@ -139,25 +141,38 @@ def main() -> None:
     workloads = {"uniform": [args.steps], "mixed": [int(n) for n in args.mixed.split(",")]}
     results = {}
     for name, steps in workloads.items():
-        modes = {mode: drive(mode, denoiser, jobs(steps), interval, args.max_batch)
-                 for mode in ("request", "step")}  # fmt: skip
+        modes = {
+            mode: drive(mode, denoiser, jobs(steps), interval, args.max_batch)
+            for mode in ("request", "step")
+        }
         ratio = modes["step"]["latency_mean_s"] / modes["request"]["latency_mean_s"]
         results[name] = {"steps": steps, "modes": modes, "mean_latency_step_vs_request": ratio}
         print(f"\n{name} (steps {steps})")
-        print(f"{'mode':<8} {'mean s':>8} {'short s':>8} {'p50 s':>8} {'max s':>8} "
-              f"{'makespan':>8} {'img/s':>7}")  # fmt: skip
+        print(
+            f"{'mode':<8} {'mean s':>8} {'short s':>8} {'p50 s':>8} {'max s':>8} "
+            f"{'makespan':>8} {'img/s':>7}"
+        )
         for mode, r in modes.items():
-            keys = ["latency_mean_s", "short_latency_mean_s", "latency_p50_s", "latency_max_s",
-                    "makespan_s"]  # fmt: skip
+            keys = [
+                "latency_mean_s",
+                "short_latency_mean_s",
+                "latency_p50_s",
+                "latency_max_s",
+                "makespan_s",
+            ]
             row = " ".join(f"{r[k]:>8.2f}" for k in keys)
             print(f"{mode:<8} {row} {r['images_per_s']:>7.3f}")
         print(f"mean latency, step / request level: {ratio:.2f}x")
     RESULTS.mkdir(exist_ok=True)
     result = {
-        "model": args.model, "size": args.size, "requests": args.requests,
-        "max_batch": args.max_batch, "single_request_s": single_s, "interval_s": interval,
+        "model": args.model,
+        "size": args.size,
+        "requests": args.requests,
+        "max_batch": args.max_batch,
+        "single_request_s": single_s,
+        "interval_s": interval,
         "workloads": results,
-    }  # fmt: skip
+    }
     (RESULTS / "bench_step_batching.json").write_text(json.dumps(result, indent=2))
 
 

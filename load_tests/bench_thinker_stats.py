@@ -75,8 +75,13 @@ async def main() -> dict:
             without, _ = await throughput(engine, with_stats=False)
             with_stats, latencies = await throughput(engine, with_stats=True)
             busy += latencies
-            pairs.append({"tokens_per_s_without": round(without), "tokens_per_s_with":
-                          round(with_stats), "ratio": round(with_stats / without, 3)})  # fmt: skip
+            pairs.append(
+                {
+                    "tokens_per_s_without": round(without),
+                    "tokens_per_s_with": round(with_stats),
+                    "ratio": round(with_stats / without, 3),
+                }
+            )
     finally:
         await engine.shutdown()
     return {

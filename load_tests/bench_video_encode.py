@@ -53,8 +53,13 @@ def video_part(seed: int) -> dict:
 
 
 async def text_stream(client: httpx.AsyncClient, arrivals: list[float]) -> None:
-    body = {"model": "qwen3-omni", "stream": True, "max_tokens": 1024, "temperature": 0,
-            "messages": [{"role": "user", "content": "Tell a long story."}]}  # fmt: skip
+    body = {
+        "model": "qwen3-omni",
+        "stream": True,
+        "max_tokens": 1024,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+    }
     async with client.stream("POST", f"{URL}/v1/chat/completions", json=body) as r:
         async for line in r.aiter_lines():
             if line.startswith("data: ") and '"content"' in line:
@@ -63,8 +68,12 @@ async def text_stream(client: httpx.AsyncClient, arrivals: list[float]) -> None:
 
 async def video_chat(client: httpx.AsyncClient, part: dict) -> float:
     content = [part, {"type": "text", "text": "What happens?"}]
-    body = {"model": "qwen3-omni", "max_tokens": 8, "temperature": 0,
-            "messages": [{"role": "user", "content": content}]}  # fmt: skip
+    body = {
+        "model": "qwen3-omni",
+        "max_tokens": 8,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": content}],
+    }
     began = time.perf_counter()
     r = await client.post(f"{URL}/v1/chat/completions", json=body)
     r.raise_for_status()
@@ -87,11 +96,13 @@ async def one_round(videos: list[dict]) -> dict:
         for earlier, later in zip(a, a[1:], strict=False)
         if later >= began and earlier <= ended  # overlaps the videos' time in flight
     ]
-    return {"video_latency_s": [round(x, 3) for x in latencies],
-            "gaps_during_videos": len(gaps),
-            "max_gap_ms": round(max(gaps), 1) if gaps else None,
-            "p99_gap_ms": round(float(np.percentile(gaps, 99)), 1) if gaps else None,
-            "p50_gap_ms": round(float(np.percentile(gaps, 50)), 1) if gaps else None}  # fmt: skip
+    return {
+        "video_latency_s": [round(x, 3) for x in latencies],
+        "gaps_during_videos": len(gaps),
+        "max_gap_ms": round(max(gaps), 1) if gaps else None,
+        "p99_gap_ms": round(float(np.percentile(gaps, 99)), 1) if gaps else None,
+        "p50_gap_ms": round(float(np.percentile(gaps, 50)), 1) if gaps else None,
+    }
 
 
 def serve_and_measure(pipeline: Path, videos: list[list[dict]]) -> list[dict]:

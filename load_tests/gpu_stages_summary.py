@@ -41,9 +41,11 @@ def figures_of(raw: dict) -> dict:
     for row in raw.get("end_to_end", []):
         key = f"{row['dtype']}/{row['step']}/b{row['batch']}"
         figures["end_to_end"][key] = {
-            "wall_s": spread([row["wall_s"]]), "audio_s": row["audio_s"],
-            "audio_s_per_s": spread([row["audio_s_per_s"]]), "frames": row["frames"],
-        }  # fmt: skip
+            "wall_s": spread([row["wall_s"]]),
+            "audio_s": row["audio_s"],
+            "audio_s_per_s": spread([row["audio_s_per_s"]]),
+            "frames": row["frames"],
+        }
     for row in raw.get("transformers", []):
         values = row.get("e2e_values_s")
         if values is None and row["repeats"] == 3:  # min, median, max are the three runs
@@ -57,18 +59,23 @@ def figures_of(raw: dict) -> dict:
         for row in raw.get("code2wav", [])
     }
     figures["kernels_per_step"] = {
-        f"{row['dtype']}/b{row['batch']}": {"kernels": row["kernels"],
-                                            "gpu_busy_ms": row["gpu_busy_ms"]}
+        f"{row['dtype']}/b{row['batch']}": {
+            "kernels": row["kernels"],
+            "gpu_busy_ms": row["gpu_busy_ms"],
+        }
         for row in raw.get("kernels", [])
-    }  # fmt: skip
+    }
     return figures
 
 
 def keep(raw: dict, commit: str | None = None) -> Path:
     machine = raw.get("machine") or {"gpu": raw["device"], "torch": raw["torch"]}
     command = "python " + raw["command"].split(" ", 1)[1]  # python3 or python: the same
-    measured_on = {"command": command, "commit": commit or raw["commit"],
-                   "machine": {**machine, "gpu": raw["device"]}}  # fmt: skip
+    measured_on = {
+        "command": command,
+        "commit": commit or raw["commit"],
+        "machine": {**machine, "gpu": raw["device"]},
+    }
     sides = {**SIDES, "model": raw["model"], "torch_threads": raw["threads"]}
     return write_summary("gpu_stages", figures_of(raw), sides, 1, measured_on)
 

@@ -61,8 +61,9 @@ def main() -> int:
     cores = len(os.sched_getaffinity(0))
     share = (busy1 - busy0) / (total1 - total0) * 100 * cores
     print(f"concurrency {c}: wall {wall:.1f} s, machine busy {share:.0f}% of {cores * 100}%")
-    used = sorted(((after[p][0] - before[p][0], after[p][1]) for p in after if p in before),
-                  reverse=True)  # fmt: skip
+    used = sorted(
+        ((after[p][0] - before[p][0], after[p][1]) for p in after if p in before), reverse=True
+    )
     for seconds, name in used[:8]:
         print(f"{seconds:5d} s  {name}")
     return 0

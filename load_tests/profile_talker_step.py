@@ -75,9 +75,11 @@ def main() -> None:
         rate = args.batch * FRAME_SECONDS / step * 1000
         spread = f" (range {min(times):.1f}-{max(times):.1f}, {args.repeats} windows)"
         mode = args.graph_mode if kind == "static" else "eager"
-        print(f"batch {args.batch} ({kind}, {mode}, {args.dtype}): "
-              f"{step:.1f} ms per step{spread if args.repeats > 1 else ''}, "
-              f"{rate:.2f} audio s/s")  # fmt: skip
+        print(
+            f"batch {args.batch} ({kind}, {mode}, {args.dtype}): "
+            f"{step:.1f} ms per step{spread if args.repeats > 1 else ''}, "
+            f"{rate:.2f} audio s/s"
+        )
 
 
 class Batch:
@@ -86,8 +88,13 @@ class Batch:
     def __init__(self, talker, builder, kind: str, args) -> None:
         size = max(16, args.batch)
         if kind == "static":
-            self.runner = StaticTalkerRunner(talker, builder.tts_pad, max_batch_size=size,
-                                             max_len=4096, graph_mode=args.graph_mode)  # fmt: skip
+            self.runner = StaticTalkerRunner(
+                talker,
+                builder.tts_pad,
+                max_batch_size=size,
+                max_len=4096,
+                graph_mode=args.graph_mode,
+            )
         else:
             self.runner = TalkerRunner(talker, builder.tts_pad, max_batch_size=size, max_len=4096)
         hidden, dtype = builder.tts_pad.shape[-1], builder.tts_pad.dtype
@@ -95,8 +102,9 @@ class Batch:
         self.states = []
         for i in range(args.batch):
             embeds = torch.randn(40 + i, hidden, dtype=dtype)
-            request = ARRequest(str(i), prompt_embeds=embeds, sampling=sampling,
-                                extra={"text_done": True})  # fmt: skip
+            request = ARRequest(
+                str(i), prompt_embeds=embeds, sampling=sampling, extra={"text_done": True}
+            )
             state = self.runner.new_state(request)
             self.runner.prefill(state)
             self.states.append(state)

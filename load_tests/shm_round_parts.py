@@ -91,13 +91,24 @@ def main() -> None:
         for repeat in range(2):
             for mode in ("copy", "shared_memory"):
                 rounds = statistics.median(round_s(nbytes, mode) for _ in range(ROUNDS))
-                put_ms, take_ms = ray.get([producer.median_ms.remote(),
-                                           consumer.median_ms.remote()])  # fmt: skip
-                rows.append({"size": label, "mode": mode, "repeat": repeat,
-                             "round_ms": rounds * 1e3, "put_ms": put_ms,
-                             "take_ms": take_ms})  # fmt: skip
-                print(f"{label:>5} {mode:13s} round {rounds * 1e3:6.3f} ms  put {put_ms:6.3f}  "
-                      f"take {take_ms:6.3f}", flush=True)  # fmt: skip
+                put_ms, take_ms = ray.get(
+                    [producer.median_ms.remote(), consumer.median_ms.remote()]
+                )
+                rows.append(
+                    {
+                        "size": label,
+                        "mode": mode,
+                        "repeat": repeat,
+                        "round_ms": rounds * 1e3,
+                        "put_ms": put_ms,
+                        "take_ms": take_ms,
+                    }
+                )
+                print(
+                    f"{label:>5} {mode:13s} round {rounds * 1e3:6.3f} ms  put {put_ms:6.3f}  "
+                    f"take {take_ms:6.3f}",
+                    flush=True,
+                )
     ray.shutdown()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "shm_round_parts.json").write_text(json.dumps(rows, indent=1))

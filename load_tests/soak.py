@@ -37,11 +37,17 @@ URL = "http://127.0.0.1:8000"
 RESULTS = Path(__file__).parent / "results"
 TITLE = re.compile(r"^ray::(ServeReplica:[^:]+:\w+|ProxyActor)")
 GRAPHS = {  # target, pipeline config, endpoint
-    "image": ("graphs.qwen_image:build_app", "load_tests/configs/qwen_image_soak_pipeline.yaml",
-              "/v1/images/generations"),
-    "omni": ("graphs.qwen3_omni:build_app", "load_tests/configs/qwen3_omni_soak_pipeline.yaml",
-             "/v1/chat/completions"),
-}  # fmt: skip
+    "image": (
+        "graphs.qwen_image:build_app",
+        "load_tests/configs/qwen_image_soak_pipeline.yaml",
+        "/v1/images/generations",
+    ),
+    "omni": (
+        "graphs.qwen3_omni:build_app",
+        "load_tests/configs/qwen3_omni_soak_pipeline.yaml",
+        "/v1/chat/completions",
+    ),
+}
 
 
 SESSIONS = 64
@@ -60,14 +66,26 @@ def request_body(graph: str, i: int) -> dict:
         "stage_overrides": {"talker": {"max_tokens": 16, "seed": i}},
     }
     if i % 2:
-        return {**spoken_reply, "session_id": f"soak-{i % SESSIONS}", "messages": [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"Question number {i}?"},
-        ]}  # fmt: skip
-    return {**spoken_reply, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "What did I say?"},
-        {"type": "input_audio", "input_audio": {"data": SPOKEN, "format": "wav"}},
-    ]}]}  # fmt: skip
+        return {
+            **spoken_reply,
+            "session_id": f"soak-{i % SESSIONS}",
+            "messages": [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Question number {i}?"},
+            ],
+        }
+    return {
+        **spoken_reply,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What did I say?"},
+                    {"type": "input_audio", "input_audio": {"data": SPOKEN, "format": "wav"}},
+                ],
+            }
+        ],
+    }
 
 
 def _spoken_question() -> str:
@@ -148,8 +166,11 @@ def channel_metrics() -> dict[str, float]:
     backend each stage's payloads came by (the config pins shared memory: anything else
     would be a fallback), failed reads, overflows and pool sizes."""
     text = httpx.get(f"{URL}/metrics", timeout=30).text
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line.startswith("omni_channel_")}  # fmt: skip
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("omni_channel_")
+    }
 
 
 def main() -> None:
@@ -179,10 +200,14 @@ def main() -> None:
         channel = channel_metrics()
     finally:
         server.stop()
-    growth = {kind: {name: round(100 * (after[name][kind] - before[name][kind])
-                                 / before[name][kind], 2)
-                     for name in before if before[name] and after.get(name)}
-              for kind in ("rss", "uss")}  # fmt: skip
+    growth = {
+        kind: {
+            name: round(100 * (after[name][kind] - before[name][kind]) / before[name][kind], 2)
+            for name in before
+            if before[name] and after.get(name)
+        }
+        for kind in ("rss", "uss")
+    }
     summary = {
         "target": args.target,
         "pipeline_config": args.pipeline_config,

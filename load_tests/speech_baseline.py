@@ -23,9 +23,15 @@ from omni_serve.compat.transformers import qwen3_omni_talker_audio_config
 SAMPLE_RATE = 24_000
 
 
-def run_baseline(model_dir: Path, prompts: list[str], requests: int, text_tokens: int,
-                 frames: int, threads: int = 1,
-                 ready: Callable[[], None] | None = None) -> dict:  # fmt: skip
+def run_baseline(
+    model_dir: Path,
+    prompts: list[str],
+    requests: int,
+    text_tokens: int,
+    frames: int,
+    threads: int = 1,
+    ready: Callable[[], None] | None = None,
+) -> dict:
     """``requests`` replies in this process with ``threads`` torch threads; ``ready`` is called
     after the warm-up (a barrier, so that processes run at once)."""
     from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
@@ -50,8 +56,12 @@ def run_baseline(model_dir: Path, prompts: list[str], requests: int, text_tokens
         ready()
     start = time.perf_counter()
     records = [one(i) for i in range(requests)]
-    return {"concurrency": 1, "wall_s": time.perf_counter() - start, "records": records,
-            "started": start}  # fmt: skip
+    return {
+        "concurrency": 1,
+        "wall_s": time.perf_counter() - start,
+        "records": records,
+        "started": start,
+    }
 
 
 def prompt_inputs(processor, prompt: str):
@@ -65,10 +75,13 @@ def prompt_inputs(processor, prompt: str):
 def generate_speech(model, inputs, text_tokens: int, frames: int) -> torch.Tensor:
     """transformers' ``generate`` of a spoken reply: greedy text, the Talker's own sampling."""
     _, wav = model.generate(
-        **inputs, thinker_max_new_tokens=text_tokens, thinker_do_sample=False,
-        talker_max_new_tokens=frames, speaker="ethan",
+        **inputs,
+        thinker_max_new_tokens=text_tokens,
+        thinker_do_sample=False,
+        talker_max_new_tokens=frames,
+        speaker="ethan",
         thinker_eos_token_id=model.config.im_end_token_id,
-    )  # fmt: skip
+    )
     return wav
 
 
@@ -84,8 +97,10 @@ def run_shape(processes: int, threads: int, cores: list[int], args: tuple) -> di
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(processes), ctx.Queue()
     pins = [[c] for c in cores[:processes]] if processes > 1 else [cores]
-    workers = [ctx.Process(target=_process, args=(pins[i], threads, barrier, results, args))
-               for i in range(processes)]  # fmt: skip
+    workers = [
+        ctx.Process(target=_process, args=(pins[i], threads, barrier, results, args))
+        for i in range(processes)
+    ]
     for worker in workers:
         worker.start()
     runs = [results.get() for _ in workers]
@@ -94,12 +109,24 @@ def run_shape(processes: int, threads: int, cores: list[int], args: tuple) -> di
     start = min(r["started"] for r in runs)
     wall = max(r["started"] + r["wall_s"] for r in runs) - start
     records = [record for r in runs for record in r["records"]]
-    return {"concurrency": processes, "wall_s": wall, "records": records,
-            "processes": processes, "threads": threads, "cores": len(cores)}  # fmt: skip
+    return {
+        "concurrency": processes,
+        "wall_s": wall,
+        "records": records,
+        "processes": processes,
+        "threads": threads,
+        "cores": len(cores),
+    }
 
 
-def run_baselines(model_dir: Path, prompts: list[str], requests: int, text_tokens: int,
-                  frames: int, cores: list[int]) -> dict[str, dict]:  # fmt: skip
+def run_baselines(
+    model_dir: Path,
+    prompts: list[str],
+    requests: int,
+    text_tokens: int,
+    frames: int,
+    cores: list[int],
+) -> dict[str, dict]:
     """Each shape serves ``requests`` replies per process: ``{"1x1": ..., "1xN": ...,
     "Nx1": ...}`` (processes x threads)."""
     args = (model_dir, prompts, requests, text_tokens, frames)

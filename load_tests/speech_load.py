@@ -63,8 +63,9 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reques
                     continue
                 event = json.loads(line[6:])
                 if "error" in event:
-                    return RequestRecord(False, ttfp, time.perf_counter() - start, 0,
-                                         event["error"]["message"][:200])  # fmt: skip
+                    return RequestRecord(
+                        False, ttfp, time.perf_counter() - start, 0, event["error"]["message"][:200]
+                    )
                 timings = event.get("timings", timings)
                 for choice in event.get("choices", []):
                     audio = choice["delta"].get("audio")
@@ -77,13 +78,21 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict) -> Reques
     except httpx.HTTPError as exc:
         return RequestRecord(False, ttfp, time.perf_counter() - start, 0, repr(exc)[:200])
     audio_s = pcm_bytes / 2 / SAMPLE_RATE
-    return RequestRecord(True, ttfp, time.perf_counter() - start, audio_s, timings=timings,
-                         stall_s=playhead.stall_s)  # fmt: skip
+    return RequestRecord(
+        True, ttfp, time.perf_counter() - start, audio_s, timings=timings, stall_s=playhead.stall_s
+    )
 
 
-async def run_level(url: str, prompts: list[str], concurrency: int, requests: int,
-                    text_tokens: int, frames: int, cap_s: float,
-                    stop: list[str] | None = None) -> dict:  # fmt: skip
+async def run_level(
+    url: str,
+    prompts: list[str],
+    concurrency: int,
+    requests: int,
+    text_tokens: int,
+    frames: int,
+    cap_s: float,
+    stop: list[str] | None = None,
+) -> dict:
     """Runs ``requests`` requests, at most ``concurrency`` at once, stopping at ``cap_s``."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(requests):

@@ -26,8 +26,12 @@ SUMMARIES = ROOT / "docs" / "results"
 def spread(values: list[float]) -> dict[str, Any]:
     """A figure over repeats: the median, the range and every value."""
     values = [float(v) for v in values]
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "values": values}  # fmt: skip
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "values": values,
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -55,11 +59,24 @@ def machine() -> dict[str, Any]:
 
 def git_commit() -> str:
     try:
-        out = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                      stderr=subprocess.DEVNULL, cwd=ROOT)  # fmt: skip
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "omni_serve",
-                                "deployments", "graphs", "configs", "load_tests"],
-                               cwd=ROOT).returncode  # fmt: skip
+        out = subprocess.check_output(
+            ["git", "rev-parse", "--short", "HEAD"], text=True, stderr=subprocess.DEVNULL, cwd=ROOT
+        )
+        dirty = subprocess.run(
+            [
+                "git",
+                "diff",
+                "--quiet",
+                "HEAD",
+                "--",
+                "omni_serve",
+                "deployments",
+                "graphs",
+                "configs",
+                "load_tests",
+            ],
+            cwd=ROOT,
+        ).returncode
         return out.strip() + ("+changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -69,15 +86,19 @@ def git_commit() -> str:
 STARTED_AT = git_commit()
 
 
-def write_summary(name: str, figures: dict[str, Any], sides: dict[str, Any], repeats: int,
-                  measured_on: dict[str, Any] | None = None) -> Path:  # fmt: skip
+def write_summary(
+    name: str,
+    figures: dict[str, Any],
+    sides: dict[str, Any],
+    repeats: int,
+    measured_on: dict[str, Any] | None = None,
+) -> Path:
     """``figures``: what the headline quotes (medians with ranges); ``sides``: what each side
     of a comparison used (cores, threads, processes, dtype). ``measured_on``: the command,
     commit and machine of a run made elsewhere (a lent GPU machine, whose raw results are
     kept here afterwards); by default this process's."""
     SUMMARIES.mkdir(parents=True, exist_ok=True)
-    here = {"command": "python " + shlex.join(sys.argv), "commit": STARTED_AT,
-            "machine": machine()}  # fmt: skip
+    here = {"command": "python " + shlex.join(sys.argv), "commit": STARTED_AT, "machine": machine()}
     summary = {
         "name": name,
         **(measured_on or here),

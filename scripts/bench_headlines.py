@@ -61,15 +61,19 @@ def render_speech(summary: dict) -> list[str]:
     ]
     for name, row in figures["baselines"].items():
         shape = sides["baselines"][name]
-        lines.append(f"| transformers `generate` | {shape['processes']} x {shape['threads']} "
-                     f"| - | {cell(row['e2e_p50_s'])} | - | {cell(row['audio_s_per_wall_s'])} "
-                     "| - |")  # fmt: skip
+        lines.append(
+            f"| transformers `generate` | {shape['processes']} x {shape['threads']} "
+            f"| - | {cell(row['e2e_p50_s'])} | - | {cell(row['audio_s_per_wall_s'])} "
+            "| - |"
+        )
     served = sides["served"]
     for name, row in figures["served"].items():
-        lines.append(f"| served, c={name[1:]} | graph on {served['cores']} cores "
-                     f"| {cell(row['ttfp_p50_s'])} | {cell(row['e2e_p50_s'])} "
-                     f"| {cell(row['rtf_mean'])} | {cell(row['audio_s_per_wall_s'])} "
-                     f"| {cell(row['stall_mean_s'])} |")  # fmt: skip
+        lines.append(
+            f"| served, c={name[1:]} | graph on {served['cores']} cores "
+            f"| {cell(row['ttfp_p50_s'])} | {cell(row['e2e_p50_s'])} "
+            f"| {cell(row['rtf_mean'])} | {cell(row['audio_s_per_wall_s'])} "
+            f"| {cell(row['stall_mean_s'])} |"
+        )
     ratios = figures["ratios"]
     ttfp = ratios["ttfp_c1_over_fastest_baseline_e2e"]
     throughput = ratios["throughput_c16_over_best_baseline"]
@@ -130,10 +134,12 @@ def render_channel(summary: dict) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for size, row in figures["by_size"].items():
-        lines.append(f"| {size} | {cell(row['auto_gbps'])} | {cell(row['auto_transfer_gbps'])} "
-                     f"| {cell(row['auto_added_ms'])} "
-                     f"| {cell(row['memcpy_gbps'])} | {cell(row['pickled_gbps'])} "
-                     f"| {cell(row['direct_gbps'])} |")  # fmt: skip
+        lines.append(
+            f"| {size} | {cell(row['auto_gbps'])} | {cell(row['auto_transfer_gbps'])} "
+            f"| {cell(row['auto_added_ms'])} "
+            f"| {cell(row['memcpy_gbps'])} | {cell(row['pickled_gbps'])} "
+            f"| {cell(row['direct_gbps'])} |"
+        )
     targets = figures["targets"]
     memcpy = targets["auto_transfer_over_memcpy_min_at_16MB_plus"]
     pickled = targets["auto_over_pickled_min_at_16MB_plus"]
@@ -179,19 +185,32 @@ def render_realtime(summary: dict) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for n in counts:
-        row = [figures.get(f"{name}_at_{n}") for name in (
-            "turn_latency_p50_s", "turn_latency_max_s", "underrun_max_s",
-            "barge_in_stop_max_s", "barge_in_stages_idle_max_s")]  # fmt: skip
+        row = [
+            figures.get(f"{name}_at_{n}")
+            for name in (
+                "turn_latency_p50_s",
+                "turn_latency_max_s",
+                "underrun_max_s",
+                "barge_in_stop_max_s",
+                "barge_in_stages_idle_max_s",
+            )
+        ]
         cells = [cell(f, 3 if i >= 3 else 2) for i, f in enumerate(row)]  # barge-in: ms
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    lines += ["", "Turn latency counts from the end of the speech plus the silence window. "
-              "Targets (issue 36):", ""]  # fmt: skip
+    lines += [
+        "",
+        "Turn latency counts from the end of the speech plus the silence window. "
+        "Targets (issue 36):",
+        "",
+    ]
     latency = figures["turn_latency_p50_s_at_1"]["median"]
     lines.append(f"- p50 turn latency at 1 session: {verdict(latency, 0.5, below=True)}")
     most = counts[-1]
     underrun = figures[f"underrun_max_s_at_{most}"]["max"]
-    lines.append(f"- no underrun at {most} sessions (worst over runs {underrun:.2f} s): "
-                 f"{verdict(underrun, 0.0, below=True)}")  # fmt: skip
+    lines.append(
+        f"- no underrun at {most} sessions (worst over runs {underrun:.2f} s): "
+        f"{verdict(underrun, 0.0, below=True)}"
+    )
     for name, what in (
         ("barge_in_stop_max_s_at_1", "barge-in stops the answer"),
         ("barge_in_stages_idle_max_s_at_1", "barge-in stops every stage"),
@@ -218,14 +237,21 @@ def render_gpu_stages(summary: dict) -> list[str]:
     for mode in sorted({k.rsplit("/b", 1)[0] for k in steps}):
         cells = [cell(steps.get(f"{mode}/b{b}")) for b in batches]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
-    lines += ["", "| from the Thinker's rows to waveforms | wall (s) | audio (s) | audio s per s |",
-              "|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| from the Thinker's rows to waveforms | wall (s) | audio (s) | audio s per s |",
+        "|---|---|---|---|",
+    ]
     for key, row in figures["end_to_end"].items():
-        lines.append(f"| ours, {key} | {cell(row['wall_s'])} | {row['audio_s']:.1f} "
-                     f"| {cell(row['audio_s_per_s'], 1)} |")  # fmt: skip
+        lines.append(
+            f"| ours, {key} | {cell(row['wall_s'])} | {row['audio_s']:.1f} "
+            f"| {cell(row['audio_s_per_s'], 1)} |"
+        )
     for dtype, row in figures["transformers_e2e_s"].items():
-        lines.append(f"| transformers generate, {dtype}/b1 | {cell(row)} | {row['audio_s']:.1f} "
-                     f"| {row['audio_s'] / row['median']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| transformers generate, {dtype}/b1 | {cell(row)} | {row['audio_s']:.1f} "
+            f"| {row['audio_s'] / row['median']:.2f} |"
+        )
     lines += ["", "Targets (issue 35, bf16):", ""]
     b1, b64 = steps.get("bfloat16/cuda_graph/b1"), steps.get("bfloat16/cuda_graph/b64")
     if b1 and b64:
@@ -238,13 +264,19 @@ def render_gpu_stages(summary: dict) -> list[str]:
     if ours and theirs:
         ratio = theirs["median"] / ours["wall_s"]["median"]
         fastest = theirs["min"] / ours["wall_s"]["median"]
-        lines.append(f"- Talker + Code2wav against `generate` in the same run: {ratio:.1f}x "
-                     f"(against its fastest run, {fastest:.1f}x), "
-                     f"{verdict(ratio, 10, below=False)}")  # fmt: skip
-    slower = [b for b in batches
-              if steps.get(f"bfloat16/cuda_graph/b{b}") and steps.get(f"float32/cuda_graph/b{b}")
-              and steps[f"bfloat16/cuda_graph/b{b}"]["median"]
-              > steps[f"float32/cuda_graph/b{b}"]["median"]]  # fmt: skip
+        lines.append(
+            f"- Talker + Code2wav against `generate` in the same run: {ratio:.1f}x "
+            f"(against its fastest run, {fastest:.1f}x), "
+            f"{verdict(ratio, 10, below=False)}"
+        )
+    slower = [
+        b
+        for b in batches
+        if steps.get(f"bfloat16/cuda_graph/b{b}")
+        and steps.get(f"float32/cuda_graph/b{b}")
+        and steps[f"bfloat16/cuda_graph/b{b}"]["median"]
+        > steps[f"float32/cuda_graph/b{b}"]["median"]
+    ]
     lines.append(
         "- bf16 no slower than fp32 (graphed step): "
         + ("met at every batch" if not slower else f"**not met** at batch {slower}")

@@ -63,8 +63,9 @@ def processor_inputs(processor, kind: str) -> dict:
     if kind == "video":
         kwargs.update(videos=[sample_video()], fps=VIDEO_FPS)
     if kind == "video_audio":
-        kwargs.update(videos=[sample_video()], audio=[sample_track()], fps=VIDEO_FPS,
-                      use_audio_in_video=True)  # fmt: skip
+        kwargs.update(
+            videos=[sample_video()], audio=[sample_track()], fps=VIDEO_FPS, use_audio_in_video=True
+        )
     return dict(processor(text=text, return_tensors="pt", **kwargs))
 
 

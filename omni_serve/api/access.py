@@ -94,10 +94,20 @@ class ApiKeyMiddleware:
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":  # refuse the handshake: policy violation
             return await send({"type": "websocket.close", "code": 1008})
-        message = ("missing API key: send 'Authorization: Bearer <key>'" if presented is None
-                   else "invalid API key")  # fmt: skip
+        message = (
+            "missing API key: send 'Authorization: Bearer <key>'"
+            if presented is None
+            else "invalid API key"
+        )
         body = json.dumps(error_body(message, code="invalid_api_key")).encode()
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
-        ]})  # fmt: skip
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -33,8 +33,9 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str, speed: float =
         import soxr
 
         buf = io.BytesIO()  # libsndfile's Opus needs 48 kHz
-        sf.write(buf, soxr.resample(samples, sample_rate, 48000), 48000, format="OGG",
-                 subtype="OPUS")  # fmt: skip
+        sf.write(
+            buf, soxr.resample(samples, sample_rate, 48000), 48000, format="OGG", subtype="OPUS"
+        )
         return buf.getvalue()
     container, subtype = _SOUNDFILE_FORMATS[fmt]
     buf = io.BytesIO()

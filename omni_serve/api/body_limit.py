@@ -24,8 +24,13 @@ def configure(max_bytes: int | None) -> None:
 async def _refuse(send: Any, limit: int) -> None:
     message = f"request body is larger than this server accepts ({limit} bytes)"
     body = json.dumps(error_body(message, code="request_too_large")).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

@@ -38,8 +38,7 @@ def input_audio_bytes(data_b64: str, max_bytes: int, param: str) -> bytes:
 
 
 # The ``input_audio.format`` each libsndfile container is.
-_FORMATS = {"WAV": "wav", "WAVEX": "wav", "RF64": "wav", "MP3": "mp3", "FLAC": "flac",
-            "OGG": "ogg"}  # fmt: skip
+_FORMATS = {"WAV": "wav", "WAVEX": "wav", "RF64": "wav", "MP3": "mp3", "FLAC": "flac", "OGG": "ogg"}
 
 
 def audio_format(raw: bytes) -> str | None:
@@ -62,8 +61,9 @@ def check_container(raw: bytes, fmt: str, param: str) -> None:
         raise MediaError(message, f"{param}.format")
 
 
-def load_audio(raw: bytes, sample_rate: int, max_seconds: float, param: str,
-               min_samples: int = 1) -> np.ndarray:  # fmt: skip
+def load_audio(
+    raw: bytes, sample_rate: int, max_seconds: float, param: str, min_samples: int = 1
+) -> np.ndarray:
     """Mono float32 at ``sample_rate`` from an audio file; ``min_samples``: the fewest the
     model's features can be made of."""
     try:
@@ -77,8 +77,9 @@ def load_audio(raw: bytes, sample_rate: int, max_seconds: float, param: str,
     return samples
 
 
-def check_long_enough(samples: np.ndarray, sample_rate: int, min_samples: int, param: str,
-                      what: str = "audio") -> None:  # fmt: skip
+def check_long_enough(
+    samples: np.ndarray, sample_rate: int, min_samples: int, param: str, what: str = "audio"
+) -> None:
     """A 400 for audio the model's features cannot be made of (its STFT needs a window)."""
     if len(samples) == 0:
         raise MediaError(f"{what} is empty", param)
@@ -88,8 +89,9 @@ def check_long_enough(samples: np.ndarray, sample_rate: int, min_samples: int, p
         raise MediaError(message, param)
 
 
-def url_bytes(url: str, fetched: Mapping[str, bytes], kind: str, max_bytes: int,
-              param: str) -> bytes:  # fmt: skip
+def url_bytes(
+    url: str, fetched: Mapping[str, bytes], kind: str, max_bytes: int, param: str
+) -> bytes:
     """The file a URL part (audio, image, video) names: a base64 ``data:`` URL's bytes, or a remote
     URL's as ``media_fetch`` fetched them (``fetched``: empty where the server fetches none)."""
     if url.startswith("data:"):
@@ -100,8 +102,11 @@ def url_bytes(url: str, fetched: Mapping[str, bytes], kind: str, max_bytes: int,
     elif url in fetched:
         raw = fetched[url]
     else:
-        raise MediaError(f"only data: URLs are accepted for {kind}s: this server does not fetch "
-                         "remote URLs (api.allow_remote_urls)", param)  # fmt: skip
+        raise MediaError(
+            f"only data: URLs are accepted for {kind}s: this server does not fetch "
+            "remote URLs (api.allow_remote_urls)",
+            param,
+        )
     if len(raw) > max_bytes:
         raise MediaError(f"{kind} is {len(raw)} bytes; the limit is {max_bytes}", param)
     return raw
@@ -114,8 +119,10 @@ def load_image(raw: bytes, max_pixels: int, param: str) -> Image.Image:
         image = Image.open(io.BytesIO(raw))
         width, height = image.size
         if width * height > max_pixels:
-            raise MediaError(f"image is {width}x{height} = {width * height} pixels; the limit "
-                             f"is {max_pixels}", param)  # fmt: skip
+            raise MediaError(
+                f"image is {width}x{height} = {width * height} pixels; the limit is {max_pixels}",
+                param,
+            )
         image.load()
     except Image.DecompressionBombError:  # PIL's own limit, past twice MAX_IMAGE_PIXELS
         raise MediaError(f"image has more than {max_pixels} pixels", param) from None

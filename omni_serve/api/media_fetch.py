@@ -65,8 +65,9 @@ class FetchPolicy:
             raise MediaError(f"{kind} URLs must be data:, http: or https: URLs", param)
         host = (url.host or "").lower()
         if self.allowed_domains is not None and host not in self.allowed_domains:
-            raise MediaError(f"{kind} URL host {host!r} is not in this server's "
-                             "allowed_media_domains", param)  # fmt: skip
+            raise MediaError(
+                f"{kind} URL host {host!r} is not in this server's allowed_media_domains", param
+            )
 
 
 async def fetch_media(items: list[RemoteMedia], policy: FetchPolicy) -> dict[str, bytes]:
@@ -79,12 +80,15 @@ async def fetch_media(items: list[RemoteMedia], policy: FetchPolicy) -> dict[str
         try:
             async with asyncio.timeout(policy.timeout_s):
                 async with asyncio.TaskGroup() as group:
-                    tasks = {item.url: group.create_task(_fetch(client, item, policy))
-                             for item in unique}  # fmt: skip
+                    tasks = {
+                        item.url: group.create_task(_fetch(client, item, policy)) for item in unique
+                    }
         except TimeoutError:
             kinds = sorted({item.kind for item in unique})
-            raise MediaError(f"fetching the {' and '.join(kinds)} URLs took longer than "
-                             f"{policy.timeout_s} s", unique[0].param) from None  # fmt: skip
+            raise MediaError(
+                f"fetching the {' and '.join(kinds)} URLs took longer than {policy.timeout_s} s",
+                unique[0].param,
+            ) from None
         except ExceptionGroup as failed:
             raise failed.exceptions[0] from None
     return {url: task.result() for url, task in tasks.items()}
@@ -117,16 +121,17 @@ async def _fetch(client: httpx.AsyncClient, item: RemoteMedia, policy: FetchPoli
 
 async def _read_capped(response: httpx.Response, item: RemoteMedia) -> bytes:
     if response.status_code != 200:
-        raise MediaError(f"fetching the {item.kind} URL returned HTTP {response.status_code}",
-                         item.param)  # fmt: skip
+        raise MediaError(
+            f"fetching the {item.kind} URL returned HTTP {response.status_code}", item.param
+        )
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > item.max_bytes:
-        raise MediaError(f"{item.kind} is {declared} bytes; the limit is {item.max_bytes}",
-                         item.param)  # fmt: skip
+        raise MediaError(
+            f"{item.kind} is {declared} bytes; the limit is {item.max_bytes}", item.param
+        )
     body = bytearray()
     async for chunk in response.aiter_bytes():  # decompressed: the cap is on what is decoded
         body += chunk
         if len(body) > item.max_bytes:
-            raise MediaError(f"{item.kind} is over the limit of {item.max_bytes} bytes",
-                             item.param)  # fmt: skip
+            raise MediaError(f"{item.kind} is over the limit of {item.max_bytes} bytes", item.param)
     return bytes(body)

@@ -44,10 +44,12 @@ class ThroughProxy(httpx.AsyncBaseTransport):
                 raise httpx.ConnectError(str(exc), request=request) from None
             if url.scheme == "http":
                 request = httpx.Request(
-                    request.method, url.copy_with(host=str(addresses[0])),
-                    headers=request.headers, stream=request.stream,
+                    request.method,
+                    url.copy_with(host=str(addresses[0])),
+                    headers=request.headers,
+                    stream=request.stream,
                     extensions=request.extensions,
-                )  # fmt: skip
+                )
         return await self._inner.handle_async_request(request)
 
     async def aclose(self) -> None:

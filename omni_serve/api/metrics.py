@@ -25,35 +25,46 @@ class ApiMetrics:
         )
         self.in_flight = Series("gauge", "omni_requests_in_flight", "Requests being served.", **own)
         self.stage_latency = Series(
-            "histogram", "omni_stage_latency_seconds",
+            "histogram",
+            "omni_stage_latency_seconds",
             "Time from request start to a point of the pipeline: first_token (Thinker), "
             "first_frame (Talker), first_audio (Code2wav, = TTFP), thinker (text done), total.",
-            ["stage"], buckets=_LATENCY_BUCKETS, **own,
-        )  # fmt: skip
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            **own,
+        )
         self.rtf = Series(
-            "histogram", "omni_audio_real_time_factor",
+            "histogram",
+            "omni_audio_real_time_factor",
             "Request time / audio seconds produced (< 1: faster than real time).",
-            buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 4, 8), **own,
-        )  # fmt: skip
+            buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 4, 8),
+            **own,
+        )
         self.tokens = Series("counter", "omni_text_tokens", "Text tokens generated.", **own)
         self.prompt_tokens = Series(
-            "counter", "omni_prompt_tokens",
+            "counter",
+            "omni_prompt_tokens",
             "Prompt tokens of chat requests: 'computed' by the Thinker, or 'cached' (their KV "
             "came from its prefix cache or a session's handover).",
-            ["kind"], **own,
-        )  # fmt: skip
+            ["kind"],
+            **own,
+        )
         self.session_kv = Series(
-            "gauge", "omni_session_kv",
+            "gauge",
+            "omni_session_kv",
             "KV prefixes the app's session store keeps for sessions' next turns (every ingress "
             "replica reports the one store): 'prefixes', 'bytes'.",
-            ["what"], registry=self.registry,  # one store: /metrics is right about it
-        )  # fmt: skip
+            ["what"],
+            registry=self.registry,  # one store: /metrics is right about it
+        )
         self.spoken_replies = Series(
-            "gauge", "omni_spoken_replies",
+            "gauge",
+            "omni_spoken_replies",
             "Transcripts the app keeps under spoken replies' audio ids for later turns to name "
             "(every ingress replica reports the one store): 'replies', 'bytes'.",
-            ["what"], registry=self.registry,
-        )  # fmt: skip
+            ["what"],
+            registry=self.registry,
+        )
         self.audio_seconds = Series(
             "counter", "omni_audio_seconds", "Seconds of audio produced.", **own
         )

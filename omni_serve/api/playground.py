@@ -27,8 +27,9 @@ class _Page:
     config: dict[str, Any] = {}
 
 
-def configure(enabled: bool, kind: str, model: str, voices: list[str] | None = None,
-              **extra: Any) -> None:  # fmt: skip
+def configure(
+    enabled: bool, kind: str, model: str, voices: list[str] | None = None, **extra: Any
+) -> None:
     """Set per ingress replica (Serve serves a copy of the app object). ``kind``: "speech"
     (the voice panel) or "image" (the image panel); ``extra``: what the panel offers."""
     _Page.enabled = enabled
@@ -44,8 +45,9 @@ def page_file(name: str) -> FileResponse:
         raise ApiError(404, "the playground is off (api.playground: false in the pipeline config)")
     if name not in FILES:
         raise ApiError(404, f"no playground file {name!r}")
-    return FileResponse(PAGE_DIR / name, media_type=FILES[name],
-                        headers={"cache-control": "no-cache"})  # fmt: skip
+    return FileResponse(
+        PAGE_DIR / name, media_type=FILES[name], headers={"cache-control": "no-cache"}
+    )
 
 
 def add_routes(app) -> None:

@@ -365,8 +365,12 @@ def chat_completion_response(
     }
 
 
-def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:  # fmt: skip
+def error_body(
+    message: str,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 

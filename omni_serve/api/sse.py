@@ -25,9 +25,16 @@ def sse(payload: dict[str, Any]) -> str:
 class ChunkWriter:
     """Builds the chunks of one streamed chat completion."""
 
-    def __init__(self, completion_id: str, model: str, audio_id: str, sample_rate: int,
-                 audio_format: str, include_usage: bool = False,
-                 audio_expires_at: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        completion_id: str,
+        model: str,
+        audio_id: str,
+        sample_rate: int,
+        audio_format: str,
+        include_usage: bool = False,
+        audio_expires_at: int | None = None,
+    ) -> None:
         self.completion_id, self.model = completion_id, model
         self.audio_id, self.sample_rate, self.audio_format = audio_id, sample_rate, audio_format
         self.include_usage = include_usage
@@ -69,8 +76,12 @@ class ChunkWriter:
         if self.audio_format == "wav" and not self._audio_started:
             data = wav_stream_header(self.sample_rate) + data
         self._audio_started = True
-        audio = {"id": self.audio_id, "data": base64.b64encode(data).decode(),
-                 "expires_at": self.audio_expires_at, "transcript": transcript}  # fmt: skip
+        audio = {
+            "id": self.audio_id,
+            "data": base64.b64encode(data).decode(),
+            "expires_at": self.audio_expires_at,
+            "transcript": transcript,
+        }
         return sse(self._chunk({"audio": audio}))
 
     def finish(self, reason: str, timings: dict[str, float] | None = None) -> str:
@@ -88,5 +99,4 @@ class ChunkWriter:
         return sse(chunk)
 
     def error(self, message: str, type_: str = "server_error") -> str:
-        return sse({"error": {"message": message, "type": type_, "param": None,
-                              "code": None}})  # fmt: skip
+        return sse({"error": {"message": message, "type": type_, "param": None, "code": None}})

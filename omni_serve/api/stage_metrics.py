@@ -51,7 +51,7 @@ class StageGauges:
         self.channel_taken = {
             field: gauge(
                 f"omni_channel_taken_{field}", f"{what} {_BY_BACKEND}.", ("stage", "backend")
-            )  # fmt: skip
+            )
             for field, what in _WHAT_TAKEN.items()
         }
         self.channel_overflowed = gauge(
@@ -71,8 +71,11 @@ class StageGauges:
         )
 
     def observe(self, stage: str, stats: dict[str, Any]) -> None:
-        for series, key in ((self.running, "running"), (self.max_batch, "max_batch"),
-                            (self.steps, "steps")):  # fmt: skip
+        for series, key in (
+            (self.running, "running"),
+            (self.max_batch, "max_batch"),
+            (self.steps, "steps"),
+        ):
             if key in stats:
                 series.labels(stage).set(stats[key])
         for phase in ("prefill", "decode", "emit"):

@@ -92,8 +92,12 @@ def refuse_unsupported_form(form: TranslationForm) -> None:
 
 def usage_tokens(prompt_tokens: int, text_tokens: int) -> dict[str, Any]:
     """OpenAI's token usage of a transcription (``type: tokens``)."""
-    return {"type": "tokens", "input_tokens": prompt_tokens, "output_tokens": text_tokens,
-            "total_tokens": prompt_tokens + text_tokens}  # fmt: skip
+    return {
+        "type": "tokens",
+        "input_tokens": prompt_tokens,
+        "output_tokens": text_tokens,
+        "total_tokens": prompt_tokens + text_tokens,
+    }
 
 
 def transcription_response(text: str, usage: dict[str, Any], fmt: str) -> Response:

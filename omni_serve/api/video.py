@@ -62,8 +62,7 @@ def load_video_audio(
     try:
         with av.open(io.BytesIO(raw)) as container:
             if not container.streams.audio:
-                raise MediaError("the video has no audio track to hear (use_audio_in_video)",
-                                 param)  # fmt: skip
+                raise MediaError("the video has no audio track to hear (use_audio_in_video)", param)
             resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
             for frame in container.decode(container.streams.audio[0]):
                 if (frame.time or 0.0) > max_seconds:

@@ -71,8 +71,10 @@ def clip_message(input_audio: Any, pcm: bytes, max_seconds: float) -> dict[str, 
         where = ".".join(["input_audio", *(str(p) for p in first["loc"])])
         raise ApiError(400, f"{where}: {first['msg']}", where) from None
     if not pcm:
-        message = ("no audio was sent since the last clip (send it as binary frames of PCM16 "
-                   "mono samples before the chat)")  # fmt: skip
+        message = (
+            "no audio was sent since the last clip (send it as binary frames of PCM16 "
+            "mono samples before the chat)"
+        )
         raise ApiError(400, f"input_audio: {message}", "input_audio")
     seconds = len(pcm) / 2 / spec.sample_rate
     if seconds > max_seconds:
@@ -159,8 +161,10 @@ class VoiceSocket(SocketSession):
             if len(frame) % 2:
                 _refuse("a binary frame holds whole PCM16 samples: an even number of bytes")
             if len(self.audio) + len(frame) > self.max_audio_bytes:
-                _refuse(f"the input audio buffer would pass max_audio_bytes "
-                        f"({self.max_audio_bytes}); this frame was dropped")  # fmt: skip
+                _refuse(
+                    f"the input audio buffer would pass max_audio_bytes "
+                    f"({self.max_audio_bytes}); this frame was dropped"
+                )
             self.audio += frame
             return
         try:

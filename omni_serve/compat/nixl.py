@@ -134,8 +134,11 @@ class _DeviceMemory:
             self._check(self.cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(nbytes)))
         self.pointer = pointer.value
         self.__cuda_array_interface__ = {
-            "shape": (nbytes,), "typestr": "|u1", "data": (self.pointer, False), "version": 2,
-        }  # fmt: skip
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (self.pointer, False),
+            "version": 2,
+        }
 
     @contextlib.contextmanager
     def _context(self):

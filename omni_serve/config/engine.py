@@ -87,8 +87,12 @@ class EngineSettings(BaseModel):
 
     def vllm_args(self) -> dict[str, Any]:
         """What a vLLM stage's engine receives: its args with the dedicated fields applied."""
-        return {**self.args, "dtype": self.dtype, "max_num_seqs": self.max_batch_size,
-                "enforce_eager": not self.cuda_graphs}  # fmt: skip
+        return {
+            **self.args,
+            "dtype": self.dtype,
+            "max_num_seqs": self.max_batch_size,
+            "enforce_eager": not self.cuda_graphs,
+        }
 
 
 @dataclass(frozen=True)
@@ -108,18 +112,21 @@ STAGE_ENGINES: dict[str, StageEngine] = {
     "thinker": StageEngine(("vllm",), None, batches=True, cuda_graphs=True),
     "talker": StageEngine(
         ("torch",), frozenset({"max_new_tokens", "max_model_len"}), batches=True, cuda_graphs=True
-    ),  # fmt: skip
+    ),
     "code2wav": StageEngine(
         ("torch",), frozenset({"first_chunk_frames", "chunk_frames", "chunk_growth"}), batches=True
-    ),  # fmt: skip
+    ),
     "text_encoder": StageEngine(("torch",)),
     "dit": StageEngine(("diffusers",), batches=True, dit=True),
     "vae": StageEngine(("diffusers",)),
 }
 
 # vLLM args that have a field of their own: one place to set each.
-VLLM_DEDICATED_ARGS = {"dtype": "dtype", "max_num_seqs": "max_batch_size",
-                       "enforce_eager": "cuda_graphs"}  # fmt: skip
+VLLM_DEDICATED_ARGS = {
+    "dtype": "dtype",
+    "max_num_seqs": "max_batch_size",
+    "enforce_eager": "cuda_graphs",
+}
 
 
 def check_stage_engine(
@@ -142,8 +149,11 @@ def check_stage_engine(
         refuse("kind", f"{a_stage} {runs}, not {engine.kind}")
     # Fields away from their defaults: a config the deployments receive is a dump of the
     # validated one, with every field written out, so "set" cannot mean "present".
-    given = {f for f, info in EngineSettings.model_fields.items()
-             if getattr(engine, f) != info.get_default(call_default_factory=True)}  # fmt: skip
+    given = {
+        f
+        for f, info in EngineSettings.model_fields.items()
+        if getattr(engine, f) != info.get_default(call_default_factory=True)
+    }
     if spec.args is None:
         for arg, field in VLLM_DEDICATED_ARGS.items():
             if arg in engine.args:

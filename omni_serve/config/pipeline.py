@@ -231,8 +231,9 @@ class ApiSettings(_Strict):
     def _fetch_settings_need_remote_urls(self) -> ApiSettings:
         for name in ("allowed_media_domains", "allow_private_media_addresses", "media_proxy"):
             if getattr(self, name) not in (None, False) and not self.allow_remote_urls:
-                raise ValueError(f"{name} is set but allow_remote_urls is false: "
-                                 "no media URL would be fetched")  # fmt: skip
+                raise ValueError(
+                    f"{name} is set but allow_remote_urls is false: no media URL would be fetched"
+                )
         return self
 
 

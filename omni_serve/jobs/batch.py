@@ -80,10 +80,17 @@ class BatchRunner:
         done = self.manifest.resume()
         total = sum(1 for _ in _lines(self.settings.input))
         queue: asyncio.Queue[BatchItem | None] = asyncio.Queue(self.settings.concurrency * 2)
-        with tqdm(total=total, unit="req", desc="batch", disable=not self.settings.progress,
-                  mininterval=0.5 if sys.stderr.isatty() else 10.0) as bar:  # fmt: skip
-            workers = [asyncio.create_task(self._worker(queue, bar))
-                       for _ in range(self.settings.concurrency)]  # fmt: skip
+        with tqdm(
+            total=total,
+            unit="req",
+            desc="batch",
+            disable=not self.settings.progress,
+            mininterval=0.5 if sys.stderr.isatty() else 10.0,
+        ) as bar:
+            workers = [
+                asyncio.create_task(self._worker(queue, bar))
+                for _ in range(self.settings.concurrency)
+            ]
             try:
                 await self._feed(queue, done, bar)
                 for _ in workers:
@@ -118,13 +125,17 @@ class BatchRunner:
     async def _worker(self, queue: asyncio.Queue, bar: tqdm) -> None:
         while (item := await queue.get()) is not None:
             started = time.monotonic()
-            record: dict[str, Any] = {"custom_id": item.custom_id, "line": item.line,
-                                      "url": item.url}  # fmt: skip
+            record: dict[str, Any] = {
+                "custom_id": item.custom_id,
+                "line": item.line,
+                "url": item.url,
+            }
             try:
                 response, attempts = await self._send(item)
                 names = self._write_files(response_files(item, response.content))
-                record.update(status="ok", outputs=names, attempts=attempts,
-                              **_response_details(response))  # fmt: skip
+                record.update(
+                    status="ok", outputs=names, attempts=attempts, **_response_details(response)
+                )
                 self.summary.ok += 1
             except _RequestFailed as exc:
                 record.update(status="error", status_code=exc.status_code, error=str(exc))
@@ -176,8 +187,7 @@ class BatchRunner:
             tmp.unlink(missing_ok=True)
 
     def _record_line_error(self, line: int, message: str, bar: tqdm) -> None:
-        self.manifest.append({"custom_id": None, "line": line, "status": "error",
-                              "error": message})  # fmt: skip
+        self.manifest.append({"custom_id": None, "line": line, "status": "error", "error": message})
         self._failed(f"line {line}", message)
         bar.update()
 
@@ -215,8 +225,9 @@ async def run_batch(settings: BatchSettings) -> BatchSummary:
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     timeout = httpx.Timeout(settings.request_timeout_s, connect=10.0)
     limits = httpx.Limits(max_connections=settings.concurrency)
-    async with httpx.AsyncClient(base_url=settings.url, headers=headers, timeout=timeout,
-                                 limits=limits) as client:  # fmt: skip
+    async with httpx.AsyncClient(
+        base_url=settings.url, headers=headers, timeout=timeout, limits=limits
+    ) as client:
         return await BatchRunner(settings, client).run()
 
 
@@ -267,7 +278,7 @@ def _parse_args(argv: list[str] | None) -> BatchSettings:
         parser.error("--concurrency must be at least 1")
     if not args.input.is_file():
         parser.error(f"--input {args.input}: no such file")
-    return BatchSettings(**vars(args))  # fmt: skip
+    return BatchSettings(**vars(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,11 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = asyncio.run(run_batch(settings))
     except KeyboardInterrupt:
-        print("interrupted: finished requests are in the manifest; re-run to resume",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "interrupted: finished requests are in the manifest; re-run to resume", file=sys.stderr
+        )
         return 130
-    print(f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped (done before); "
-          f"manifest: {settings.output / 'manifest.jsonl'}")  # fmt: skip
+    print(
+        f"{summary.ok} ok, {summary.failed} failed, {summary.skipped} skipped (done before); "
+        f"manifest: {settings.output / 'manifest.jsonl'}"
+    )
     for failure in summary.failures[:20]:
         print(f"  failed: {failure}", file=sys.stderr)
     return 1 if summary.failed else 0

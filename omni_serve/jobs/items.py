@@ -69,16 +69,20 @@ def response_files(item: BatchItem, content: bytes) -> dict[str, bytes]:
         return {f"{item.custom_id}.{AUDIO_SUFFIXES.get(fmt, fmt)}": content}
     response = json.loads(content)
     if item.url == "/v1/images/generations":
-        return _numbered(item.custom_id, "png", [base64.b64decode(d["b64_json"])
-                                                 for d in response["data"]])  # fmt: skip
+        return _numbered(
+            item.custom_id, "png", [base64.b64decode(d["b64_json"]) for d in response["data"]]
+        )
     message = response["choices"][0]["message"]
     files: dict[str, bytes] = {}
     content_field = message.get("content")
     if isinstance(content_field, str):
         files[f"{item.custom_id}.txt"] = content_field.encode()
     elif isinstance(content_field, list):  # image parts (image models answer with data URLs)
-        images = [_data_url_bytes(p["image_url"]["url"]) for p in content_field
-                  if p.get("type") == "image_url"]  # fmt: skip
+        images = [
+            _data_url_bytes(p["image_url"]["url"])
+            for p in content_field
+            if p.get("type") == "image_url"
+        ]
         files.update(_numbered(item.custom_id, "png", images))
     if message.get("audio"):
         fmt = (item.body.get("audio") or {}).get("format", "wav")

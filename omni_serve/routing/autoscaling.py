@@ -85,8 +85,11 @@ class PipelineAutoscalingPolicy:
             for name, (_, ctx) in by_name.items()
         }
         desired = desired_replicas(loads, self.follow)
-        changes = {n: f"{loads[n].current_replicas}->{r}" for n, r in desired.items()
-                   if r != loads[n].current_replicas}  # fmt: skip
+        changes = {
+            n: f"{loads[n].current_replicas}->{r}"
+            for n, r in desired.items()
+            if r != loads[n].current_replicas
+        }
         if changes and changes != self._last_wanted:  # Serve's delays and bounds then act
             ongoing = {n: round(load.ongoing_requests, 1) for n, load in loads.items()}
             log.info("pipeline autoscaling wants %s (ongoing requests %s)", changes, ongoing)

@@ -74,7 +74,11 @@ class AffinityRouter(LocalityMixin, FIFOMixin, RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         max_ongoing = {i: r.max_ongoing_requests for i, r in by_id.items()}
         ranks = policy.affinity_ranks(
-            key, _queue_lens(self, candidate_replicas), max_ongoing, self.imbalance_threshold,
-            _local(self, candidate_replicas), self.local_slack,
-        )  # fmt: skip
+            key,
+            _queue_lens(self, candidate_replicas),
+            max_ongoing,
+            self.imbalance_threshold,
+            _local(self, candidate_replicas),
+            self.local_slack,
+        )
         return [[by_id[i] for i in rank] for rank in ranks]

@@ -69,8 +69,12 @@ def fuzz_without_server_errors(
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=examples, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @settings(
+            max_examples=examples,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         def answers_without_a_server_error(case):
             if body_fields and isinstance(case.body, dict):
                 case.body.update(body_fields)

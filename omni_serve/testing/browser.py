@@ -14,8 +14,13 @@ import pytest
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # No background traffic: this machine's network refuses it, many connections at a time.
-QUIET = ["--no-sandbox", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--autoplay-policy=no-user-gesture-required"]  # fmt: skip
+QUIET = [
+    "--no-sandbox",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--autoplay-policy=no-user-gesture-required",
+]
 SHOTS = Path(__file__).parents[2] / "load_tests" / "results" / "playground"
 
 

@@ -52,5 +52,4 @@ def object_store_usage(dashboard: str = "http://127.0.0.1:8265") -> dict[str, in
     from ray.util.state import list_objects
 
     objects = list_objects(address=dashboard, limit=10_000, raise_on_missing_output=False)
-    return {"objects": len(objects),
-            "bytes": sum(max(0, o.object_size or 0) for o in objects)}  # fmt: skip
+    return {"objects": len(objects), "bytes": sum(max(0, o.object_size or 0) for o in objects)}

@@ -35,9 +35,12 @@ async def burst(work: Callable[[Any], Awaitable[Any]], items: Iterable[Any]) -> 
     stop.set()
     await ticks
     late = np.array(lateness) * 1000
-    return {"wall_s": round(wall, 3), "max_stall_ms": round(float(late.max()), 2),
-            "p99_stall_ms": round(float(np.percentile(late, 99)), 2),
-            "stalled_ms_total": round(float(late[late > 5].sum()), 2)}  # fmt: skip
+    return {
+        "wall_s": round(wall, 3),
+        "max_stall_ms": round(float(late.max()), 2),
+        "p99_stall_ms": round(float(np.percentile(late, 99)), 2),
+        "stalled_ms_total": round(float(late[late > 5].sum()), 2),
+    }
 
 
 def median(runs: list[dict[str, float]], key: str) -> float:

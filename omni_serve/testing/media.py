@@ -9,23 +9,28 @@ import av
 import numpy as np
 
 
-def video_file(frames: np.ndarray, rate: int = 10, lossless: bool = False,
-               audio: np.ndarray | None = None) -> bytes:  # fmt: skip
+def video_file(
+    frames: np.ndarray, rate: int = 10, lossless: bool = False, audio: np.ndarray | None = None
+) -> bytes:
     """A video of ``frames`` (uint8 [T, H, W, 3], even sides) at ``rate`` frames/s: MPEG-4 in
     mp4 as users send, or PNG frames in QuickTime (``lossless``: decodes to the same pixels,
     for comparing the served model with a reference run on the frames themselves). ``audio``
     (mono float32, 16 kHz): its sound track, AAC, or 16-bit PCM where ``lossless`` (decodes
     to the samples rounded to 16-bit steps)."""
     out = io.BytesIO()
-    container_format, codec, pix_fmt = ("mov", "png", "rgb24") if lossless else (
-        "mp4", "mpeg4", "yuv420p")  # fmt: skip
+    container_format, codec, pix_fmt = (
+        ("mov", "png", "rgb24") if lossless else ("mp4", "mpeg4", "yuv420p")
+    )
     with av.open(out, "w", format=container_format) as container:
         stream = container.add_stream(codec, rate=rate)
         stream.height, stream.width = frames.shape[1:3]
         stream.pix_fmt = pix_fmt
         # Every stream is added before the first packet (which writes the header).
-        track = None if audio is None else container.add_stream(
-            "pcm_s16le" if lossless else "aac", rate=16000, layout="mono")  # fmt: skip
+        track = (
+            None
+            if audio is None
+            else container.add_stream("pcm_s16le" if lossless else "aac", rate=16000, layout="mono")
+        )
         for frame in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())
@@ -43,8 +48,9 @@ def _mux_audio(container, track, samples: np.ndarray, rate: int = 16000) -> None
     container.mux(track.encode())
 
 
-def video_data_url(frames: np.ndarray, rate: int = 10, lossless: bool = False,
-                   audio: np.ndarray | None = None) -> str:  # fmt: skip
+def video_data_url(
+    frames: np.ndarray, rate: int = 10, lossless: bool = False, audio: np.ndarray | None = None
+) -> str:
     """``video_file`` as the data: URL a ``video_url`` content part carries."""
     kind = "quicktime" if lossless else "mp4"
     raw = video_file(frames, rate, lossless, audio)

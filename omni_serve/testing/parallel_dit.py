@@ -50,8 +50,9 @@ def run_on_workers(
         port = sock.getsockname()[1]
     results = mp.get_context("spawn").SimpleQueue()
     args = (settings.model_dump(), f"tcp://127.0.0.1:{port}", str(path), workload, results)
-    context = mp.start_processes(_rank, args, nprocs=settings.world_size, join=False,
-                                 start_method="spawn")  # fmt: skip
+    context = mp.start_processes(
+        _rank, args, nprocs=settings.world_size, join=False, start_method="spawn"
+    )
     # Read before joining: rank 0 blocks in put() while its result fills the pipe.
     while results.empty():
         if context.join(timeout=1):  # raises if a rank failed

@@ -102,9 +102,13 @@ class ServeProcess:
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         serve_bin = Path(sys.executable).parent / "serve"
         self.proc = subprocess.Popen(
-            [str(serve_bin), "run", self.target, *self.args], cwd=REPO, env=env, stdout=log,
-            stderr=subprocess.STDOUT, preexec_fn=_restore_sigint,
-        )  # fmt: skip
+            [str(serve_bin), "run", self.target, *self.args],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_restore_sigint,
+        )
 
     def _answers(self) -> bool:
         """Ready when /health is 200: the ingress is up and every stage's ``ready()`` answers."""

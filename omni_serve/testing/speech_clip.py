@@ -15,8 +15,9 @@ import numpy as np
 _SYNCHRONOUS = 2  # AUDIO_OUTPUT_SYNCHRONOUS: espeak_Synth returns once the callback had it all
 _CHARS_UTF8 = 1
 _RATE = 1  # espeakRATE, words per minute
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
-                             ctypes.c_void_p)  # fmt: skip
+_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
+)
 _lock = threading.Lock()  # the library holds one synthesizer per process
 
 
@@ -30,8 +31,16 @@ def _library() -> tuple[ctypes.CDLL, int]:
     if rate <= 0:
         raise RuntimeError(f"espeak_Initialize failed ({rate})")
     uint, ptr = ctypes.c_uint, ctypes.c_void_p
-    lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, uint, ctypes.c_int, uint,
-                                 uint, ptr, ptr]  # fmt: skip
+    lib.espeak_Synth.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        uint,
+        ctypes.c_int,
+        uint,
+        uint,
+        ptr,
+        ptr,
+    ]
     return lib, rate
 
 

@@ -82,24 +82,54 @@ class TwoHosts:
             raise
 
     def _start_head(self) -> None:
-        self._spawn([RAY, "start", "--head", "--block", f"--node-ip-address={self.head_ip}",
-                     f"--port={self.port}", "--num-cpus=1", '--resources={"host_a": 1}',
-                     f"--object-store-memory={self.object_store_bytes}",
-                     "--include-dashboard=false", "--disable-usage-stats"])  # fmt: skip
+        self._spawn(
+            [
+                RAY,
+                "start",
+                "--head",
+                "--block",
+                f"--node-ip-address={self.head_ip}",
+                f"--port={self.port}",
+                "--num-cpus=1",
+                '--resources={"host_a": 1}',
+                f"--object-store-memory={self.object_store_bytes}",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+            ]
+        )
 
     def _start_other(self, in_ns: tuple[str, ...]) -> None:
         resources = json.dumps({"host_b": 1})
-        ray = (f"exec {RAY} start --block --address={self.address} --num-cpus=1 "
-               f"--node-ip-address={self.other_ip} '--resources={resources}' "
-               f"--object-store-memory={self.object_store_bytes}")  # fmt: skip
-        inside = (f"mount -t tmpfs -o size={self.shm_size} tmpfs /dev/shm && "
-                  f"hostname {self.hostname} && {ray}")  # fmt: skip
+        ray = (
+            f"exec {RAY} start --block --address={self.address} --num-cpus=1 "
+            f"--node-ip-address={self.other_ip} '--resources={resources}' "
+            f"--object-store-memory={self.object_store_bytes}"
+        )
+        inside = (
+            f"mount -t tmpfs -o size={self.shm_size} tmpfs /dev/shm && "
+            f"hostname {self.hostname} && {ray}"
+        )
         # --kill-child: when unshare goes (SIGTERM from stop()), the namespace's first process
         # gets a SIGKILL, and every process of the namespace dies with it (a namespace's first
         # process ignores a SIGTERM from outside it).
-        self._spawn([*in_ns, "unshare", "--uts", "--ipc", "--mount", "--propagation", "private",
-                     "--pid", "--fork", "--kill-child", "--mount-proc",
-                     "sh", "-c", inside])  # fmt: skip
+        self._spawn(
+            [
+                *in_ns,
+                "unshare",
+                "--uts",
+                "--ipc",
+                "--mount",
+                "--propagation",
+                "private",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                "sh",
+                "-c",
+                inside,
+            ]
+        )
 
     def _spawn(self, argv: list[str]) -> None:
         """A node in its own process group; its output to a file (a pipe nobody reads until a
@@ -108,23 +138,36 @@ class TwoHosts:
         env.pop("RAY_ADDRESS", None)
         fd, log = tempfile.mkstemp(prefix="omni-two-hosts-", suffix=".log")
         with os.fdopen(fd, "w") as out:
-            self.processes.append(subprocess.Popen(
-                argv, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT,
-            ))  # fmt: skip
+            self.processes.append(
+                subprocess.Popen(
+                    argv,
+                    env=env,
+                    start_new_session=True,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         self.logs.append(Path(log))
 
     def _wait_for_nodes(self, timeout_s: float) -> None:
         """Until both nodes are alive (a fresh driver asks GCS, then leaves)."""
-        probe = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-                 "print(sum(n['Alive'] for n in ray.nodes()))")  # fmt: skip
+        probe = (
+            "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+            "print(sum(n['Alive'] for n in ray.nodes()))"
+        )
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for process, log in zip(self.processes, self.logs, strict=True):
                 if process.poll() is not None:
                     raise HostsUnavailable(f"a Ray node exited: {log.read_text()[-2000:]}")
-            done = subprocess.run([sys.executable, "-c", probe, self.address], env=env,
-                                  capture_output=True, text=True, timeout=60)  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, "-c", probe, self.address],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             if done.returncode == 0 and done.stdout.strip().endswith("2"):
                 return
             time.sleep(1.0)
@@ -154,8 +197,9 @@ class TwoHosts:
         forget_cluster_address(self.address)  # else a later bare ray.init() joins the dead head
 
     def _remove_namespace(self) -> None:
-        pids = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True,
-                              text=True).stdout.split()  # fmt: skip
+        pids = subprocess.run(
+            ["ip", "netns", "pids", self.namespace], capture_output=True, text=True
+        ).stdout.split()
         for pid in pids:  # Ray's workers that outlived their raylet
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)

@@ -55,8 +55,12 @@ class AutoChannel:
 
     name = "auto"
 
-    def __init__(self, inline_max_bytes: int = 64 * 1024, large: Channel | None = None,
-                 gpu_consumer: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        inline_max_bytes: int = 64 * 1024,
+        large: Channel | None = None,
+        gpu_consumer: bool = True,
+    ) -> None:
         self.inline_max_bytes = inline_max_bytes
         self.small = InlineChannel()
         self.large = large
@@ -177,8 +181,9 @@ def channel_stats() -> dict[str, Any]:
     return {**counts.as_dict(), "pool_bytes": pool_bytes()}
 
 
-def make_channel(backend: str = "auto", inline_max_bytes: int = 64 * 1024,
-                 gpu_consumer: bool = True) -> Channel:  # fmt: skip
+def make_channel(
+    backend: str = "auto", inline_max_bytes: int = 64 * 1024, gpu_consumer: bool = True
+) -> Channel:
     """The channel an edge's ``ChannelSettings`` ask for. ``gpu_consumer``: the consuming
     stage has a GPU, so a payload on a GPU may stay there (direct backend: read GPU to GPU);
     else it goes through host memory on every backend (a reader without CUDA cannot read

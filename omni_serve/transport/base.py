@@ -73,25 +73,31 @@ def payload_spec(payload: Payload) -> tuple[int, dict[str, tuple[str, tuple[int,
     and quantized tensors (moving those as raw bytes fails, or crashes the process), and keys
     that collide as strings (one tensor would silently stand in for the other)."""
     if not isinstance(payload, torch.Tensor | dict):
-        raise TypeError(f"a channel payload is a tensor or a dict of tensors, not a "
-                        f"{type(payload).__name__}")  # fmt: skip
+        raise TypeError(
+            f"a channel payload is a tensor or a dict of tensors, not a {type(payload).__name__}"
+        )
     tensors = payload if isinstance(payload, dict) else {"": payload}
     for key, t in tensors.items():
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"payload[{key!r}] is a {type(t).__name__}, not a tensor (payloads "
-                            "are flat: a dict of tensors)")  # fmt: skip
+            raise TypeError(
+                f"payload[{key!r}] is a {type(t).__name__}, not a tensor (payloads "
+                "are flat: a dict of tensors)"
+            )
         if t.layout != torch.strided or t.is_quantized:
             kind = "quantized" if t.is_quantized else str(t.layout).removeprefix("torch.")
-            raise TypeError(f"payload[{key!r}] is a {kind} tensor: send it dense (its values "
-                            "and indices, or scales, as tensors of their own)")  # fmt: skip
+            raise TypeError(
+                f"payload[{key!r}] is a {kind} tensor: send it dense (its values "
+                "and indices, or scales, as tensors of their own)"
+            )
     spec = {str(k): (str(t.dtype), tuple(t.shape)) for k, t in tensors.items()}
     if len(spec) != len(tensors):
         raise TypeError(f"payload keys {list(tensors)} collide as strings")
     return sum(t.numel() * t.element_size() for t in tensors.values()), spec
 
 
-def reservation_to_put(channel: Channel, like: Payload,
-                       device: torch.device | None = None) -> Reservation:  # fmt: skip
+def reservation_to_put(
+    channel: Channel, like: Payload, device: torch.device | None = None
+) -> Reservation:
     """For backends with no memory of their own to hand out (inline, object store): plain
     tensors, ``put`` on commit."""
 
@@ -103,8 +109,12 @@ def reservation_to_put(channel: Channel, like: Payload,
     return Reservation(tensors, lambda: channel.put(tensors), lambda: None)
 
 
-def put_in_place(channel: Channel, like: Payload, fill: Callable[[Payload], None],
-                 device: torch.device | None = None) -> TensorRef:  # fmt: skip
+def put_in_place(
+    channel: Channel,
+    like: Payload,
+    fill: Callable[[Payload], None],
+    device: torch.device | None = None,
+) -> TensorRef:
     """``fill`` writes the payload into reserved channel memory; its ref (the memory goes back
     if ``fill`` fails)."""
     reservation = channel.reserve(like, device)
@@ -181,8 +191,9 @@ def from_bytes(raw: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> torch.T
     return raw.view(dt).reshape(shape)
 
 
-def pack(tensors: dict[str, torch.Tensor], offsets: dict[str, tuple[int, int]],
-         buffer: torch.Tensor) -> None:  # fmt: skip
+def pack(
+    tensors: dict[str, torch.Tensor], offsets: dict[str, tuple[int, int]], buffer: torch.Tensor
+) -> None:
     """Copy the tensors' bytes into ``buffer`` (uint8) at their offsets (``copy_`` moves them
     across devices where the buffer lives elsewhere)."""
     for key, t in tensors.items():
@@ -191,8 +202,9 @@ def pack(tensors: dict[str, torch.Tensor], offsets: dict[str, tuple[int, int]],
             copy_bytes(buffer[start : start + length], as_bytes(t))
 
 
-def unpack(raw: torch.Tensor, ref: TensorRef, offsets: dict[str, tuple[int, int]],
-           keys: list[Any] | None) -> Payload:  # fmt: skip
+def unpack(
+    raw: torch.Tensor, ref: TensorRef, offsets: dict[str, tuple[int, int]], keys: list[Any] | None
+) -> Payload:
     """The payload as tensors that VIEW ``raw`` (uint8), laid out by ``layout``."""
     parts = {name: raw[start : start + length] for name, (start, length) in offsets.items()}
     return from_parts(parts, ref, keys)

@@ -152,8 +152,9 @@ class _Endpoint:
         self.metadata, self.metadata_version = self.agent.get_agent_metadata(), index + 1
         return index, registration
 
-    def lend(self, memory: torch.Tensor, in_use: Callable[[], bool],
-             release: Callable[[str, int], None]) -> int:  # fmt: skip
+    def lend(
+        self, memory: torch.Tensor, in_use: Callable[[], bool], release: Callable[[str, int], None]
+    ) -> int:
         """Register memory another backend owns, for readers on other hosts; its index."""
         with self.lock:
             index, registration = self._registered(memory)
@@ -175,16 +176,33 @@ class _Endpoint:
             self.put_at = time.monotonic()
             self.wake.set()
 
-    def where(self, index: int, memory: torch.Tensor, generation: int, size: int,
-              offsets: dict[str, tuple[int, int]], keys: list[Any] | None) -> Where:  # fmt: skip
+    def where(
+        self,
+        index: int,
+        memory: torch.Tensor,
+        generation: int,
+        size: int,
+        offsets: dict[str, tuple[int, int]],
+        keys: list[Any] | None,
+    ) -> Where:
         """What a reader needs for a payload in buffer ``index`` (``memory``). Under the lock:
         the metadata, its version and the drop count must be of one moment."""
         mem_type, device_id = nixl_mem_type(memory.device)
         with self.lock:
             return Where(
-                self.name, self.metadata, self.metadata_version, self.dropped, index,
-                memory.data_ptr(), mem_type, device_id, generation, size, offsets, keys,
-            )  # fmt: skip
+                self.name,
+                self.metadata,
+                self.metadata_version,
+                self.dropped,
+                index,
+                memory.data_ptr(),
+                mem_type,
+                device_id,
+                generation,
+                size,
+                offsets,
+                keys,
+            )
 
     def _evict(self, room: int) -> None:
         """Deregister free pooled buffers, least recently used first, until ``room`` bytes of
@@ -192,8 +210,10 @@ class _Endpoint:
         prefix, turn after turn) would otherwise leave smaller free buffers holding the budget
         and every larger payload a one-read buffer, registered and dropped per read (and each
         drop makes its readers reload this agent)."""
-        free = sorted((b for b in self.buffers.values() if b.pooled and b.state == FREE),
-                      key=lambda b: b.since)  # fmt: skip
+        free = sorted(
+            (b for b in self.buffers.values() if b.pooled and b.state == FREE),
+            key=lambda b: b.since,
+        )
         for buffer in free:
             if room <= 0:
                 return
@@ -271,8 +291,9 @@ class _Endpoint:
         a buffer since this reader loaded it, the reader drops the agent first (when no read
         from it is under way) and adds it afresh. Reads from that agent that start meanwhile
         wait for the reload, or a steady stream of them would hold it off."""
-        if not self.reads_ended.wait_for(lambda: where.agent not in self.reloading,
-                                         TRANSFER_TIMEOUT_S):  # fmt: skip
+        if not self.reads_ended.wait_for(
+            lambda: where.agent not in self.reloading, TRANSFER_TIMEOUT_S
+        ):
             raise ChannelError(f"direct ref from {where.agent}: its reload never ended")
         version, dropped = self.loaded.get(where.agent, (-1, 0))
         if version >= where.metadata_version:
@@ -456,8 +477,9 @@ class DirectChannel:
         views = unpack(buffer.memory, ref, offsets, ref.handle.keys)
         return Reservation(views, lambda: _written(ref), lambda: self.free(ref))
 
-    def _claim(self, payload: Payload, device: torch.device | None
-               ) -> tuple[dict[str, torch.Tensor], dict, Buffer, TensorRef]:  # fmt: skip
+    def _claim(
+        self, payload: Payload, device: torch.device | None
+    ) -> tuple[dict[str, torch.Tensor], dict, Buffer, TensorRef]:
         """A buffer for ``payload``, in use from now on, and the ref that will name it."""
         nbytes, spec = payload_spec(payload)
         tensors, keys = named_tensors(payload)

@@ -134,8 +134,9 @@ def cluster_is_one_host() -> bool | None:
     return verdict
 
 
-def one_host(nodes: Iterable[dict], hostname: str, me: str,
-             announced: Callable[[str], str | None]) -> bool | None:  # fmt: skip
+def one_host(
+    nodes: Iterable[dict], hostname: str, me: str, announced: Callable[[str], str | None]
+) -> bool | None:
     """Whether every node in ``nodes`` (Ray's node records) is on host ``me``: False as soon
     as one is not, None when none is known not to be but some have recorded no id. Another
     hostname means another host. Only nodes with this hostname are looked up (``announced``:
@@ -191,8 +192,9 @@ def _ask(nodes: Iterable[str]) -> None:
                 "node %s shares this hostname but has not said which host it is on for %.0f s "
                 "(it may not be able to start a worker); until it does, payloads from here go "
                 "through shared_memory_direct or the object store, not plain shared memory",
-                node, ASK_WARN_AFTER_S,
-            )  # fmt: skip
+                node,
+                ASK_WARN_AFTER_S,
+            )
 
 
 def recorded(node: str) -> str | None:

@@ -137,15 +137,18 @@ def put_prefix(
     like = {
         name: torch.empty(
             (len(block_ids), *(n for d, n in enumerate(cache.shape) if d != dims[name])),
-            dtype=cache.dtype, device="meta",
+            dtype=cache.dtype,
+            device="meta",
         )
         for name, cache in caches.items()
-    }  # fmt: skip
+    }
     devices = {cache.device for cache in caches.values()}
     ref = put_in_place(
-        channel, like, lambda out: gather_into(out, caches, dims, block_ids),
+        channel,
+        like,
+        lambda out: gather_into(out, caches, dims, block_ids),
         devices.pop() if len(devices) == 1 else None,
-    )  # fmt: skip
+    )
     tokens = list(token_ids[: len(block_ids) * block_size])
     return KVPrefix(tokens, block_size, ref, mm_ids, layout)
 

@@ -125,8 +125,9 @@ class ReaderMappings:
         with self.lock:
             if self.sweeper is None:
                 self.directory = path.parent
-                self.sweeper = threading.Thread(target=self._sweep_every, daemon=True,
-                                                name="omni-shm-readers")  # fmt: skip
+                self.sweeper = threading.Thread(
+                    target=self._sweep_every, daemon=True, name="omni-shm-readers"
+                )
                 self.sweeper.start()
             kept = self.kept.get(name)
             if kept is not None and kept.readers == 0 and len(kept.view) == size:

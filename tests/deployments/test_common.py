@@ -23,13 +23,18 @@ def test_pin_to_cores_sets_affinity_and_threads():
 def test_edge_channel_follows_the_edge_settings():
     config = parse_pipeline_config(
         {
-            "name": "m", "family": "qwen3_omni", "model": "tiny-qwen3-omni",
-            "stages": [{"name": "a", "kind": "thinker", "engine": VLLM},
-                       {"name": "b", "kind": "talker", "engine": TORCH}],
-            "edges": [{"source": "a", "target": "b", "payload": "rows",
-                       "channel": {"backend": "inline"}}],
+            "name": "m",
+            "family": "qwen3_omni",
+            "model": "tiny-qwen3-omni",
+            "stages": [
+                {"name": "a", "kind": "thinker", "engine": VLLM},
+                {"name": "b", "kind": "talker", "engine": TORCH},
+            ],
+            "edges": [
+                {"source": "a", "target": "b", "payload": "rows", "channel": {"backend": "inline"}}
+            ],
         }
-    )  # fmt: skip
+    )
     assert edge_channel(config, "a").name == "inline"
     assert edge_channel(config, "b").name == "auto"
 
@@ -39,16 +44,30 @@ def test_an_edge_is_told_apart_by_its_target_where_one_payload_goes_two_ways():
     encodes itself): each edge has its own settings."""
     config = parse_pipeline_config(
         {
-            "name": "m", "family": "qwen3_omni", "model": "tiny-qwen3-omni",
-            "stages": [{"name": "ingress", "kind": "ingress"},
-                       {"name": "enc", "kind": "encoder", "engine": TORCH},
-                       {"name": "th", "kind": "thinker", "engine": VLLM}],
-            "edges": [{"source": "ingress", "target": "enc", "payload": "media",
-                       "channel": {"backend": "shared_memory"}},
-                      {"source": "ingress", "target": "th", "payload": "media",
-                       "channel": {"backend": "object_store"}}],
+            "name": "m",
+            "family": "qwen3_omni",
+            "model": "tiny-qwen3-omni",
+            "stages": [
+                {"name": "ingress", "kind": "ingress"},
+                {"name": "enc", "kind": "encoder", "engine": TORCH},
+                {"name": "th", "kind": "thinker", "engine": VLLM},
+            ],
+            "edges": [
+                {
+                    "source": "ingress",
+                    "target": "enc",
+                    "payload": "media",
+                    "channel": {"backend": "shared_memory"},
+                },
+                {
+                    "source": "ingress",
+                    "target": "th",
+                    "payload": "media",
+                    "channel": {"backend": "object_store"},
+                },
+            ],
         }
-    )  # fmt: skip
+    )
     assert edge_channel(config, "ingress", "media", target="enc").name == "shared_memory"
     assert edge_channel(config, "ingress", "media", target="th").name == "object_store"
     assert edge_channel(config, "ingress", "media", target="other").name == "auto"
@@ -60,17 +79,27 @@ def test_gpu_payloads_stay_on_the_gpu_only_toward_a_stage_that_reserves_one():
     gpu = {"ray_actor_options": {"num_gpus": 1}}
     config = parse_pipeline_config(
         {
-            "name": "m", "family": "qwen_image", "model": "tiny-qwen-image",
-            "stages": [{"name": "dit", "kind": "dit", "deployment": gpu, "engine": DIFFUSERS},
-                       {"name": "vae", "kind": "vae", "deployment": gpu, "engine": DIFFUSERS},
-                       {"name": "text_encoder", "kind": "text_encoder", "engine": TORCH},
-                       {"name": "ingress", "kind": "ingress"}],
-            "edges": [{"source": "text_encoder", "target": "dit", "payload": "prompt_rows"},
-                      {"source": "dit", "target": "vae", "payload": "latents",
-                       "channel": {"backend": "direct"}},
-                      {"source": "vae", "target": "ingress", "payload": "images"}],
+            "name": "m",
+            "family": "qwen_image",
+            "model": "tiny-qwen-image",
+            "stages": [
+                {"name": "dit", "kind": "dit", "deployment": gpu, "engine": DIFFUSERS},
+                {"name": "vae", "kind": "vae", "deployment": gpu, "engine": DIFFUSERS},
+                {"name": "text_encoder", "kind": "text_encoder", "engine": TORCH},
+                {"name": "ingress", "kind": "ingress"},
+            ],
+            "edges": [
+                {"source": "text_encoder", "target": "dit", "payload": "prompt_rows"},
+                {
+                    "source": "dit",
+                    "target": "vae",
+                    "payload": "latents",
+                    "channel": {"backend": "direct"},
+                },
+                {"source": "vae", "target": "ingress", "payload": "images"},
+            ],
         }
-    )  # fmt: skip
+    )
     assert edge_channel(config, "text_encoder").gpu_consumer is True
     assert edge_channel(config, "dit").gpu_consumer is True  # pinned direct: GPU to GPU
     assert edge_channel(config, "vae").gpu_consumer is False  # the ingress has no GPU
@@ -94,8 +123,12 @@ def test_every_stage_records_its_host_when_it_starts(monkeypatch):
     calls: list[str] = []
     monkeypatch.setattr(common, "announce", lambda: calls.append("announce"))
     monkeypatch.setattr(common, "resolve_model", lambda model: calls.append("model") or model)
-    pipeline = {"name": "m", "family": "qwen3_omni", "model": "tiny-qwen3-omni",
-                "stages": [{"name": "talker", "kind": "talker", "engine": TORCH}]}  # fmt: skip
+    pipeline = {
+        "name": "m",
+        "family": "qwen3_omni",
+        "model": "tiny-qwen3-omni",
+        "stages": [{"name": "talker", "kind": "talker", "engine": TORCH}],
+    }
     _, stage, _ = common.stage_setup(pipeline, "talker")
     assert stage.name == "talker" and calls == ["announce", "model"]
 

@@ -84,9 +84,13 @@ async def test_images_are_encoded_off_the_event_loop(monkeypatch, route):
     ingress = _ingress(FakeClients(deaths=0))
     ingress.config = types.SimpleNamespace(
         served_model_name="qwen-image",
-        api=types.SimpleNamespace(request_timeout_s=30.0, image_default_size="64x64",
-                                  image_max_pixels=1024 * 1024, image_default_steps=2),
-    )  # fmt: skip
+        api=types.SimpleNamespace(
+            request_timeout_s=30.0,
+            image_default_size="64x64",
+            image_max_pixels=1024 * 1024,
+            image_default_steps=2,
+        ),
+    )
     ingress.step_mask_length = None
     if route == "generations":
         body = ImageGenerationRequest(prompt="a red kite", output_format="jpeg")

@@ -17,8 +17,13 @@ from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.pipeline import ChatEvent, ChatOptions, ChatResult
 
 IngressClass = next(k for k in Ingress.func_or_class.__mro__[1:] if k.__name__ == "Ingress")
-REPLY = ChatResult(text="hi", token_ids=[1, 2], finish_reason="stop", prompt_tokens=3,
-                   audio=np.zeros(2400, dtype=np.float32))  # fmt: skip
+REPLY = ChatResult(
+    text="hi",
+    token_ids=[1, 2],
+    finish_reason="stop",
+    prompt_tokens=3,
+    audio=np.zeros(2400, dtype=np.float32),
+)
 
 
 def _ingress() -> object:
@@ -62,9 +67,11 @@ async def test_a_whole_reply_is_encoded_in_a_worker_thread(monkeypatch, route):
         assert response.body == b"encoded"
     else:
         body = ChatCompletionRequest(
-            model="qwen3-omni", messages=[{"role": "user", "content": "Hi"}],
-            modalities=["text", "audio"], audio={"voice": "ethan", "format": "opus"},
-        )  # fmt: skip
+            model="qwen3-omni",
+            messages=[{"role": "user", "content": "Hi"}],
+            modalities=["text", "audio"],
+            audio={"voice": "ethan", "format": "opus"},
+        )
         response = await IngressClass.chat_completions(ingress, body)
         assert b'"data":"ZW5jb2RlZA=="' in response.body  # base64 of b"encoded"
     assert threads and threading.main_thread() not in threads

@@ -192,8 +192,9 @@ async def test_a_fetched_audio_url_is_the_clip_inline_audio_is(fetching_ingress)
     with media_server({"/hello.wav": Route(base64.b64decode(data))}) as server:
         part = {"type": "audio_url", "audio_url": {"url": server.url("/hello.wav")}}
         fetched, _ = await fetching_ingress._prepare(request(part, TEXT))
-    inline, _ = await fetching_ingress._prepare(request(
-        {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}, TEXT))  # fmt: skip
+    inline, _ = await fetching_ingress._prepare(
+        request({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}, TEXT)
+    )
     assert fetched.expanded_ids == inline.expanded_ids and fetched.counts["audio"] == 1
     assert np.array_equal(fetched.audio_clips[0], inline.audio_clips[0])
 
@@ -208,12 +209,15 @@ async def test_a_fetched_audio_url_is_the_clip_inline_audio_is(fetching_ingress)
         ({"top_logprobs": 2}, "top_logprobs", "does not return logprobs"),
         ({"functions": [{"name": "f", "parameters": {}}]}, "functions", "call tools"),
         ({"tool_choice": "required"}, "tool_choice", "only 'none' or 'auto'"),
-        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
-         "call tools"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "tool_choice",
+            "call tools",
+        ),
         ({"function_call": {"name": "f"}}, "function_call", "call tools"),
         ({"web_search_options": {}}, "web_search_options", "search the web"),
     ],
-)  # fmt: skip
+)
 async def test_openai_settings_this_server_does_not_honour_are_a_400(
     ingress, fields, param, reason
 ):
@@ -225,18 +229,43 @@ async def test_openai_settings_this_server_does_not_honour_are_a_400(
 
 
 async def test_stops_and_penalties_reach_the_thinkers_sampling(ingress):
-    _, options = await ingress._prepare(request(
-        TEXT, stop="\n\n", presence_penalty=0.5, frequency_penalty=-0.5, top_k=20,
-        repetition_penalty=1.1, response_format={"type": "text"}, n=1, tool_choice="none",
-        function_call="auto", top_logprobs=0, user="u1", store=False, metadata={"a": "b"},
-        logit_bias={"151645": -100, "7": 2.5}, min_p=0.05, min_tokens=3, ignore_eos=True,
-    ))  # fmt: skip
+    _, options = await ingress._prepare(
+        request(
+            TEXT,
+            stop="\n\n",
+            presence_penalty=0.5,
+            frequency_penalty=-0.5,
+            top_k=20,
+            repetition_penalty=1.1,
+            response_format={"type": "text"},
+            n=1,
+            tool_choice="none",
+            function_call="auto",
+            top_logprobs=0,
+            user="u1",
+            store=False,
+            metadata={"a": "b"},
+            logit_bias={"151645": -100, "7": 2.5},
+            min_p=0.05,
+            min_tokens=3,
+            ignore_eos=True,
+        )
+    )
     assert options.sampling == {
-        "max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "top_k": 20, "seed": None,
-        "stop": ["\n\n"], "presence_penalty": 0.5, "frequency_penalty": -0.5,
-        "repetition_penalty": 1.1, "logit_bias": {151645: -100, 7: 2.5}, "min_p": 0.05,
-        "min_tokens": 3, "ignore_eos": True,
-    }  # fmt: skip
+        "max_tokens": 256,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 20,
+        "seed": None,
+        "stop": ["\n\n"],
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "repetition_penalty": 1.1,
+        "logit_bias": {151645: -100, 7: 2.5},
+        "min_p": 0.05,
+        "min_tokens": 3,
+        "ignore_eos": True,
+    }
     assert options.cache_key is None
     _, keyed = await ingress._prepare(request(TEXT, prompt_cache_key="tenant-7"))
     assert keyed.cache_key == "tenant-7" and keyed.session_id is None
@@ -247,10 +276,13 @@ async def test_stops_and_penalties_reach_the_thinkers_sampling(ingress):
 
 @pytest.mark.parametrize(
     ("logit_bias", "reason"),
-    [({"x": 1}, "keys are token ids, not 'x'"), ({"-3": 1}, "keys are token ids, not '-3'"),
-     ({"5": 101}, "biases are -100..100, not 101"),
-     ({str(i): 1 for i in range(301)}, "at most 300 tokens, not 301")],
-)  # fmt: skip
+    [
+        ({"x": 1}, "keys are token ids, not 'x'"),
+        ({"-3": 1}, "keys are token ids, not '-3'"),
+        ({"5": 101}, "biases are -100..100, not 101"),
+        ({str(i): 1 for i in range(301)}, "at most 300 tokens, not 301"),
+    ],
+)
 def test_a_logit_bias_openai_would_refuse_is_refused(logit_bias, reason):
     with pytest.raises(ValidationError, match=reason):
         request(TEXT, logit_bias=logit_bias)

@@ -38,8 +38,9 @@ def _answering(text: str, spoken: bool):
 
     async def stream_chat(clients, prompt, options, request_id):
         audio = np.zeros(240, dtype=np.float32) if spoken else None
-        result = ChatResult(text=text, token_ids=[1, 2], finish_reason="stop", prompt_tokens=3,
-                            audio=audio)  # fmt: skip
+        result = ChatResult(
+            text=text, token_ids=[1, 2], finish_reason="stop", prompt_tokens=3, audio=audio
+        )
         yield ChatEvent(kind="done", result=result)
 
     return stream_chat

@@ -46,8 +46,11 @@ class Answering:
 
 def clients(code2wav_refs: list[TensorRef] | None = None):
     stream = types.SimpleNamespace(options=lambda **_: None)
-    encoder = types.SimpleNamespace(encode_audio=RecordingMethod(), encode_images=RecordingMethod(),
-                                    encode_videos=RecordingMethod())  # fmt: skip
+    encoder = types.SimpleNamespace(
+        encode_audio=RecordingMethod(),
+        encode_images=RecordingMethod(),
+        encode_videos=RecordingMethod(),
+    )
     code2wav = types.SimpleNamespace(decode=Answering(code2wav_refs))
     handles = {"thinker": stream, "talker": stream, "code2wav": code2wav, "encoder": encoder}
     return HandleStageClients(handles, make_channel(), make_channel()), encoder
@@ -55,8 +58,10 @@ def clients(code2wav_refs: list[TensorRef] | None = None):
 
 async def test_audio_clips_reach_the_encoder_as_one_channel_ref_and_their_lengths():
     ingress, encoder = clients()
-    clips = [np.random.default_rng(0).standard_normal(48000).astype(np.float32),
-             np.zeros(1200, np.float32)]  # 3 s and a short clip  # fmt: skip
+    clips = [
+        np.random.default_rng(0).standard_normal(48000).astype(np.float32),
+        np.zeros(1200, np.float32),
+    ]  # 3 s and a short clip
     assert await ingress.encode_audio(clips) == "rows-ref"
     [(ref, lengths)] = encoder.encode_audio.calls
     assert isinstance(ref, TensorRef) and lengths == [48000, 1200]

@@ -40,8 +40,10 @@ def test_a_payload_crosses_nodes(two_nodes, backend):
         def put(self, backend: str):
             from omni_serve.transport import make_channel
 
-            payload = {"rows": torch.arange(1 << 20, dtype=torch.float32).view(1024, 1024),
-                       "mask": torch.ones(1024, dtype=torch.bool)}  # fmt: skip
+            payload = {
+                "rows": torch.arange(1 << 20, dtype=torch.float32).view(1024, 1024),
+                "mask": torch.ones(1024, dtype=torch.bool),
+            }
             node = ray.get_runtime_context().get_node_id()
             return node, make_channel(backend).put(payload)
 

@@ -42,10 +42,13 @@ async def run_thinker(engine, processor, kind: str, layers=(0, 1)):
     ids, mm = thinker_prompt(processor, prompt_messages(kind), **media)
     sampling = SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[302])
     request = ARRequest(
-        f"golden-{kind}-{len(layers)}", prompt_token_ids=ids, multi_modal_data=mm or None,
-        sampling=sampling, capture_layers=layers,
+        f"golden-{kind}-{len(layers)}",
+        prompt_token_ids=ids,
+        multi_modal_data=mm or None,
+        sampling=sampling,
+        capture_layers=layers,
         mm_processor_kwargs=mm_kwargs,
-    )  # fmt: skip
+    )
     tokens, rows = [], {k: [] for k in layers}
     async for chunk in engine.generate(request):
         tokens += chunk.token_ids
@@ -88,11 +91,16 @@ async def test_thinker_talker_code2wav_chain_equals_transformers_audio(
     engine = TorchAREngine(runner, stop_token_ids=(runner.codec_eos_token_id,))
     await engine.start()
     request = ARRequest(
-        "chain", prompt_embeds=prompt.embeds,
+        "chain",
+        prompt_embeds=prompt.embeds,
         sampling=SamplingConfig(max_tokens=TALKER_MAX_TOKENS, repetition_penalty=1.05),
-        extra={"position_ids": prompt.position_ids, "rope_delta": prompt.rope_delta,
-               "trailing": trailing, "text_done": True},
-    )  # fmt: skip
+        extra={
+            "position_ids": prompt.position_ids,
+            "rope_delta": prompt.rope_delta,
+            "trailing": trailing,
+            "text_done": True,
+        },
+    )
     codec, context = load_code2wav_decoder(tiny_omni_path)
     planner = ChunkPlanner(codec.samples_per_frame, left_context=context)
     audio = []
@@ -113,9 +121,10 @@ async def test_prompt_embeds_input_matches_token_ids(vllm_thinker, omni_processo
     with torch.no_grad():
         embeds = hf_omni.thinker.get_input_embeddings()(torch.tensor(ids))
     request = ARRequest(
-        "embeds", prompt_embeds=embeds,
+        "embeds",
+        prompt_embeds=embeds,
         sampling=SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[302]),
-    )  # fmt: skip
+    )
     from_embeds = [t async for chunk in vllm_thinker.generate(request) for t in chunk.token_ids]
     assert from_embeds == tokens
 
@@ -124,9 +133,11 @@ async def test_cancelled_request_is_aborted_and_releases_rows(vllm_thinker, omni
     media = {}
     ids, mm = thinker_prompt(omni_processor, prompt_messages("text"), **media)
     request = ARRequest(
-        "cancel-me", prompt_token_ids=ids, sampling=SamplingConfig(max_tokens=200),
+        "cancel-me",
+        prompt_token_ids=ids,
+        sampling=SamplingConfig(max_tokens=200),
         capture_layers=(0, 1),
-    )  # fmt: skip
+    )
     stream = vllm_thinker.generate(request)
     await stream.__anext__()
     await stream.aclose()  # the consumer went away mid-generation
@@ -161,10 +172,19 @@ async def test_encoder_stage_outputs_give_the_monolithic_result(
     with torch.no_grad():
         image = encoders.encode_image(inputs["pixel_values"], inputs["image_grid_thw"])
     ids, _ = thinker_prompt(omni_processor, prompt_messages("image"), images=[sample_image()])
-    media = {"image": {"image_embeds": torch.cat([image.embeds, *image.deepstack], dim=-1),
-                       "image_grid_thw": inputs["image_grid_thw"]}}  # fmt: skip
-    request = ARRequest("enc-image", prompt_token_ids=ids, multi_modal_data=media,
-                        sampling=sampling, capture_layers=(1,))  # fmt: skip
+    media = {
+        "image": {
+            "image_embeds": torch.cat([image.embeds, *image.deepstack], dim=-1),
+            "image_grid_thw": inputs["image_grid_thw"],
+        }
+    }
+    request = ARRequest(
+        "enc-image",
+        prompt_token_ids=ids,
+        multi_modal_data=media,
+        sampling=sampling,
+        capture_layers=(1,),
+    )
     tokens, rows = await collect(vllm_thinker, request)
     assert tokens == reference_runs["image"].generated
     torch.testing.assert_close(rows, reference_runs["image"].hidden[1], atol=1e-4, rtol=0)
@@ -200,8 +220,13 @@ async def test_encoder_stage_video_rows_give_the_monolithic_result(
     ids, _ = thinker_prompt(omni_processor, prompt_messages("video"), videos=[sample_video()])
     media = {"video": video_embeds_input(rows, inputs["video_grid_thw"], [1.0])}
     sampling = SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[302])
-    request = ARRequest("enc-video", prompt_token_ids=ids, multi_modal_data=media,
-                        sampling=sampling, capture_layers=(1,))  # fmt: skip
+    request = ARRequest(
+        "enc-video",
+        prompt_token_ids=ids,
+        multi_modal_data=media,
+        sampling=sampling,
+        capture_layers=(1,),
+    )
     tokens, rows = await collect(vllm_thinker, request)
     assert inputs["video_second_per_grid"].tolist() == [1.0]
     assert tokens == reference_runs["video"].generated

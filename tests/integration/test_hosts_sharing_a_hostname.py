@@ -23,8 +23,13 @@ NBYTES = 4 << 20
 
 @pytest.fixture(scope="module")
 def ray_on_twins():
-    twin = TwoHosts(namespace="omni-twin", hostname=socket.gethostname(),
-                    head_ip="10.212.0.1", other_ip="10.212.0.2", shm_size="1g")  # fmt: skip
+    twin = TwoHosts(
+        namespace="omni-twin",
+        hostname=socket.gethostname(),
+        head_ip="10.212.0.1",
+        other_ip="10.212.0.2",
+        shm_size="1g",
+    )
     yield from ray_on(twin)
 
 

@@ -117,16 +117,16 @@ def test_requests_leave_no_shared_memory_or_object_store_behind(served):
 
     def burst(n: int) -> list[int]:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            return [r.status_code for r in pool.map(lambda _: generate_retrying_503(SMALL),
-                                                    range(n))]  # fmt: skip
+            return [
+                r.status_code for r in pool.map(lambda _: generate_retrying_503(SMALL), range(n))
+            ]
 
     assert set(burst(16)) == {200}
     time.sleep(1)  # the last consumers hand their segments back
     shm, store = shm_usage(), object_store_usage()
     assert shm.segments > 0  # the edges do use shared memory
     assert set(burst(40)) == {200}
-    after = wait_for(lambda: (u := shm_usage()).in_use <= 3 and u, 10,
-                     "segments handed back")  # fmt: skip
+    after = wait_for(lambda: (u := shm_usage()).in_use <= 3 and u, 10, "segments handed back")
     assert after.segments <= shm.segments + 12  # pools grow to 4 in flight x 3 edges at most
     # Serve's own objects come and go (+8 here over 40 requests, +14 over 1,000 in the soak;
     # +24 for a moment once, with the machine loaded: so the count may settle for 15 s).
@@ -166,8 +166,11 @@ def test_rays_metrics_export_has_each_vae_replicas_gauges_and_their_sum_counts_e
     their decoded images grows by exactly the images asked for."""
 
     def vae_steps() -> dict[str, float]:
-        return {labels["replica"]: value for labels, value in ray_export("ray_omni_stage_steps")
-                if labels["deployment"] == "vae"}  # fmt: skip
+        return {
+            labels["replica"]: value
+            for labels, value in ray_export("ray_omni_stage_steps")
+            if labels["deployment"] == "vae"
+        }
 
     # Quiet for longer than the export's lag (10-15 s seen): with 12 s, a decode of the test
     # before could still land after ``before`` was read (CI saw before + 7).
@@ -194,8 +197,11 @@ def test_a_killed_vae_replica_is_replaced_while_requests_keep_succeeding(served)
     results = send_while_killing(lambda: generate_retrying_503(SMALL), min(before), 12)
     failed = [(r.status_code, r.text[:300]) for r in results if r.status_code != 200]
     assert len(results) > 10 and not failed, failed
-    after = wait_for(lambda: (p := replica_pids("vae")) and len(p) == 2 and p, 90,
-                     "Serve replaces the killed VAE replica")  # fmt: skip
+    after = wait_for(
+        lambda: (p := replica_pids("vae")) and len(p) == 2 and p,
+        90,
+        "Serve replaces the killed VAE replica",
+    )
     assert min(before) not in after
     assert generate(SMALL).status_code == 200
 
@@ -213,20 +219,40 @@ def test_a_killed_text_encoder_is_replaced_and_requests_wait_for_it(served):
 def test_a_dead_dit_shows_on_health_until_serve_replaces_it(served):
     [pid] = replica_pids("dit")
     os.kill(pid, signal.SIGKILL)
-    unhealthy = wait_for(lambda: (r := httpx.get(f"{URL}/health", timeout=10)).status_code == 503
-                         and r, 30, "/health reports the dead DiT")  # fmt: skip
+    unhealthy = wait_for(
+        lambda: (r := httpx.get(f"{URL}/health", timeout=10)).status_code == 503 and r,
+        30,
+        "/health reports the dead DiT",
+    )
     assert any(s.startswith("dit:") for s in unhealthy.json()["stages"])
-    wait_for(lambda: httpx.get(f"{URL}/health", timeout=10).status_code == 200, 120,
-             "the DiT is replaced and /health is 200 again")  # fmt: skip
+    wait_for(
+        lambda: httpx.get(f"{URL}/health", timeout=10).status_code == 200,
+        120,
+        "the DiT is replaced and /health is 200 again",
+    )
     assert pid not in replica_pids("dit")
     assert generate(SMALL).status_code == 200
 
 
 def submit_batch_job(tmp_path) -> subprocess.CompletedProcess:
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    command = [ray, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".",
-               "--", sys.executable, "-m", "omni_serve.jobs.batch", "--input",
-               str(tmp_path / "prompts.jsonl"), "--output", str(tmp_path / "out")]  # fmt: skip
+    command = [
+        ray,
+        "job",
+        "submit",
+        "--address",
+        "http://127.0.0.1:8265",
+        "--working-dir",
+        ".",
+        "--",
+        sys.executable,
+        "-m",
+        "omni_serve.jobs.batch",
+        "--input",
+        str(tmp_path / "prompts.jsonl"),
+        "--output",
+        str(tmp_path / "out"),
+    ]
     secret = json.dumps({"env_vars": {"OMNI_SERVE_API_KEY": "ops-test-key"}})
     command[3:3] = ["--runtime-env-json", secret]  # the job's environment, not this one's
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -239,19 +265,32 @@ def test_a_batch_job_submitted_to_the_cluster_writes_files_and_resumes(served, t
     lines = [
         {"custom_id": "kite", "url": "/v1/images/generations", "body": {**SMALL, "n": 2}},
         {"custom_id": "../escape", "url": "/v1/images/generations", "body": SMALL},
-        {"custom_id": "boat", "url": "/v1/chat/completions",
-         "body": {"model": "qwen-image", "modalities": ["image"],
-                  "messages": [{"role": "user", "content": "a boat"}]}},
-    ]  # fmt: skip
+        {
+            "custom_id": "boat",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "qwen-image",
+                "modalities": ["image"],
+                "messages": [{"role": "user", "content": "a boat"}],
+            },
+        },
+    ]
     (tmp_path / "prompts.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
     first = submit_batch_job(tmp_path)
     assert "2 ok, 1 failed, 0 skipped" in first.stdout, first.stdout[-3000:] + first.stderr[-2000:]
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == [
-        "boat.png", "kite-0.png", "kite-1.png", "manifest.jsonl"]  # fmt: skip
+        "boat.png",
+        "kite-0.png",
+        "kite-1.png",
+        "manifest.jsonl",
+    ]
     assert (out / "kite-0.png").read_bytes()[:4] == b"\x89PNG"
     records = [json.loads(t) for t in (out / "manifest.jsonl").read_text().splitlines()]
-    assert {r["custom_id"]: r["status"] for r in records} == {None: "error", "kite": "ok",
-                                                              "boat": "ok"}  # fmt: skip
+    assert {r["custom_id"]: r["status"] for r in records} == {
+        None: "error",
+        "kite": "ok",
+        "boat": "ok",
+    }
     second = submit_batch_job(tmp_path)
     assert "0 ok, 1 failed, 2 skipped" in second.stdout, second.stdout[-3000:]

@@ -52,8 +52,11 @@ def ask(text: str, **extra) -> dict:
 
 def healthy_again(stage: str, old_pid: int) -> None:
     """/health turns 200 again and the stage runs on a new process."""
-    wait_for(lambda: httpx.get(f"{URL}/health", timeout=30).status_code == 200, 120,
-             f"the {stage} is replaced and /health is 200 again")  # fmt: skip
+    wait_for(
+        lambda: httpx.get(f"{URL}/health", timeout=30).status_code == 200,
+        120,
+        f"the {stage} is replaced and /health is 200 again",
+    )
     assert replica_pids(stage) - {old_pid}, f"Serve did not replace the {stage} replica"
 
 
@@ -72,8 +75,15 @@ async def test_idle_websocket_clients_are_closed_and_do_not_lock_others_out(serv
 
     idle = [await websockets.connect(WS_URL) for _ in range(20)]
     async with websockets.connect(WS_URL, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "speech", "input": "Hello there.",
-                                  "stage_overrides": {"talker": {"max_tokens": 20}}}))  # fmt: skip
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "speech",
+                    "input": "Hello there.",
+                    "stage_overrides": {"talker": {"max_tokens": 20}},
+                }
+            )
+        )
         while not isinstance(frame := await ws.recv(), str) or json.loads(frame)["type"] not in (
             "response.done",
             "error",
@@ -106,8 +116,10 @@ def test_a_sessions_prefix_is_kept_for_the_app_not_per_ingress_replica(served):
     first = chat({"messages": turn, "max_tokens": 4, **session})
     assert first.status_code == 200, first.text[:300]
     assert [kept_prefixes() for _ in range(10)] == [1] * 10
-    turn += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
-             {"role": "user", "content": "And another?"}]  # fmt: skip
+    turn += [
+        {"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And another?"},
+    ]
     second = chat({"messages": turn, "max_tokens": 4, **session})
     assert second.status_code == 200, second.text[:300]
     prompt = first.json()["usage"]["prompt_tokens"]
@@ -179,8 +191,12 @@ def test_a_talker_killed_mid_request_is_rerun_and_the_client_gets_the_whole_answ
     """A non-streamed spoken reply: the client has seen nothing when the Talker dies a second
     in, so the request runs again once the replacement is up and the client gets its whole
     reply, the same as an undisturbed run (greedy, seeded)."""
-    body = ask("Tell a story.", max_tokens=16, **SPOKEN,
-               stage_overrides={"talker": {"max_tokens": 200, "seed": 3}})  # fmt: skip
+    body = ask(
+        "Tell a story.",
+        max_tokens=16,
+        **SPOKEN,
+        stage_overrides={"talker": {"max_tokens": 200, "seed": 3}},
+    )
     undisturbed = chat(body).json()
     [pid] = replica_pids("talker")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -192,8 +208,9 @@ def test_a_talker_killed_mid_request_is_rerun_and_the_client_gets_the_whole_answ
     message = response.json()["choices"][0]["message"]
     assert message["content"] == undisturbed["choices"][0]["message"]["content"]
     samples, rate = sf.read(io.BytesIO(base64.b64decode(message["audio"]["data"])))
-    expected, _ = sf.read(io.BytesIO(base64.b64decode(
-        undisturbed["choices"][0]["message"]["audio"]["data"])))  # fmt: skip
+    expected, _ = sf.read(
+        io.BytesIO(base64.b64decode(undisturbed["choices"][0]["message"]["audio"]["data"]))
+    )
     assert rate == 24000 and len(samples) == len(expected) > 0
     healthy_again("talker", pid)
 
@@ -205,8 +222,10 @@ def audio_question() -> dict:
     buf = io.BytesIO()
     sf.write(buf, sample_audio(), 16000, format="WAV", subtype="FLOAT")
     sound = {"data": base64.b64encode(buf.getvalue()).decode(), "format": "wav"}
-    content = [{"type": "input_audio", "input_audio": sound},
-               {"type": "text", "text": "What do you hear?"}]  # fmt: skip
+    content = [
+        {"type": "input_audio", "input_audio": sound},
+        {"type": "text", "text": "What do you hear?"},
+    ]
     return {"messages": [{"role": "user", "content": content}], "max_tokens": 4}
 
 
@@ -230,8 +249,11 @@ def test_rays_metrics_export_has_every_replicas_series_where_metrics_shows_one(s
     every request, and every stage's replica reports its own gauges."""
 
     def ok_requests() -> float:
-        return sum(v for labels, v in ray_export("ray_omni_requests_total")
-                   if labels["deployment"] == "ingress" and labels["status"] == "ok")  # fmt: skip
+        return sum(
+            v
+            for labels, v in ray_export("ray_omni_requests_total")
+            if labels["deployment"] == "ingress" and labels["status"] == "ok"
+        )
 
     before = steady(ok_requests)  # earlier tests' requests reach the export up to 10 s late
     for i in range(6):
@@ -265,8 +287,11 @@ def test_a_crashed_vllm_engine_shows_on_health_and_its_replica_is_replaced(serve
     queues = {q for q in shm_files_mapped(engine) if "/psm_" in q}
     assert queues  # else there is nothing to check
     os.kill(engine, signal.SIGKILL)
-    unhealthy = wait_for(lambda: (r := httpx.get(f"{URL}/health", timeout=10)).status_code == 503
-                         and r, 30, "/health reports the Thinker")  # fmt: skip
+    unhealthy = wait_for(
+        lambda: (r := httpx.get(f"{URL}/health", timeout=10)).status_code == 503 and r,
+        30,
+        "/health reports the Thinker",
+    )
     assert any(s.startswith("thinker:") for s in unhealthy.json()["stages"])
     assert chat(ask("Still there?", max_tokens=4)).status_code == 200
     assert "the Thinker's vLLM engine died" in served.tail(200_000)
@@ -285,16 +310,22 @@ def test_stopping_the_server_removes_its_shared_memory(served):
     _, engine = the_thinker_and_its_engine(served)
     queues = shm_files_mapped(engine)
     assert any("/psm_" in q for q in queues), queues  # else there is nothing to check
-    segments = {str(path) for pid in replica_pids(r"[^\s.]+")
-                for path in Path("/dev/shm").glob(f"omni-shm-{pid}-*")}  # fmt: skip
+    segments = {
+        str(path)
+        for pid in replica_pids(r"[^\s.]+")
+        for path in Path("/dev/shm").glob(f"omni-shm-{pid}-*")
+    }
     assert segments  # the stages' pools
     served.stop()
     assert not [f for f in queues | segments if os.path.exists(f)]
 
 
 def gone_within(files: set[str], timeout_s: float) -> None:
-    wait_for(lambda: not [f for f in files if os.path.exists(f)], timeout_s,
-             f"the dead engine's files {sorted(files)} are removed")  # fmt: skip
+    wait_for(
+        lambda: not [f for f in files if os.path.exists(f)],
+        timeout_s,
+        f"the dead engine's files {sorted(files)} are removed",
+    )
 
 
 def shm_files_mapped(pid: int) -> set[str]:
@@ -303,8 +334,11 @@ def shm_files_mapped(pid: int) -> set[str]:
     found = set()
     for proc in [pid, *map(int, children.stdout.split())]:
         with open(f"/proc/{proc}/maps") as maps:
-            found |= {line.split(maxsplit=5)[5].strip().removesuffix(" (deleted)")
-                      for line in maps if "/dev/shm/" in line}  # fmt: skip
+            found |= {
+                line.split(maxsplit=5)[5].strip().removesuffix(" (deleted)")
+                for line in maps
+                if "/dev/shm/" in line
+            }
     return found
 
 
@@ -351,14 +385,18 @@ def thinker_log(served: ServeProcess) -> str:
     (where a replica that never got its engine stopped)."""
     lines = served.tail(1_000_000).splitlines()
     said = [line[-200:] for line in lines if "controller" in line and "'thinker'" in line]
-    tails = {pid: [line[-200:] for line in lines if f"thinker pid={pid})" in line][-8:]
-             for pid in replica_pids("thinker")}  # fmt: skip
+    tails = {
+        pid: [line[-200:] for line in lines if f"thinker pid={pid})" in line][-8:]
+        for pid in replica_pids("thinker")
+    }
     return f"Serve said: {said[-12:]}; the replicas' last lines: {tails}"
 
 
 def engine_view() -> str:
     """What a failure needs to name its cause: the Thinker replicas and their child processes
     (the engine among them)."""
-    found = {pid: [(child, args[:80]) for child, args in children(pid)]
-             for pid in replica_pids("thinker")}  # fmt: skip
+    found = {
+        pid: [(child, args[:80]) for child, args in children(pid)]
+        for pid in replica_pids("thinker")
+    }
     return f"Thinker replicas and their children {found}"

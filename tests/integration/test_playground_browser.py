@@ -39,8 +39,11 @@ def microphone(tmp_path) -> Path:
 def test_talking_to_the_page_shows_and_plays_the_reply_and_talking_over_it_stops_it(
     served, microphone
 ):
-    fake_microphone = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-                       f"--use-file-for-fake-audio-capture={microphone}"]  # fmt: skip
+    fake_microphone = [
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={microphone}",
+    ]
     with browser_page(*fake_microphone) as page:
         page.goto(URL)
         page.wait_for_function("document.getElementById('status').textContent === 'connected'")
@@ -48,8 +51,9 @@ def test_talking_to_the_page_shows_and_plays_the_reply_and_talking_over_it_stops
         page.click("#talk")
         page.wait_for_function(
             "document.querySelector('#transcript li.assistant')?.textContent.length > 0"
-            " && window.playground.stats.played > 4800", timeout=180_000,
-        )  # fmt: skip
+            " && window.playground.stats.played > 4800",
+            timeout=180_000,
+        )
         page.screenshot(path=SHOTS / "voice_reply.png")
         page.wait_for_function("window.playground.stats.stops >= 1", timeout=180_000)
         page.wait_for_function("document.getElementById('rtf').textContent !== '-'")
@@ -73,7 +77,8 @@ def test_a_typed_message_gets_a_spoken_reply_in_the_voice_picked(served):
         page.click("#text-form button")
         page.wait_for_function(
             "document.querySelector('#transcript li.assistant')?.textContent.length > 0"
-            " && window.playground.stats.played > 0", timeout=180_000,
-        )  # fmt: skip
+            " && window.playground.stats.played > 0",
+            timeout=180_000,
+        )
         assert page.locator("#transcript li.user").inner_text() == "Hello!"
         assert page.evaluate("window.playground.stats.errors") == 0

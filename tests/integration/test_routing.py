@@ -57,12 +57,15 @@ def test_a_conversation_keeps_its_replica_and_conversations_spread(serve_instanc
         assert len(answered) == 1, f"conversation {conversation} moved: {answered}"
         owners[conversation] = answered.pop()
     assert len(set(owners.values())) >= 2  # not everything on one replica
-    by_session = {handle.remote({"session_id": "s-7", "prompt_ids": [n]}).result()
-                  for n in range(6)}  # fmt: skip
+    by_session = {
+        handle.remote({"session_id": "s-7", "prompt_ids": [n]}).result() for n in range(6)
+    }
     assert len(by_session) == 1
     # OpenAI's prompt_cache_key (the Thinker request's cache_key) holds short prompts together
-    by_key = {k: {handle.remote({"cache_key": k, "prompt_ids": [n]}).result() for n in range(3)}
-              for k in (f"tenant-{i}" for i in range(10))}  # fmt: skip
+    by_key = {
+        k: {handle.remote({"cache_key": k, "prompt_ids": [n]}).result() for n in range(3)}
+        for k in (f"tenant-{i}" for i in range(10))
+    }
     assert all(len(replicas) == 1 for replicas in by_key.values()), by_key
     assert len(set.union(*by_key.values())) >= 2  # one replica for all ten: 3 / 3**10 odds
 

@@ -23,12 +23,16 @@ def test_serve_config_yaml_serves_chat():
     try:
         r = httpx.post(
             f"{URL}/v1/chat/completions",
-            json={"model": "qwen3-omni", "messages": [{"role": "user", "content": "Hi"}],
-                  "max_tokens": 4, "modalities": ["text", "audio"],
-                  "audio": {"voice": "ethan", "format": "flac"},
-                  "stage_overrides": {"talker": {"max_tokens": 20}}},
+            json={
+                "model": "qwen3-omni",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+                "modalities": ["text", "audio"],
+                "audio": {"voice": "ethan", "format": "flac"},
+                "stage_overrides": {"talker": {"max_tokens": 20}},
+            },
             timeout=120,
-        )  # fmt: skip
+        )
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["audio"]["data"]
         assert httpx.get(f"{URL}/health", timeout=30).status_code == 200
@@ -48,8 +52,12 @@ def test_a_text_only_pipeline_answers_in_text_and_refuses_audio_output(
     server = ServeProcess("graphs.qwen3_omni:build_app", URL, args=(pipeline,))
     server.start()
     try:
-        chat = {"model": "qwen3-omni", "max_tokens": THINKER_MAX_TOKENS, "temperature": 0,
-                "messages": [{"role": "user", "content": request_parts("audio")}]}  # fmt: skip
+        chat = {
+            "model": "qwen3-omni",
+            "max_tokens": THINKER_MAX_TOKENS,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": request_parts("audio")}],
+        }
         r = httpx.post(f"{URL}/v1/chat/completions", json=chat, timeout=120)
         assert r.status_code == 200, r.text
         expected = omni_processor.tokenizer.decode(
@@ -58,8 +66,10 @@ def test_a_text_only_pipeline_answers_in_text_and_refuses_audio_output(
         assert r.json()["choices"][0]["message"]["content"] == expected.rstrip("\ufffd")
         assert "encoder_s" in r.json()["timings"]
         spoken = {**chat, "modalities": ["text", "audio"], "audio": {"voice": "ethan"}}
-        for path, body in (("chat/completions", spoken),
-                           ("audio/speech", {"model": "qwen3-omni", "input": "Hi"})):  # fmt: skip
+        for path, body in (
+            ("chat/completions", spoken),
+            ("audio/speech", {"model": "qwen3-omni", "input": "Hi"}),
+        ):
             refused = httpx.post(f"{URL}/v1/{path}", json=body, timeout=60)
             assert refused.status_code == 400, refused.text
             assert "answers in text only" in refused.json()["error"]["message"]
@@ -98,12 +108,16 @@ def test_a_stage_that_cannot_start_shows_why_on_health_and_serve_run_fails(tmp_p
     broken = config.replace(good, good[:-1] + ", kv_cache_dtype: bogus}")
     assert broken != config
     (tmp_path / "broken.yaml").write_text(broken)
-    server = ServeProcess("graphs.qwen3_omni:build_app", URL,
-                          args=(f"pipeline_config={tmp_path / 'broken.yaml'}",))  # fmt: skip
+    server = ServeProcess(
+        "graphs.qwen3_omni:build_app", URL, args=(f"pipeline_config={tmp_path / 'broken.yaml'}",)
+    )
     server.launch()
     try:
-        health = wait_for(lambda: (r := _health()) is not None and "thinker" in r.get("reasons", {})
-                          and r, 180, "/health gives the Thinker's reason")  # fmt: skip
+        health = wait_for(
+            lambda: (r := _health()) is not None and "thinker" in r.get("reasons", {}) and r,
+            180,
+            "/health gives the Thinker's reason",
+        )
         assert health["status"] == "unavailable"
         assert (
             "kv_cache_dtype" in health["reasons"]["thinker"]

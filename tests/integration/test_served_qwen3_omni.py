@@ -92,8 +92,12 @@ def test_logit_bias_and_vllms_length_settings_reach_the_thinker(client, omni_pro
     """User story: a client steers tokens with logit_bias, and a benchmark fixes reply lengths
     with vLLM's ignore_eos and min_tokens (all were silently ignored)."""
     end = omni_processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    ask = dict(model="qwen3-omni", messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
-               logit_bias={str(end): 100})  # fmt: skip
+    ask = dict(
+        model="qwen3-omni",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=8,
+        logit_bias={str(end): 100},
+    )
     ended = client.chat.completions.create(**ask)  # the end of the turn comes first
     assert (ended.usage.completion_tokens, ended.choices[0].finish_reason) == (1, "stop")
     past = client.chat.completions.create(**ask, extra_body={"ignore_eos": True})
@@ -124,11 +128,12 @@ def test_a_spoken_reply_says_no_more_than_its_stop_string_left_of_the_text(
 
     full = text(len(ids))
     k = next(
-        k for k in range(1, len(ids) - 2)
+        k
+        for k in range(1, len(ids) - 2)
         if len(text(k)) < len(text(k + 1)) < len(text(k + 2))
-        and "\ufffd" not in text(k + 2)[len(text(k)):]
-        and full.index(text(k + 2)[len(text(k)):]) == len(text(k))
-    )  # fmt: skip
+        and "\ufffd" not in text(k + 2)[len(text(k)) :]
+        and full.index(text(k + 2)[len(text(k)) :]) == len(text(k))
+    )
     stop = text(k + 2)[len(text(k)) :]
 
     def ask(max_tokens: int, **fields) -> dict:
@@ -166,12 +171,18 @@ def test_a_sessions_next_turn_reuses_its_prefix_also_when_spoken(client):
     )
     assert first.usage.prompt_tokens >= 256
     assert first.usage.prompt_tokens_details.cached_tokens == 0
-    turn += [{"role": "assistant", "content": first.choices[0].message.content},
-             {"role": "user", "content": "And another?"}]  # fmt: skip
+    turn += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And another?"},
+    ]
     second = client.chat.completions.create(
-        model="qwen3-omni", messages=turn, max_tokens=4, extra_body=session,
-        modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"},
-    )  # fmt: skip
+        model="qwen3-omni",
+        messages=turn,
+        max_tokens=4,
+        extra_body=session,
+        modalities=["text", "audio"],
+        audio={"voice": "ethan", "format": "wav"},
+    )
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens // 128 * 128  # vLLM's CPU block: 128 tokens
     assert second.choices[0].message.audio.data
@@ -200,9 +211,11 @@ def test_a_later_turn_names_an_earlier_spoken_reply_by_its_audio_id(client):
     ask = {"model": "qwen3-omni", "max_tokens": 6, "temperature": 0}
     hello = {"role": "user", "content": "Say hello."}
     first = client.chat.completions.create(
-        messages=[hello], modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"},
+        messages=[hello],
+        modalities=["text", "audio"],
+        audio={"voice": "ethan", "format": "wav"},
         **ask,
-    )  # fmt: skip
+    )
     audio = first.choices[0].message.audio
     assert 3500 <= audio.expires_at - time.time() <= 3600  # api.spoken_reply_ttl_s
     streamed = _chat_body(stream=True, max_tokens=6, messages=[hello])
@@ -227,23 +240,79 @@ def test_a_later_turn_names_an_earlier_spoken_reply_by_its_audio_id(client):
         ("{not json", 400, "not valid JSON"),
         ({"model": "qwen3-omni", "messages": []}, 400, "messages"),
         ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404, "does not exist"),
-        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "x"}],
-          "max_tokens": 10**6}, 400, "max_tokens"),
-        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": [
-            {"type": "input_audio", "input_audio": {"data": "bm90IGF1ZGlv", "format": "wav"}}]}]},
-         400, "could not decode audio"),
-        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": [
-            {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,bm90IHZpZGVv"}}]}]},
-         400, "could not decode video"),
-        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "x"}],
-          "modalities": ["text", "audio"], "audio": {"voice": "nobody"}}, 400, "unknown voice"),
-        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "word " * 5000}]},
-         400, "this model's context is 4096 tokens"),
-        ({"model": "qwen3-omni", "messages": [{"role": "user", "content": "x"},
-                                              {"role": "assistant", "audio": {"id": "audio-1"}}]},
-         400, "no spoken reply 'audio-1' is kept: unknown, or past its expires_at"),
+        (
+            {
+                "model": "qwen3-omni",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 10**6,
+            },
+            400,
+            "max_tokens",
+        ),
+        (
+            {
+                "model": "qwen3-omni",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "input_audio",
+                                "input_audio": {"data": "bm90IGF1ZGlv", "format": "wav"},
+                            }
+                        ],
+                    }
+                ],
+            },
+            400,
+            "could not decode audio",
+        ),
+        (
+            {
+                "model": "qwen3-omni",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "video_url",
+                                "video_url": {"url": "data:video/mp4;base64,bm90IHZpZGVv"},
+                            }
+                        ],
+                    }
+                ],
+            },
+            400,
+            "could not decode video",
+        ),
+        (
+            {
+                "model": "qwen3-omni",
+                "messages": [{"role": "user", "content": "x"}],
+                "modalities": ["text", "audio"],
+                "audio": {"voice": "nobody"},
+            },
+            400,
+            "unknown voice",
+        ),
+        (
+            {"model": "qwen3-omni", "messages": [{"role": "user", "content": "word " * 5000}]},
+            400,
+            "this model's context is 4096 tokens",
+        ),
+        (
+            {
+                "model": "qwen3-omni",
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "audio": {"id": "audio-1"}},
+                ],
+            },
+            400,
+            "no spoken reply 'audio-1' is kept: unknown, or past its expires_at",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_gets_a_4xx_with_a_reason(served, body, status, fragment):
     kwargs = {"content": body, "headers": {"content-type": "application/json"}}
     if not isinstance(body, str):
@@ -304,8 +373,11 @@ def test_media_the_thinker_encodes_leave_no_shared_memory_in_use(served):
     for _ in range(4):
         r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
-    after = wait_for(lambda: (u := shm_usage()).in_use <= before.in_use and u, 10,
-                     "the media segments handed back")  # fmt: skip
+    after = wait_for(
+        lambda: (u := shm_usage()).in_use <= before.in_use and u,
+        10,
+        "the media segments handed back",
+    )
     assert after.segments == before.segments  # one after another: the same segment reused
 
 
@@ -374,8 +446,9 @@ def test_a_talker_that_ends_before_the_text_leaves_the_reply_whole(served):
     )
     assert rate == 24000 and 0 < len(audio) < 2 * 1920  # one frame's worth, at most two
     events = []
-    with httpx.stream("POST", f"{URL}/v1/chat/completions", json={**body, "stream": True},
-                      timeout=120) as r:  # fmt: skip
+    with httpx.stream(
+        "POST", f"{URL}/v1/chat/completions", json={**body, "stream": True}, timeout=120
+    ) as r:
         assert r.status_code == 200
         events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and not any('"error"' in e for e in events)
@@ -419,9 +492,10 @@ def test_eight_concurrent_requests_complete_and_batch(served):
         assert r.json()["choices"][0]["message"]["audio"]["data"]
     metrics = httpx.get(f"{URL}/metrics", timeout=30).text
     talker_batch = next(
-        float(line.split()[-1]) for line in metrics.splitlines()
+        float(line.split()[-1])
+        for line in metrics.splitlines()
         if line.startswith('omni_stage_max_batch_size{stage="talker"}')
-    )  # fmt: skip
+    )
     assert talker_batch > 1
     assert "omni_stage_latency_seconds_bucket" in metrics
     assert "omni_audio_seconds_total" in metrics
@@ -513,21 +587,35 @@ def test_a_request_past_its_deadline_gets_a_504_and_stops_every_stage(served):
     assert lines[-1] == "data: [DONE]"
     assert '"timeout_error"' in lines[-2]
     assert stages_idle_within(URL, 1.5)
-    assert httpx.post(f"{URL}/v1/chat/completions", json={**body, "timeout_s": -1},
-                      timeout=30).status_code == 400  # fmt: skip
+    assert (
+        httpx.post(
+            f"{URL}/v1/chat/completions", json={**body, "timeout_s": -1}, timeout=30
+        ).status_code
+        == 400
+    )
 
 
 def test_speech_endpoint_returns_audio_in_the_asked_format(client):
     """OpenAI TTS shape: the openai client gets a WAV (24 kHz) of the given text."""
     reply = client.audio.speech.create(
-        model="qwen3-omni", input="Hello there.", voice="ethan", response_format="wav",
+        model="qwen3-omni",
+        input="Hello there.",
+        voice="ethan",
+        response_format="wav",
         extra_body={"stage_overrides": {"talker": {"max_tokens": 30}}},
-    )  # fmt: skip
+    )
     samples, rate = sf.read(io.BytesIO(reply.content))
     assert rate == 24000 and len(samples) > 1920
-    mp3 = httpx.post(f"{URL}/v1/audio/speech", timeout=120, json={
-        "model": "qwen3-omni", "input": "Hi.", "response_format": "mp3",
-        "stage_overrides": {"talker": {"max_tokens": 20}}})  # fmt: skip
+    mp3 = httpx.post(
+        f"{URL}/v1/audio/speech",
+        timeout=120,
+        json={
+            "model": "qwen3-omni",
+            "input": "Hi.",
+            "response_format": "mp3",
+            "stage_overrides": {"talker": {"max_tokens": 20}},
+        },
+    )
     assert mp3.status_code == 200 and mp3.headers["content-type"] == "audio/mpeg"
     assert sf.info(io.BytesIO(mp3.content)).format == "MP3"
 
@@ -536,18 +624,24 @@ def test_speech_streams_as_audio_bytes_and_as_sse(served):
     """Greedy Talker: the streamed bytes and the SSE deltas join to the one-shot WAV."""
     import json
 
-    body = {"model": "qwen3-omni", "input": "One two three.", "response_format": "wav",
-            "stage_overrides": {"talker": {"max_tokens": 40, "temperature": 0}}}  # fmt: skip
+    body = {
+        "model": "qwen3-omni",
+        "input": "One two three.",
+        "response_format": "wav",
+        "stage_overrides": {"talker": {"max_tokens": 40, "temperature": 0}},
+    }
     whole, _ = sf.read(
         io.BytesIO(httpx.post(f"{URL}/v1/audio/speech", json=body, timeout=120).content)
     )
-    with httpx.stream("POST", f"{URL}/v1/audio/speech", json={**body, "stream_format": "audio"},
-                      timeout=120) as r:  # fmt: skip
+    with httpx.stream(
+        "POST", f"{URL}/v1/audio/speech", json={**body, "stream_format": "audio"}, timeout=120
+    ) as r:
         assert r.status_code == 200
         streamed, rate = sf.read(io.BytesIO(b"".join(r.iter_bytes())))
     assert rate == 24000 and np.array_equal(streamed, whole)
-    with httpx.stream("POST", f"{URL}/v1/audio/speech", json={**body, "stream_format": "sse"},
-                      timeout=120) as r:  # fmt: skip
+    with httpx.stream(
+        "POST", f"{URL}/v1/audio/speech", json={**body, "stream_format": "sse"}, timeout=120
+    ) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     pcm = b"".join(
         base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"
@@ -564,22 +658,39 @@ def test_transcriptions_and_translations_answer_as_the_chat_would(client):
 
     wav = base64.b64decode(wav_b64(0.3 * np.sin(np.arange(16000) / 8).astype(np.float32), 16000))
     short = {"extra_body": {"max_completion_tokens": 12}}
-    asks = [("transcriptions", "Transcribe this audio into French.", {"language": "fr"}),
-            ("translations", "Translate this audio into English.", {})]  # fmt: skip
+    asks = [
+        ("transcriptions", "Transcribe this audio into French.", {"language": "fr"}),
+        ("translations", "Translate this audio into English.", {}),
+    ]
     for route, told, fields in asks:
         create = getattr(client.audio, route).create
         heard = create(model="qwen3-omni", file=("clip.wav", wav), **fields, **short)
-        chat = client.chat.completions.create(model="qwen3-omni", max_tokens=12, messages=[
-            {"role": "user", "content": [
-                {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode()}},
-                {"type": "text", "text": told}]}])  # fmt: skip
+        chat = client.chat.completions.create(
+            model="qwen3-omni",
+            max_tokens=12,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "input_audio",
+                            "input_audio": {"data": base64.b64encode(wav).decode()},
+                        },
+                        {"type": "text", "text": told},
+                    ],
+                }
+            ],
+        )
         assert heard.text == chat.choices[0].message.content, route
-        plain = create(model="qwen3-omni", file=("clip.wav", wav), response_format="text",
-                       **fields, **short)  # fmt: skip
+        plain = create(
+            model="qwen3-omni", file=("clip.wav", wav), response_format="text", **fields, **short
+        )
         assert plain == heard.text
         if route == "transcriptions":  # the SDK's Translation has no usage
             assert (heard.usage.input_tokens, heard.usage.output_tokens) == (
-                chat.usage.prompt_tokens, chat.usage.completion_tokens)  # fmt: skip
+                chat.usage.prompt_tokens,
+                chat.usage.completion_tokens,
+            )
     french = client.audio.transcriptions.create(
         model="qwen3-omni", file=("clip.wav", wav), language="fr", stream=True, **short
     )
@@ -593,11 +704,15 @@ def test_transcriptions_and_translations_answer_as_the_chat_would(client):
     # the chat's own checks name the form's fields: the clip is the file, the length limit
     # vLLM's max_completion_tokens
     too_long = {"extra_body": {"max_completion_tokens": 10**6}}
-    for fields, param in (({"language": "xx"}, "language"), ({"file": ("x.wav", b"nope")}, "file"),
-                          (too_long, "max_completion_tokens")):  # fmt: skip
+    for fields, param in (
+        ({"language": "xx"}, "language"),
+        ({"file": ("x.wav", b"nope")}, "file"),
+        (too_long, "max_completion_tokens"),
+    ):
         with pytest.raises(openai.BadRequestError) as refused:
-            client.audio.transcriptions.create(**{"model": "qwen3-omni", "file": ("clip.wav", wav),
-                                                  **fields})  # fmt: skip
+            client.audio.transcriptions.create(
+                **{"model": "qwen3-omni", "file": ("clip.wav", wav), **fields}
+            )
         assert refused.value.body["param"] == param
         assert param in refused.value.body["message"] or param != "max_completion_tokens"
 
@@ -636,9 +751,16 @@ async def test_websocket_streams_text_and_pcm_and_survives_bad_input(served):
     import websockets
 
     async with websockets.connect("ws://127.0.0.1:8000/v1/audio/stream", max_size=None) as ws:
-        await ws.send(json.dumps({"type": "chat", "max_tokens": 8,
-                                  "messages": [{"role": "user", "content": "Hi"}],
-                                  "stage_overrides": {"talker": {"max_tokens": 30}}}))  # fmt: skip
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "chat",
+                    "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "stage_overrides": {"talker": {"max_tokens": 30}},
+                }
+            )
+        )
         events = await _ws_collect(ws)
         assert events[0]["type"] == "response.created"
         metas = [e for e in events if isinstance(e, dict) and e["type"] == "response.audio.delta"]
@@ -658,8 +780,15 @@ async def test_websocket_streams_text_and_pcm_and_survives_bad_input(served):
         await ws.send(json.dumps({"type": "chat", "messages": []}))
         assert "messages" in json.loads(await ws.recv())["error"]["message"]
 
-        await ws.send(json.dumps({"type": "speech", "input": "Bye.",
-                                  "stage_overrides": {"talker": {"max_tokens": 20}}}))  # fmt: skip
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "speech",
+                    "input": "Bye.",
+                    "stage_overrides": {"talker": {"max_tokens": 20}},
+                }
+            )
+        )
         events = await _ws_collect(ws)
         assert events[-1]["type"] == "response.done"
         assert sum(len(f) for f in events if isinstance(f, bytes)) > 0
@@ -690,8 +819,16 @@ async def test_a_voice_sent_as_frames_is_heard_and_a_spoken_answer_can_be_cut_sh
         refused = json.loads(await ws.recv())  # and the frames stay for the chat sent fixed
         assert refused["error"]["param"] == "input_audio.sample_rate"
         talker = {"talker": {"max_tokens": 20}}
-        await ws.send(json.dumps({"type": "chat", "input_audio": {"sample_rate": 16000},
-                                  "stage_overrides": talker, **ask}))  # fmt: skip
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "chat",
+                    "input_audio": {"sample_rate": 16000},
+                    "stage_overrides": talker,
+                    **ask,
+                }
+            )
+        )
         events = await _ws_collect(ws)
         heard = "".join(e["delta"] for e in events if isinstance(e, dict) and "delta" in e)
         assert heard == sent["choices"][0]["message"]["content"]
@@ -700,17 +837,36 @@ async def test_a_voice_sent_as_frames_is_heard_and_a_spoken_answer_can_be_cut_sh
 
         long = _chat_body(max_tokens=200)  # seconds of work left after its first audio
         long["stage_overrides"]["talker"]["max_tokens"] = 500
-        await ws.send(json.dumps({"type": "chat", **{k: long[k] for k in (
-            "messages", "max_tokens", "temperature", "stage_overrides")}}))  # fmt: skip
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "chat",
+                    **{
+                        k: long[k]
+                        for k in ("messages", "max_tokens", "temperature", "stage_overrides")
+                    },
+                }
+            )
+        )
         while not isinstance(await ws.recv(), bytes):  # up to the first audio frame
             pass
         await ws.send(json.dumps({"type": "response.cancel"}))
         events = await _ws_collect(ws)
-        assert events[-1] == {"type": "response.done", "id": events[-1]["id"],
-                              "status": "cancelled"}  # fmt: skip
+        assert events[-1] == {
+            "type": "response.done",
+            "id": events[-1]["id"],
+            "status": "cancelled",
+        }
         assert stages_idle_within(URL, 1.5)
-        await ws.send(json.dumps({"type": "speech", "input": "Bye.",
-                                  "stage_overrides": {"talker": {"max_tokens": 10}}}))  # fmt: skip
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "speech",
+                    "input": "Bye.",
+                    "stage_overrides": {"talker": {"max_tokens": 10}},
+                }
+            )
+        )
         events = await _ws_collect(ws)
         assert events[-1]["status"] == "completed" and any(isinstance(e, bytes) for e in events)
 
@@ -722,9 +878,14 @@ def test_a_killed_code2wav_replica_is_replaced_and_the_spoken_reply_still_arrive
     again, shown with the VAE in test_operations.py.)"""
     [pid] = replica_pids("code2wav")
     talker = {"max_tokens": 100, "seed": 3}  # ~8 s of audio: the kill lands mid-request
-    ask = dict(model="qwen3-omni", messages=[{"role": "user", "content": "Tell a story."}],
-               max_tokens=8, modalities=["text", "audio"], audio={"voice": "ethan"},
-               extra_body={"stage_overrides": {"talker": talker}})  # fmt: skip
+    ask = dict(
+        model="qwen3-omni",
+        messages=[{"role": "user", "content": "Tell a story."}],
+        max_tokens=8,
+        modalities=["text", "audio"],
+        audio={"voice": "ethan"},
+        extra_body={"stage_overrides": {"talker": talker}},
+    )
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         reply = pool.submit(client.chat.completions.create, **ask)
         time.sleep(1.5)

@@ -48,16 +48,27 @@ def diffusers_image(path, prompt: str, negative: str | None, seed: int, w: int, 
 
     pipe = QwenImagePipeline.from_pretrained(path)
     image = pipe(
-        prompt, negative_prompt=negative, true_cfg_scale=4.0, height=h, width=w,
-        num_inference_steps=steps, generator=torch.Generator().manual_seed(seed), output_type="np",
-    ).images[0]  # fmt: skip
+        prompt,
+        negative_prompt=negative,
+        true_cfg_scale=4.0,
+        height=h,
+        width=w,
+        num_inference_steps=steps,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+    ).images[0]
     return (image * 255).round().astype(np.uint8)
 
 
 @pytest.mark.parametrize("negative", [None, "blurry"])
 def test_served_image_equals_diffusers(served, tiny_image_path, negative):
-    body = {"prompt": "a lighthouse at dusk", "size": "96x64", "num_inference_steps": 4,
-            "seed": 11, "n": 2}  # fmt: skip
+    body = {
+        "prompt": "a lighthouse at dusk",
+        "size": "96x64",
+        "num_inference_steps": 4,
+        "seed": 11,
+        "n": 2,
+    }
     if negative:
         body["negative_prompt"] = negative
     r = httpx.post(f"{URL}/v1/images/generations", json=body, timeout=300)
@@ -134,8 +145,12 @@ def test_a_short_request_joins_the_running_batch_and_finishes_first(served):
 
 
 def test_chat_completions_with_image_modality(served):
-    body = {"model": "qwen-image", "modalities": ["image"], "seed": 3,
-            "messages": [{"role": "user", "content": "a green field"}]}  # fmt: skip
+    body = {
+        "model": "qwen-image",
+        "modalities": ["image"],
+        "seed": 3,
+        "messages": [{"role": "user", "content": "a green field"}],
+    }
     r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     part = r.json()["choices"][0]["message"]["content"][0]
@@ -190,9 +205,16 @@ def test_requests_leave_no_channel_segment_in_use_and_the_pool_stays_flat(served
 
     def run(count: int) -> None:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            codes = list(pool.map(lambda i: httpx.post(
-                f"{URL}/v1/images/generations", json={**body, "seed": i}, timeout=300
-            ).status_code, range(count)))  # fmt: skip
+            codes = list(
+                pool.map(
+                    lambda i: (
+                        httpx.post(
+                            f"{URL}/v1/images/generations", json={**body, "seed": i}, timeout=300
+                        ).status_code
+                    ),
+                    range(count),
+                )
+            )
         assert codes == [200] * count
 
     run(8)

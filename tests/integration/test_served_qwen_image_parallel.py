@@ -21,8 +21,14 @@ from tests.integration.test_served_qwen_image import diffusers_image, png
 pytestmark = pytest.mark.integration
 URL = "http://127.0.0.1:8000"
 WORKERS = 4
-LONG = {"prompt": "a harbour", "size": "320x320", "num_inference_steps": 100, "seed": 1,
-        "negative_prompt": "blurry", "n": 4}  # fmt: skip
+LONG = {
+    "prompt": "a harbour",
+    "size": "320x320",
+    "num_inference_steps": 100,
+    "seed": 1,
+    "negative_prompt": "blurry",
+    "n": 4,
+}
 SMALL = {"prompt": "a cat", "size": "64x64", "num_inference_steps": 2}
 WHOLE_LOG = 10**8
 
@@ -44,8 +50,13 @@ def test_the_dit_runs_on_four_workers(served):
 
 @pytest.mark.parametrize("negative", [None, "blurry"])
 def test_parallel_images_equal_diffusers(served, tiny_image_path, negative):
-    body = {"prompt": "a lighthouse at dusk", "size": "96x64", "num_inference_steps": 4,
-            "seed": 11, "n": 2}  # fmt: skip
+    body = {
+        "prompt": "a lighthouse at dusk",
+        "size": "96x64",
+        "num_inference_steps": 4,
+        "seed": 11,
+        "n": 2,
+    }
     if negative:
         body["negative_prompt"] = negative
     r = generate(body)
@@ -55,15 +66,23 @@ def test_parallel_images_equal_diffusers(served, tiny_image_path, negative):
 
 
 def test_concurrent_requests_with_and_without_cfg_batch_and_stay_exact(served, tiny_image_path):
-    bodies = [{"prompt": f"a boat, number {i}", "size": "64x64", "num_inference_steps": 3,
-               "seed": i, **({"negative_prompt": "fog"} if i % 2 else {})}
-              for i in range(4)]  # fmt: skip
+    bodies = [
+        {
+            "prompt": f"a boat, number {i}",
+            "size": "64x64",
+            "num_inference_steps": 3,
+            "seed": i,
+            **({"negative_prompt": "fog"} if i % 2 else {}),
+        }
+        for i in range(4)
+    ]
     with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
         answers = list(pool.map(generate, bodies))
     for body, r in zip(bodies, answers, strict=True):
         assert r.status_code == 200, r.text
-        reference = diffusers_image(tiny_image_path, body["prompt"], body.get("negative_prompt"),
-                                    body["seed"], 64, 64, 3)  # fmt: skip
+        reference = diffusers_image(
+            tiny_image_path, body["prompt"], body.get("negative_prompt"), body["seed"], 64, 64, 3
+        )
         assert np.abs(png(r.json()["data"][0]["b64_json"]).astype(int) - reference).max() <= 1
 
 
@@ -92,7 +111,10 @@ def test_a_worker_killed_mid_request_costs_no_request(served):
     assert r.status_code == 200, r.text
     assert len(r.json()["data"]) == LONG["n"]
     assert replica_pids("dit").isdisjoint(replica)
-    new = wait_for(lambda: (p := actor_pids("DenoiseWorker")) and len(p) == WORKERS and p,
-                   60, "four new DiT workers")  # fmt: skip
+    new = wait_for(
+        lambda: (p := actor_pids("DenoiseWorker")) and len(p) == WORKERS and p,
+        60,
+        "four new DiT workers",
+    )
     assert new.isdisjoint(workers)  # the old ones went with their replica: none left over
     assert generate(SMALL).status_code == 200

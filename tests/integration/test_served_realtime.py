@@ -26,8 +26,11 @@ from omni_serve.testing.speech_clip import pcm16, speak
 pytestmark = pytest.mark.integration
 URL = "http://127.0.0.1:8000"
 SILENCE = np.zeros(24_000, np.float32)
-TEXT_TURNS = {"type": "realtime", "output_modalities": ["text"],
-              "audio": {"input": {"turn_detection": None}}}  # fmt: skip
+TEXT_TURNS = {
+    "type": "realtime",
+    "output_modalities": ["text"],
+    "audio": {"input": {"turn_detection": None}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +77,9 @@ async def test_a_spoken_turn_is_heard_ending_and_answered_in_speech(served):
     async with connect() as conn:
         await until(conn, "session.created")
         await conn.session.update(session={"type": "realtime", "max_output_tokens": 6})
-        await talk(conn, np.concatenate([SILENCE, speak("What is the weather like today?"),
-                                         SILENCE]))  # fmt: skip
+        await talk(
+            conn, np.concatenate([SILENCE, speak("What is the weather like today?"), SILENCE])
+        )
         events = await until(conn, "response.done")
     kinds = [e.type for e in events]
     assert (
@@ -83,10 +87,12 @@ async def test_a_spoken_turn_is_heard_ending_and_answered_in_speech(served):
         < kinds.index("input_audio_buffer.speech_stopped")
         < kinds.index("input_audio_buffer.committed")
     )
-    audio = b"".join(base64.b64decode(e.delta) for e in events
-                     if e.type == "response.output_audio.delta")  # fmt: skip
-    transcript = "".join(e.delta for e in events
-                         if e.type == "response.output_audio_transcript.delta")  # fmt: skip
+    audio = b"".join(
+        base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
+    )
+    transcript = "".join(
+        e.delta for e in events if e.type == "response.output_audio_transcript.delta"
+    )
     done = events[-1].response
     assert done.status in ("completed", "incomplete") and len(audio) > 24_000  # > 0.5 s
     assert done.output[0].content[0].transcript == transcript
@@ -111,14 +117,17 @@ async def test_talking_over_an_answer_stops_it_in_every_stage(served):
         assert metric(metrics, 'omni_requests_total{status="cancelled"}') >= 1
         await talk(conn, SILENCE)  # the interrupting turn ends and is answered
         assert (await until(conn, "response.done"))[-1].response.status in (
-            "completed", "incomplete")  # fmt: skip
+            "completed",
+            "incomplete",
+        )
 
 
 async def test_a_conversation_keeps_its_items_and_the_thinkers_kv_across_turns(served):
     instructions = "You answer briefly and kindly. " * 40  # > one 128-token KV block
     async with connect() as conn:
-        await conn.session.update(session={**TEXT_TURNS, "instructions": instructions,
-                                           "max_output_tokens": 4})  # fmt: skip
+        await conn.session.update(
+            session={**TEXT_TURNS, "instructions": instructions, "max_output_tokens": 4}
+        )
         usage = []
         for text in ("Name a colour.", "And another?"):
             await conn.conversation.item.create(item=user_text(text))
@@ -163,17 +172,26 @@ def _spoken(body: dict) -> np.ndarray:
 
 def test_a_seed_reproduces_the_spoken_reply_and_streaming_changes_no_sample(served):
     """The Talker samples (temperature 0.9 by default): the request's seed fixes its draws."""
-    body = {"model": "qwen3-omni", "messages": [{"role": "user", "content": "Hello!"}],
-            "max_tokens": 8, "temperature": 0, "seed": 1234, "modalities": ["text", "audio"],
-            "audio": {"voice": "ethan", "format": "wav"},
-            "stage_overrides": {"talker": {"max_tokens": 40}}}  # fmt: skip
+    body = {
+        "model": "qwen3-omni",
+        "messages": [{"role": "user", "content": "Hello!"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "seed": 1234,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "ethan", "format": "wav"},
+        "stage_overrides": {"talker": {"max_tokens": 40}},
+    }
     first, second = _spoken(body), _spoken(body)
     assert len(first) > 0 and np.array_equal(first, second)
     assert not np.array_equal(first, _spoken({**body, "seed": 4321}))
     streamed = b""
-    with httpx.stream("POST", f"{URL}/v1/chat/completions", timeout=300,
-                      json={**body, "stream": True, "audio": {**body["audio"], "format": "pcm16"}}
-                      ) as r:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        f"{URL}/v1/chat/completions",
+        timeout=300,
+        json={**body, "stream": True, "audio": {**body["audio"], "format": "pcm16"}},
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 delta = (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {})
@@ -190,10 +208,14 @@ async def test_livekit_agents_openai_realtime_plugin_gets_a_spoken_answer(served
     from openai.types.realtime.realtime_audio_input_turn_detection import ServerVad
 
     model = realtime.RealtimeModel(
-        model="qwen3-omni", voice="ethan", base_url=f"{URL}/v1", api_key="unused",
-        input_audio_transcription=None, input_audio_noise_reduction=None,
+        model="qwen3-omni",
+        voice="ethan",
+        base_url=f"{URL}/v1",
+        api_key="unused",
+        input_audio_transcription=None,
+        input_audio_noise_reduction=None,
         turn_detection=ServerVad(type="server_vad"),
-    )  # fmt: skip
+    )
     model.update_options(max_response_output_tokens=8)
     session = model.session()
     errors = []

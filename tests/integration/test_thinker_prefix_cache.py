@@ -14,9 +14,11 @@ PROMPT = [(i * 7919) % 250 + 10 for i in range(300)]
 
 async def _run(engine, request_id: str, layers: tuple[int, ...]):
     request = ARRequest(
-        request_id, prompt_token_ids=PROMPT, sampling=SamplingConfig(max_tokens=2),
+        request_id,
+        prompt_token_ids=PROMPT,
+        sampling=SamplingConfig(max_tokens=2),
         capture_layers=layers,
-    )  # fmt: skip
+    )
     chunks = [chunk async for chunk in engine.generate(request)]
     rows = sum(c.hidden[0].shape[0] for c in chunks if c.hidden)
     return chunks[0].num_cached_tokens, rows

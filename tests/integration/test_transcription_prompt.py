@@ -25,10 +25,14 @@ def vllm_prompt(model_path, task: str, language: str | None, prompt: str | None)
 
     config = ModelConfig(model=str(model_path), tokenizer=str(model_path))
     params = SpeechToTextParams(
-        audio=np.zeros(16000, np.float32), model_config=config,
-        stt_config=Thinker.get_speech_to_text_config(config, task), language=language,
-        task_type=task, request_prompt=prompt or "", to_language=None,
-    )  # fmt: skip
+        audio=np.zeros(16000, np.float32),
+        model_config=config,
+        stt_config=Thinker.get_speech_to_text_config(config, task),
+        language=language,
+        task_type=task,
+        request_prompt=prompt or "",
+        to_language=None,
+    )
     return Thinker.get_generation_prompt(params)["prompt"]
 
 
@@ -38,8 +42,10 @@ def vllm_prompt(model_path, task: str, language: str | None, prompt: str | None)
 )
 def test_the_transcription_prompt_is_vllms(tiny_omni_path, omni_processor, task, language, prompt):
     clip = np.zeros(16000, np.float32)
-    content = [{"type": "input_audio", "input_audio": {"data": wav_b64(clip, 16000)}},
-               {"type": "text", "text": instruction(task, language, prompt)}]  # fmt: skip
+    content = [
+        {"type": "input_audio", "input_audio": {"data": wav_b64(clip, 16000)}},
+        {"type": "text", "text": instruction(task, language, prompt)},
+    ]
     ours = prepare_prompt(
         omni_processor, [ChatMessage(role="user", content=content)], ApiSettings()
     ).prompt_ids

@@ -37,8 +37,10 @@ def pinned(host: str) -> dict:
 
 
 def payload(nbytes: int) -> dict[str, torch.Tensor]:
-    return {"rows": torch.arange(nbytes // 4, dtype=torch.float32),
-            "mask": torch.ones(16, dtype=torch.bool)}  # fmt: skip
+    return {
+        "rows": torch.arange(nbytes // 4, dtype=torch.float32),
+        "mask": torch.ones(16, dtype=torch.bool),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +84,10 @@ def stage_classes(ray_on_two_hosts):
 @pytest.fixture(scope="module")
 def producer_and_consumer(stage_classes):
     producer, consumer = stage_classes
-    return (producer.options(**pinned("host_a")).remote(),
-            consumer.options(**pinned("host_b")).remote())  # fmt: skip
+    return (
+        producer.options(**pinned("host_a")).remote(),
+        consumer.options(**pinned("host_b")).remote(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +97,13 @@ def consumer_beside_the_producer(stage_classes):
 
 @pytest.mark.parametrize(
     ("backend", "nbytes", "used"),
-    [("auto", 4 << 20, "shared_memory_direct"), ("auto", 4 << 10, "inline"),
-     ("object_store", 4 << 20, "object_store"), ("direct", 4 << 20, "direct")],
-)  # fmt: skip
+    [
+        ("auto", 4 << 20, "shared_memory_direct"),
+        ("auto", 4 << 10, "inline"),
+        ("object_store", 4 << 20, "object_store"),
+        ("direct", 4 << 20, "direct"),
+    ],
+)
 def test_a_payload_crosses_hosts(ray_on_two_hosts, producer_and_consumer, backend, nbytes, used):
     ray = ray_on_two_hosts
     producer, consumer = producer_and_consumer
@@ -119,11 +127,16 @@ def test_one_put_is_mapped_beside_the_producer_and_read_over_the_network_elsewhe
     producer, elsewhere = producer_and_consumer
     refs = [ray.get(producer.put.remote("auto", 4 << 20))[1] for _ in range(2)]
     assert {ref.backend for ref in refs} == {"shared_memory_direct"}
-    results = ray.get([consumer_beside_the_producer.take.remote(refs[0], mapped=True),
-                       elsewhere.take.remote(refs[1], mapped=True)])  # fmt: skip
+    results = ray.get(
+        [
+            consumer_beside_the_producer.take.remote(refs[0], mapped=True),
+            elsewhere.take.remote(refs[1], mapped=True),
+        ]
+    )
     assert [(host, mapped) for host, _, mapped in results] == [
-        (socket.gethostname(), True), (TwoHosts.hostname, False)
-    ]  # fmt: skip
+        (socket.gethostname(), True),
+        (TwoHosts.hostname, False),
+    ]
     for _, got, _ in results:
         assert torch.equal(got["rows"], payload(4 << 20)["rows"])
     deadline = time.monotonic() + 10
@@ -183,8 +196,9 @@ def test_a_stage_on_both_hosts_is_called_on_the_callers_host(serve_on_two_hosts)
             self.reader, self.channel = reader, make_channel()
 
         async def __call__(self, calls: int) -> tuple[str, list[tuple[str, bool]]]:
-            answers = [await self.reader.remote(self.channel.put(payload(4 << 20)))
-                       for _ in range(calls)]  # fmt: skip
+            answers = [
+                await self.reader.remote(self.channel.put(payload(4 << 20))) for _ in range(calls)
+            ]
             return ray.get_runtime_context().get_node_id(), answers
 
     @serve.deployment(ray_actor_options={"num_cpus": 0})
@@ -196,8 +210,10 @@ def test_a_stage_on_both_hosts_is_called_on_the_callers_host(serve_on_two_hosts)
             return [await writer.remote(calls) for writer in self.writers]
 
     reader = Reader.bind()
-    writers = [Writer.options(name=f"writer_{host}", ray_actor_options=pinned(host)).bind(reader)
-               for host in ("host_a", "host_b")]  # fmt: skip
+    writers = [
+        Writer.options(name=f"writer_{host}", ray_actor_options=pinned(host)).bind(reader)
+        for host in ("host_a", "host_b")
+    ]
     handle = serve.run(BothHosts.bind(*writers), name="locality", route_prefix=None)
     results = handle.remote(8).result(timeout_s=120)
     assert len({node for node, _ in results}) == 2  # a writer on each host

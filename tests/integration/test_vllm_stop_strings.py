@@ -32,11 +32,12 @@ async def test_a_follower_hears_every_token_no_stop_string_can_reach(vllm_thinke
         return omni_processor.tokenizer.decode(reply[:n], skip_special_tokens=True)
 
     k = next(
-        k for k in range(1, len(reply) - 2)
+        k
+        for k in range(1, len(reply) - 2)
         if len(text(k)) < len(text(k + 1)) < len(text(k + 2))
-        and "\ufffd" not in text(k + 2)[len(text(k)):]
-        and text(len(reply)).index(text(k + 2)[len(text(k)):]) == len(text(k))
-    )  # fmt: skip
+        and "\ufffd" not in text(k + 2)[len(text(k)) :]
+        and text(len(reply)).index(text(k + 2)[len(text(k)) :]) == len(text(k))
+    )
     stop = text(k + 2)[len(text(k)) :]  # what tokens k+1 and k+2 spell
     heard, counts = await followed_per_chunk(vllm_thinker, omni_processor, "stop", [stop])
     followed = [f for _, f in counts]

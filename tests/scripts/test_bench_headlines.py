@@ -62,16 +62,31 @@ def test_a_missed_target_reads_as_not_met(tmp_path):
 
 
 def test_the_realtime_table_reads_a_missed_target_as_missed():
-    figures = {"turn_latency_p50_s_at_1": fig(0.3), "turn_latency_max_s_at_1": fig(0.4),
-               "underrun_max_s_at_1": fig(0.0), "barge_in_stop_max_s_at_1": fig(0.01),
-               "barge_in_stages_idle_max_s_at_1": fig(0.35),
-               "turn_latency_p50_s_at_4": fig(0.9), "turn_latency_max_s_at_4": fig(1.5),
-               "underrun_max_s_at_4": fig(0.6)}  # fmt: skip
-    summary = {"name": "realtime", "command": "python load_tests/bench_realtime.py",
-               "commit": "abc", "repeats": 1, "machine": {"cores": 2, "cpu": "x"},
-               "figures": figures, "sides": {"served": {
-                   "preset": "small-qwen3-omni", "silence_duration_ms": 500,
-                   "max_output_tokens": 24}}}  # fmt: skip
+    figures = {
+        "turn_latency_p50_s_at_1": fig(0.3),
+        "turn_latency_max_s_at_1": fig(0.4),
+        "underrun_max_s_at_1": fig(0.0),
+        "barge_in_stop_max_s_at_1": fig(0.01),
+        "barge_in_stages_idle_max_s_at_1": fig(0.35),
+        "turn_latency_p50_s_at_4": fig(0.9),
+        "turn_latency_max_s_at_4": fig(1.5),
+        "underrun_max_s_at_4": fig(0.6),
+    }
+    summary = {
+        "name": "realtime",
+        "command": "python load_tests/bench_realtime.py",
+        "commit": "abc",
+        "repeats": 1,
+        "machine": {"cores": 2, "cpu": "x"},
+        "figures": figures,
+        "sides": {
+            "served": {
+                "preset": "small-qwen3-omni",
+                "silence_duration_ms": 500,
+                "max_output_tokens": 24,
+            }
+        },
+    }
     text = "\n".join(headlines.render_realtime(summary))
     assert "| 4 | 0.90 | 1.50 | 0.60 | - | - |" in text
     assert "p50 turn latency at 1 session: met (<= 0.5)" in text
@@ -87,13 +102,26 @@ def test_the_gpu_stages_table_reads_a_missed_target_as_missed():
         "float32/cuda_graph/b1": fig(5.0),
         "float32/cuda_graph/b64": fig(13.0),
     }
-    figures = {"talker_step_ms": steps,
-               "end_to_end": {"bfloat16/cuda_graph/b1": {
-                   "wall_s": fig(2.0), "audio_s": 8.0, "audio_s_per_s": fig(4.0)}},
-               "transformers_e2e_s": {"bfloat16": {**fig(10.0), "audio_s": 7.9}}}  # fmt: skip
-    summary = {"name": "gpu_stages", "command": "python load_tests/bench_gpu_stages.py",
-               "commit": "abc", "repeats": 1, "machine": {"gpu": "H200", "torch": "2.11"},
-               "figures": figures, "sides": {"model": "small-qwen3-omni"}}  # fmt: skip
+    figures = {
+        "talker_step_ms": steps,
+        "end_to_end": {
+            "bfloat16/cuda_graph/b1": {
+                "wall_s": fig(2.0),
+                "audio_s": 8.0,
+                "audio_s_per_s": fig(4.0),
+            }
+        },
+        "transformers_e2e_s": {"bfloat16": {**fig(10.0), "audio_s": 7.9}},
+    }
+    summary = {
+        "name": "gpu_stages",
+        "command": "python load_tests/bench_gpu_stages.py",
+        "commit": "abc",
+        "repeats": 1,
+        "machine": {"gpu": "H200", "torch": "2.11"},
+        "figures": figures,
+        "sides": {"model": "small-qwen3-omni"},
+    }
     text = "\n".join(headlines.render_gpu_stages(summary))
     assert "| bfloat16/cuda_graph | 7.00 | 12.00 |" in text
     assert "a step at batch 1: 7.0 ms, **not met** (<= 6)" in text

@@ -79,11 +79,20 @@ class _Prefetch:
 
 
 class Answer:
-    def __init__(self, session: RealtimeSession, ask: Ask, conversation: Conversation | None,
-                 metadata: dict[str, str] | None,
-                 gate: asyncio.Event | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        session: RealtimeSession,
+        ask: Ask,
+        conversation: Conversation | None,
+        metadata: dict[str, str] | None,
+        gate: asyncio.Event | None = None,
+    ) -> None:
         self.session, self.ask, self.conversation, self.metadata = (
-            session, ask, conversation, metadata)  # fmt: skip
+            session,
+            ask,
+            conversation,
+            metadata,
+        )
         # An early answer runs unseen until its gate opens (the user's turn ended); stopped
         # before that, it leaves no trace.
         self.gate = gate
@@ -143,8 +152,12 @@ class Answer:
             if self.reason == "turn_detected" and self.part.pcm:
                 played = self.played_ms()
                 if self.item.truncate(played):
-                    await session.emit("conversation.item.truncated", item_id=self.item.id,
-                                       content_index=0, audio_end_ms=played)  # fmt: skip
+                    await session.emit(
+                        "conversation.item.truncated",
+                        item_id=self.item.id,
+                        content_index=0,
+                        audio_end_ms=played,
+                    )
         except Exception as exc:
             failure = exc if isinstance(exc, ApiError) else stage_failure(exc)
             if not isinstance(exc, ApiError):
@@ -171,37 +184,59 @@ class Answer:
         timings = {"first_audio_s": self._first_audio_at - self._shown_at, "total_s": total}
         return {**timings, "rtf": total / audio_s} if audio_s > 0 else timings
 
-    def response_json(self, status: str, details: dict | None = None, usage: dict | None = None,
-                      timings: dict | None = None) -> dict[str, Any]:  # fmt: skip
+    def response_json(
+        self,
+        status: str,
+        details: dict | None = None,
+        usage: dict | None = None,
+        timings: dict | None = None,
+    ) -> dict[str, Any]:
         """OpenAI's response object (``timings``: omni-serve's per-stage times, as chat's)."""
         shown = {
-            "id": self.id, "object": "realtime.response", "status": status,
-            "status_details": details, "output": [self.item.as_json()] if self._opened else [],
+            "id": self.id,
+            "object": "realtime.response",
+            "status": status,
+            "status_details": details,
+            "output": [self.item.as_json()] if self._opened else [],
             "conversation_id": "auto" if self.conversation is not None else None,
             "output_modalities": ["audio" if self.ask.audio else "text"],
-            "audio": {"output": {"format": {"type": "audio/pcm", "rate": PCM_RATE},
-                                 "voice": self.ask.voice}},
-            "max_output_tokens": self.ask.max_tokens, "metadata": self.metadata, "usage": usage,
-        }  # fmt: skip
+            "audio": {
+                "output": {
+                    "format": {"type": "audio/pcm", "rate": PCM_RATE},
+                    "voice": self.ask.voice,
+                }
+            },
+            "max_output_tokens": self.ask.max_tokens,
+            "metadata": self.metadata,
+            "usage": usage,
+        }
         if timings is not None:
             shown["timings"] = timings
         return shown
 
     def _where(self) -> dict[str, Any]:
-        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0,
-                "content_index": 0}  # fmt: skip
+        return {
+            "response_id": self.id,
+            "item_id": self.item.id,
+            "output_index": 0,
+            "content_index": 0,
+        }
 
     async def _open(self) -> None:
         session, self._opened = self.session, True
         if self.conversation is not None:
             self._previous = self.conversation.add(self.item)
-        await session.emit("response.output_item.added", response_id=self.id, output_index=0,
-                           item=self.item.as_json())  # fmt: skip
+        await session.emit(
+            "response.output_item.added",
+            response_id=self.id,
+            output_index=0,
+            item=self.item.as_json(),
+        )
         if self.conversation is not None:
-            await session.emit("conversation.item.added", item=self.item.as_json(),
-                               previous_item_id=self._previous)  # fmt: skip
-        await session.emit("response.content_part.added", **self._where(),
-                           part=self._part_json())  # fmt: skip
+            await session.emit(
+                "conversation.item.added", item=self.item.as_json(), previous_item_id=self._previous
+            )
+        await session.emit("response.content_part.added", **self._where(), part=self._part_json())
 
     def _part_json(self) -> dict[str, Any]:
         if self.ask.audio:
@@ -219,8 +254,9 @@ class Answer:
         elif event.kind == "audio":
             pcm = encode_audio(event.audio, PCM_RATE, "pcm16")
             self.part.pcm += pcm
-            await session.emit("response.output_audio.delta", **where,
-                               delta=base64.b64encode(pcm).decode())  # fmt: skip
+            await session.emit(
+                "response.output_audio.delta", **where, delta=base64.b64encode(pcm).decode()
+            )
             if self._first_audio_at is None:
                 self._first_audio_at = time.monotonic()
 
@@ -230,21 +266,28 @@ class Answer:
             self.item.status = "completed" if status == "completed" else "incomplete"
         if self.ask.audio:
             await session.emit("response.output_audio.done", **where)
-            await session.emit("response.output_audio_transcript.done", **where,
-                               transcript=self.part.transcript)  # fmt: skip
+            await session.emit(
+                "response.output_audio_transcript.done", **where, transcript=self.part.transcript
+            )
         else:
             await session.emit("response.output_text.done", **where, text=self.part.text)
         await session.emit("response.content_part.done", **where, part=self._part_json())
         shown = self.item.as_json()
-        await session.emit("response.output_item.done", response_id=self.id, output_index=0,
-                           item=shown)  # fmt: skip
+        await session.emit(
+            "response.output_item.done", response_id=self.id, output_index=0, item=shown
+        )
         if self.conversation is not None:
-            await session.emit("conversation.item.done", item=shown,
-                               previous_item_id=self._previous)  # fmt: skip
+            await session.emit(
+                "conversation.item.done", item=shown, previous_item_id=self._previous
+            )
 
 
 def _usage(result: Any) -> dict[str, Any]:
     prompt, output = result.prompt_tokens, len(result.token_ids)
-    return {"total_tokens": prompt + output, "input_tokens": prompt, "output_tokens": output,
-            "input_token_details": {"cached_tokens": result.cached_tokens},
-            "output_token_details": {"text_tokens": output}}  # fmt: skip
+    return {
+        "total_tokens": prompt + output,
+        "input_tokens": prompt,
+        "output_tokens": output,
+        "input_token_details": {"cached_tokens": result.cached_tokens},
+        "output_token_details": {"text_tokens": output},
+    }

@@ -49,15 +49,21 @@ class Item:
 
     def as_json(self) -> dict[str, Any]:
         """OpenAI's item, without its audio (as its events carry items)."""
-        return {"id": self.id, "object": "realtime.item", "type": "message",
-                "status": self.status, "role": self.role,
-                "content": [p.as_json() for p in self.parts]}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": "realtime.item",
+            "type": "message",
+            "status": self.status,
+            "role": self.role,
+            "content": [p.as_json() for p in self.parts],
+        }
 
     def heard(self) -> dict[str, Any] | None:
         """The chat message the model hears for this item (``None``: nothing to hear)."""
         if self.role != "user":
-            text = "".join((p.text if p.type.endswith("text") else p.transcript) or ""
-                           for p in self.parts)  # fmt: skip
+            text = "".join(
+                (p.text if p.type.endswith("text") else p.transcript) or "" for p in self.parts
+            )
             return {"role": self.role, "content": text} if text else None
         content = []
         for part in self.parts:
@@ -105,16 +111,20 @@ def pcm_from_b64(data: str, param: str) -> bytes:
     return pcm
 
 
-_ROLE_PARTS = {"user": ("input_text", "input_audio"), "system": ("input_text",),
-               "assistant": ("output_text", "output_audio", "text", "audio")}  # fmt: skip
+_ROLE_PARTS = {
+    "user": ("input_text", "input_audio"),
+    "system": ("input_text",),
+    "assistant": ("output_text", "output_audio", "text", "audio"),
+}
 
 
 def item_from_client(item: ItemIn) -> Item:
     """The conversation item a ``conversation.item.create`` asks for; a 400 naming the field
     for what this model cannot hold."""
     if item.type != "message":
-        raise ApiError(400, f"{item.type} items need tools; this model does not call tools",
-                       "item.type")  # fmt: skip
+        raise ApiError(
+            400, f"{item.type} items need tools; this model does not call tools", "item.type"
+        )
     if item.role is None:
         raise ApiError(400, "a message item needs a role", "item.role")
     if not item.content:
@@ -123,8 +133,11 @@ def item_from_client(item: ItemIn) -> Item:
     for i, part in enumerate(item.content):
         where = f"item.content[{i}]"
         if part.type not in _ROLE_PARTS[item.role]:
-            raise ApiError(400, f"a {item.role} item takes {list(_ROLE_PARTS[item.role])} parts",
-                           f"{where}.type")  # fmt: skip
+            raise ApiError(
+                400,
+                f"a {item.role} item takes {list(_ROLE_PARTS[item.role])} parts",
+                f"{where}.type",
+            )
         kind = {"text": "output_text", "audio": "output_audio"}.get(part.type, part.type)
         pcm = pcm_from_b64(part.audio, f"{where}.audio") if part.audio else b""
         if kind == "input_audio" and not pcm:

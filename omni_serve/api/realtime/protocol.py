@@ -206,11 +206,19 @@ class OutputClearEvent(_Event):
 
 
 ClientEvent = Annotated[
-    SessionUpdateEvent | AppendEvent | CommitEvent | ClearEvent | ItemCreateEvent
-    | ItemDeleteEvent | ItemRetrieveEvent | ItemTruncateEvent | ResponseCreateEvent
-    | ResponseCancelEvent | OutputClearEvent,
+    SessionUpdateEvent
+    | AppendEvent
+    | CommitEvent
+    | ClearEvent
+    | ItemCreateEvent
+    | ItemDeleteEvent
+    | ItemRetrieveEvent
+    | ItemTruncateEvent
+    | ResponseCreateEvent
+    | ResponseCancelEvent
+    | OutputClearEvent,
     Field(discriminator="type"),
-]  # fmt: skip
+]
 
 
 def unsupported(update: SessionUpdate | ResponseOptions) -> tuple[str, str] | None:

@@ -56,9 +56,15 @@ def _validation_refusal(exc: ValidationError) -> ApiError:
 
 
 class RealtimeSession(SocketSession):
-    def __init__(self, ws: WebSocket, respond: Respond, limits: Limits,
-                 idle_timeout_s: float | None, max_buffer_bytes: int,
-                 early_answer_ms: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ws: WebSocket,
+        respond: Respond,
+        limits: Limits,
+        idle_timeout_s: float | None,
+        max_buffer_bytes: int,
+        early_answer_ms: int | None = None,
+    ) -> None:
         super().__init__(ws, idle_timeout_s)
         self.respond, self.limits, self.max_buffer_bytes = respond, limits, max_buffer_bytes
         self.early_answer_ms = early_answer_ms
@@ -121,8 +127,10 @@ class RealtimeSession(SocketSession):
     async def _on_input_audio_buffer_append(self, event) -> None:
         pcm = pcm_from_b64(event.audio, "audio")
         if len(self.buffer) + len(pcm) > self.max_buffer_bytes:
-            message = (f"the input audio buffer would pass {self.max_buffer_bytes} bytes "
-                       "(api.max_audio_bytes); commit or clear it")  # fmt: skip
+            message = (
+                f"the input audio buffer would pass {self.max_buffer_bytes} bytes "
+                "(api.max_audio_bytes); commit or clear it"
+            )
             raise ApiError(400, message, "audio", code="input_audio_buffer_full")
         self.buffer += pcm
         self._buffer_end_ms += len(pcm) // BYTES_PER_MS
@@ -147,20 +155,25 @@ class RealtimeSession(SocketSession):
             start = max(0, len(self.buffer) - (self._buffer_end_ms - edge.audio_ms) * BYTES_PER_MS)
             del self.buffer[:start]
             self._speech_item = Item("user", []).id
-            await self.emit("input_audio_buffer.speech_started", audio_start_ms=edge.audio_ms,
-                            item_id=self._speech_item)  # fmt: skip
+            await self.emit(
+                "input_audio_buffer.speech_started",
+                audio_start_ms=edge.audio_ms,
+                item_id=self._speech_item,
+            )
             if vad.interrupt_response and self._answer is not None:
                 self._answer.stop("turn_detected")
             return
         item_id, self._speech_item = self._speech_item, None
-        await self.emit("input_audio_buffer.speech_stopped", audio_end_ms=edge.audio_ms,
-                        item_id=item_id)  # fmt: skip
+        await self.emit(
+            "input_audio_buffer.speech_stopped", audio_end_ms=edge.audio_ms, item_id=item_id
+        )
         if self._early is not None:  # its answer heard this turn: show both
             (answer, item), self._early = self._early, None
             self.buffer.clear()  # the silence since it started
             previous = self.conversation.add(item)
-            await self.emit("input_audio_buffer.committed", item_id=item.id,
-                            previous_item_id=previous)  # fmt: skip
+            await self.emit(
+                "input_audio_buffer.committed", item_id=item.id, previous_item_id=previous
+            )
             await self._announce(item, previous)
             answer.gate.set()
             return
@@ -176,8 +189,10 @@ class RealtimeSession(SocketSession):
 
     async def _commit(self, item_id: str | None) -> None:
         if len(self.buffer) < MIN_COMMIT_MS * BYTES_PER_MS:
-            message = (f"the input audio buffer holds {len(self.buffer) // BYTES_PER_MS} ms; "
-                       f"a commit takes at least {MIN_COMMIT_MS} ms")  # fmt: skip
+            message = (
+                f"the input audio buffer holds {len(self.buffer) // BYTES_PER_MS} ms; "
+                f"a commit takes at least {MIN_COMMIT_MS} ms"
+            )
             raise ApiError(400, message, code="input_audio_buffer_commit_empty")
         item = Item("user", [Part("input_audio", pcm=bytes(self.buffer))])
         if item_id is not None:
@@ -193,8 +208,10 @@ class RealtimeSession(SocketSession):
         await self.emit("input_audio_buffer.cleared")
 
     async def _on_output_audio_buffer_clear(self, event) -> None:
-        message = ("output_audio_buffer.clear is for WebRTC and SIP sessions; over a WebSocket "
-                   "send response.cancel and conversation.item.truncate")  # fmt: skip
+        message = (
+            "output_audio_buffer.clear is for WebRTC and SIP sessions; over a WebSocket "
+            "send response.cancel and conversation.item.truncate"
+        )
         raise ApiError(400, message, "type")
 
     # --- the conversation --------------------------------------------------------------
@@ -202,8 +219,11 @@ class RealtimeSession(SocketSession):
     async def _announce(self, item: Item, previous: str | None) -> None:
         """A finished item's events: OpenAI's GA pair, and the beta's ``created``."""
         shown = item.as_json()
-        for kind in ("conversation.item.created", "conversation.item.added",
-                     "conversation.item.done"):  # fmt: skip
+        for kind in (
+            "conversation.item.created",
+            "conversation.item.added",
+            "conversation.item.done",
+        ):
             await self.emit(kind, item=shown, previous_item_id=previous)
 
     async def _on_conversation_item_create(self, event) -> None:
@@ -227,9 +247,12 @@ class RealtimeSession(SocketSession):
         if item.role != "assistant":
             raise ApiError(400, "only an assistant's audio can be truncated", "item_id")
         item.truncate(event.audio_end_ms)
-        await self.emit("conversation.item.truncated", item_id=item.id,
-                        content_index=event.content_index,
-                        audio_end_ms=event.audio_end_ms)  # fmt: skip
+        await self.emit(
+            "conversation.item.truncated",
+            item_id=item.id,
+            content_index=event.content_index,
+            audio_end_ms=event.audio_end_ms,
+        )
 
     # --- answers -----------------------------------------------------------------------
 
@@ -237,15 +260,22 @@ class RealtimeSession(SocketSession):
         await self._discard_early()  # the client asks instead: its answer, not one it never saw
         await self._until_discarded()
         if self.answering:
-            raise ApiError(400, "a response is in progress: cancel it or wait for response.done",
-                           code="conversation_already_has_active_response")  # fmt: skip
+            raise ApiError(
+                400,
+                "a response is in progress: cancel it or wait for response.done",
+                code="conversation_already_has_active_response",
+            )
         await self._start_answer(event.response)
 
     async def _on_response_cancel(self, event) -> None:
         answer = self._answer
         if answer is None or (event.response_id not in (None, answer.id)):
-            raise ApiError(400, "no response in progress to cancel", "response_id",
-                           code="response_cancel_not_active")  # fmt: skip
+            raise ApiError(
+                400,
+                "no response in progress to cancel",
+                "response_id",
+                code="response_cancel_not_active",
+            )
         answer.stop("client_cancelled")
 
     async def _start_answer(self, options: ResponseOptions | None) -> None:
@@ -256,9 +286,15 @@ class RealtimeSession(SocketSession):
             keep = options.conversation == "auto"
             if options.input is not None:
                 items = [item_from_client(i) for i in options.input]
-        ask = Ask(Conversation(list(items)).messages(settings.instructions), settings.audio,
-                  settings.voice, settings.max_tokens, settings.temperature, settings.seed,
-                  session_id=settings.id)  # fmt: skip
+        ask = Ask(
+            Conversation(list(items)).messages(settings.instructions),
+            settings.audio,
+            settings.voice,
+            settings.max_tokens,
+            settings.temperature,
+            settings.seed,
+            session_id=settings.id,
+        )
         metadata = options.metadata if options else None
         self._launch(Answer(self, ask, self.conversation if keep else None, metadata))
 
@@ -286,8 +322,7 @@ class RealtimeSession(SocketSession):
             self._early = None
             answer.stop("discarded")
             self._discarded = self._answering
-            log.info("realtime %s: early answer discarded (the user spoke again)",
-                     self.settings.id)  # fmt: skip
+            log.info("realtime %s: early answer discarded (the user spoke again)", self.settings.id)
 
     async def _until_discarded(self) -> None:
         """Waits for a discarded early answer still winding down (one answer at a time)."""

@@ -107,12 +107,24 @@ class Settings:
         """OpenAI's session object, as ``session.created`` and ``session.updated`` carry it."""
         vad = self.vad.model_dump(exclude={"eagerness"}) if self.vad else None
         return {
-            "type": "realtime", "object": "realtime.session", "id": self.id,
-            "model": limits.model, "output_modalities": ["audio" if self.audio else "text"],
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": self.id,
+            "model": limits.model,
+            "output_modalities": ["audio" if self.audio else "text"],
             "instructions": self.instructions or "",
-            "audio": {"input": {"format": PCM, "transcription": None, "noise_reduction": None,
-                                "turn_detection": vad},
-                      "output": {"format": PCM, "voice": self.voice, "speed": 1.0}},
-            "max_output_tokens": self.max_tokens, "tools": [], "tool_choice": "auto",
-            "temperature": self.temperature, "seed": self.seed,
-        }  # fmt: skip
+            "audio": {
+                "input": {
+                    "format": PCM,
+                    "transcription": None,
+                    "noise_reduction": None,
+                    "turn_detection": vad,
+                },
+                "output": {"format": PCM, "voice": self.voice, "speed": 1.0},
+            },
+            "max_output_tokens": self.max_tokens,
+            "tools": [],
+            "tool_choice": "auto",
+            "temperature": self.temperature,
+            "seed": self.seed,
+        }

@@ -45,8 +45,12 @@ def load_vad_model() -> torch.nn.Module:
 
 
 class VoiceActivity:
-    def __init__(self, settings: TurnDetection, model: torch.nn.Module | None = None,
-                 quiet_ms: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: TurnDetection,
+        model: torch.nn.Module | None = None,
+        quiet_ms: int | None = None,
+    ) -> None:
         import soxr
 
         self.settings = settings

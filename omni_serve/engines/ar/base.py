@@ -40,10 +40,15 @@ class SamplingConfig:
     @property
     def text_level(self) -> list[str]:
         """The text-level settings this asks for, by name."""
-        wanted = {"stop": self.stop, "presence_penalty": self.presence_penalty,
-                  "frequency_penalty": self.frequency_penalty, "logit_bias": self.logit_bias,
-                  "min_p": self.min_p, "min_tokens": self.min_tokens,
-                  "ignore_eos": self.ignore_eos}  # fmt: skip
+        wanted = {
+            "stop": self.stop,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "logit_bias": self.logit_bias,
+            "min_p": self.min_p,
+            "min_tokens": self.min_tokens,
+            "ignore_eos": self.ignore_eos,
+        }
         return [name for name, value in wanted.items() if value]
 
     @property

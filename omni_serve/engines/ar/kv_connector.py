@@ -183,14 +183,18 @@ class ChannelKVConnector(KVConnectorBase_V1):
             release(prefix.ref)
             return 0, False
         if prefix.block_size != self.block_size:
-            logger.warning("KV prefix of block size %d, engine uses %d: not loaded",
-                           prefix.block_size, self.block_size)  # fmt: skip
+            logger.warning(
+                "KV prefix of block size %d, engine uses %d: not loaded",
+                prefix.block_size,
+                self.block_size,
+            )
             release(prefix.ref)
             return 0, False
         if prefix.layout and self.layout and prefix.layout != self.layout:
             # Same shapes can hold K and V in another order (another backend or kernel).
-            logger.warning("KV prefix of layout %s, engine uses %s: not loaded",
-                           prefix.layout, self.layout)  # fmt: skip
+            logger.warning(
+                "KV prefix of layout %s, engine uses %s: not loaded", prefix.layout, self.layout
+            )
             release(prefix.ref)
             return 0, False
         usable = prefix.matching_tokens(prompt, _mm_ids(request))
@@ -328,8 +332,9 @@ class ChannelKVConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are synchronous, before the forward
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
-                      **kwargs: Any) -> None:  # fmt: skip
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
         return  # exports copy whole blocks after the forward (wait_for_save)
 
     def wait_for_save(self) -> None:
@@ -337,9 +342,16 @@ class ChannelKVConnector(KVConnectorBase_V1):
         assert isinstance(meta, ChannelKVMetadata)
         for export in meta.exports:
             try:
-                prefix = put_prefix(self._export_channel(export.channel), self._caches,
-                                    self._dims, export.block_ids, export.token_ids,
-                                    self.block_size, export.mm_ids, self.layout)  # fmt: skip
+                prefix = put_prefix(
+                    self._export_channel(export.channel),
+                    self._caches,
+                    self._dims,
+                    export.block_ids,
+                    export.token_ids,
+                    self.block_size,
+                    export.mm_ids,
+                    self.layout,
+                )
             except (ChannelError, OSError, RuntimeError, ValueError) as exc:  # still answers
                 logger.warning("KV prefix of %s not exported: %s", export.req_id, exc)
                 self._exported[export.req_id] = ""

@@ -94,8 +94,13 @@ def sweep_stale_engine_files(directory: Path = SHM_DIR) -> Swept:
             path.unlink()
             removed.append(path.name)
     if removed:
-        log.warning("removed %d files killed vLLM engines left in %s (%.1f MB of memory): %s",
-                    len(removed), directory, held / 1e6, ", ".join(sorted(removed)))  # fmt: skip
+        log.warning(
+            "removed %d files killed vLLM engines left in %s (%.1f MB of memory): %s",
+            len(removed),
+            directory,
+            held / 1e6,
+            ", ".join(sorted(removed)),
+        )
     return Swept(removed, held)
 
 

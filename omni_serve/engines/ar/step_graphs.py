@@ -59,9 +59,14 @@ class StepGraphs:
     copy the inputs into the captured ones and replay; the result is the graph's own output
     buffer, valid until the next ``run``."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], mode: GraphMode,
-                 safe_inputs: Callable[[Inputs, tuple[int, ...]], Inputs] | None = None,
-                 warmup: int = 2, backend: str = "inductor") -> None:  # fmt: skip
+    def __init__(
+        self,
+        fn: Callable[..., torch.Tensor],
+        mode: GraphMode,
+        safe_inputs: Callable[[Inputs, tuple[int, ...]], Inputs] | None = None,
+        warmup: int = 2,
+        backend: str = "inductor",
+    ) -> None:
         """``backend``: torch.compile's, in ``compile`` mode (``aot_eager`` traces the same
         graph without generating code: what CPU tests use)."""
         if mode not in ("eager", "compile", "cuda_graph"):

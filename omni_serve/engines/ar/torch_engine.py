@@ -118,8 +118,10 @@ class TorchAREngine:
         if request.request_id in self._sequences:
             raise ValueError(f"request id {request.request_id!r} is already running")
         if request.sampling.text_level:
-            raise ValueError(f"{', '.join(request.sampling.text_level)}: text-level settings, "
-                             "which the torch engine (it makes no text) does not take")  # fmt: skip
+            raise ValueError(
+                f"{', '.join(request.sampling.text_level)}: text-level settings, "
+                "which the torch engine (it makes no text) does not take"
+            )
         seq = _Sequence(request, self.runner.new_state(request), asyncio.Queue())
         if request.sampling.seed is not None:
             seq.generator = torch.Generator().manual_seed(request.sampling.seed)

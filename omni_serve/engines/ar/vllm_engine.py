@@ -60,8 +60,9 @@ def _without_prefix(request: ARRequest) -> ARRequest:
     """The request under a new id (vLLM's ids must not repeat) that loads nothing but still
     exports, if it was to."""
     params = {k: v for k, v in (request.kv_transfer_params or {}).items() if k != PREFIX_KEY}
-    return dataclasses.replace(request, request_id=f"{request.request_id}-unloaded",
-                               kv_transfer_params=params or None)  # fmt: skip
+    return dataclasses.replace(
+        request, request_id=f"{request.request_id}-unloaded", kv_transfer_params=params or None
+    )
 
 
 def _check_single_worker(engine_args: dict[str, Any]) -> None:
@@ -95,8 +96,9 @@ class VLLMEngine:
             # rows are captured next to the recompute's (a spoken turn's Talker got rows of
             # the wrong positions). "fail" ends it with no output; generate() runs it again.
             self.engine_args["kv_transfer_config"] = {
-                **kv_transfer_config, "kv_load_failure_policy": "fail"
-            }  # fmt: skip
+                **kv_transfer_config,
+                "kv_load_failure_policy": "fail",
+            }
         if capture_hidden:
             self.engine_args["worker_extension_cls"] = (
                 "omni_serve.engines.ar.vllm_capture.HiddenStateCaptureExtension"
@@ -192,8 +194,10 @@ class VLLMEngine:
                 yielded = True
                 yield chunk
         if unloaded is not None:
-            log.warning("request %s: its KV prefix could not be loaded; running it without",
-                        request.request_id)  # fmt: skip
+            log.warning(
+                "request %s: its KV prefix could not be loaded; running it without",
+                request.request_id,
+            )
             async with contextlib.aclosing(self._generate_once(unloaded)) as chunks:
                 async for chunk in chunks:
                     yield chunk

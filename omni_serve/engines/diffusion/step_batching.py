@@ -151,8 +151,13 @@ class StepBatcher:
                 joined += 1
         if joined:
             self.stats.joined_running += joined if started else 0
-            self.log.info("step batch %s: %d job(s) running, %d joined%s", key, len(running),
-                          joined, " a running batch" if started else "")  # fmt: skip
+            self.log.info(
+                "step batch %s: %d job(s) running, %d joined%s",
+                key,
+                len(running),
+                joined,
+                " a running batch" if started else "",
+            )
         if not waiting:
             self._waiting.pop(key, None)
         if running:

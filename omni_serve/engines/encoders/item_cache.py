@@ -55,8 +55,12 @@ class EncodedItemCache:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"hits": self.hits, "misses": self.misses, "items": len(self._rows),
-                    "bytes": self._bytes}  # fmt: skip
+            return {
+                "hits": self.hits,
+                "misses": self.misses,
+                "items": len(self._rows),
+                "bytes": self._bytes,
+            }
 
 
 def encode_with_cache(

@@ -104,9 +104,11 @@ def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32, devi
 
     config = load_config(checkpoint)
     if not config.enable_audio_output:
-        raise ValueError(f"{checkpoint} has no Talker (enable_audio_output is false, as in the "
-                         "Thinking and Captioner checkpoints): leave the talker and code2wav "
-                         "stages out of the pipeline config to serve it in text")  # fmt: skip
+        raise ValueError(
+            f"{checkpoint} has no Talker (enable_audio_output is false, as in the "
+            "Thinking and Captioner checkpoints): leave the talker and code2wav "
+            "stages out of the pipeline config to serve it in text"
+        )
     talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config)
     load_submodule(talker, checkpoint, "talker.")
     qwen3_omni_talker_audio_config(talker, config.thinker_config)

@@ -103,9 +103,11 @@ class Code2wavStreams:
         hidden = model.code_embedding(codes[None].to(device) + model.code_offset).mean(1)
         positions = torch.arange(state.seen, state.seen + n, device=device)[None]
         out = model.pre_transformer(
-            inputs_embeds=hidden, past_key_values=state.cache, use_cache=True,
+            inputs_embeds=hidden,
+            past_key_values=state.cache,
+            use_cache=True,
             position_ids=positions,
-        ).last_hidden_state[0]  # fmt: skip
+        ).last_hidden_state[0]
         state.seen += n
         return out if state.rows is None else torch.cat([state.rows, out])
 

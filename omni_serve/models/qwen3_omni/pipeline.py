@@ -111,9 +111,11 @@ def _listed(small: torch.Tensor | None) -> list | None:
 def _finished_results(futures: Any) -> list[Any]:
     """The results of the futures that finished with one (not None, not failed, not
     cancelled)."""
-    return [f.result() for f in futures
-            if f.done() and not f.cancelled() and f.exception() is None
-            and f.result() is not None]  # fmt: skip
+    return [
+        f.result()
+        for f in futures
+        if f.done() and not f.cancelled() and f.exception() is None and f.result() is not None
+    ]
 
 
 async def _encode_vision(clients: StageClients, prompt: PreparedPrompt) -> dict[str, Any]:
@@ -145,8 +147,11 @@ async def _encode_vision(clients: StageClients, prompt: PreparedPrompt) -> dict[
     if "image" in rows:
         fields.update(image_rows=rows["image"], image_grid_thw=_listed(prompt.image_grid_thw))
     if "video" in rows:
-        fields.update(video_rows=rows["video"], video_grid_thw=_listed(prompt.video_grid_thw),
-                      video_second_per_grid=prompt.video_second_per_grid)  # fmt: skip
+        fields.update(
+            video_rows=rows["video"],
+            video_grid_thw=_listed(prompt.video_grid_thw),
+            video_second_per_grid=prompt.video_second_per_grid,
+        )
     return fields
 
 
@@ -254,8 +259,9 @@ async def stream_chat(
             timings.setdefault("first_audio_s", time.perf_counter() - start)
             audio.append(piece)
             yield ChatEvent("audio", audio=piece)
-    result = ChatResult("".join(text), tokens, reason, n_prompt, n_cached, session_kv,
-                        timings=timings)  # fmt: skip
+    result = ChatResult(
+        "".join(text), tokens, reason, n_prompt, n_cached, session_kv, timings=timings
+    )
     if options.want_audio:
         result.audio = np.concatenate(audio) if audio else np.zeros(0, dtype=np.float32)
     result.timings["total_s"] = time.perf_counter() - start

@@ -82,12 +82,21 @@ def _url(part: UrlPart) -> str:
 
 
 def _max_bytes(kind: str, api: ApiSettings) -> int:
-    return {"audio": api.max_audio_bytes, "image": api.max_image_bytes,
-            "video": api.max_video_bytes}[kind]  # fmt: skip
+    return {
+        "audio": api.max_audio_bytes,
+        "image": api.max_image_bytes,
+        "video": api.max_video_bytes,
+    }[kind]
 
 
-def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
-            fetched: Mapping[str, bytes], hear_video: bool) -> Any:  # fmt: skip
+def _decode(
+    processor,
+    part: MediaPart,
+    api: ApiSettings,
+    param: str,
+    fetched: Mapping[str, bytes],
+    hear_video: bool,
+) -> Any:
     """A part's samples (audio), image or frames (video; with ``hear_video``, frames and
     audio track). Reads the processor's settings and never encodes with it, so it may run on
     any thread."""
@@ -103,14 +112,22 @@ def _decode(processor, part: MediaPart, api: ApiSettings, param: str,
     if isinstance(part, ImagePart):
         return load_image(raw, api.max_input_image_pixels, param)
     frames = load_video(
-        raw, param, max_seconds=api.max_video_seconds, fps=api.video_fps,
+        raw,
+        param,
+        max_seconds=api.max_video_seconds,
+        fps=api.video_fps,
         max_pixels=video_frame_size(processor)["longest_edge"],
-    )  # fmt: skip
+    )
     if not hear_video:
         return frames
     rate = processor.feature_extractor.sampling_rate
-    track = load_video_audio(raw, rate, param, max_seconds=api.max_video_seconds,
-                             min_samples=min_audio_samples(processor))  # fmt: skip
+    track = load_video_audio(
+        raw,
+        rate,
+        param,
+        max_seconds=api.max_video_seconds,
+        min_samples=min_audio_samples(processor),
+    )
     return frames, track
 
 
@@ -128,8 +145,9 @@ def has_media_parts(messages: list[ChatMessage]) -> bool:
     return bool(_media_parts(messages))
 
 
-def over_media_limits(messages: list[ChatMessage], limits: dict[str, Any],
-                      use_audio_in_video: bool = False) -> str | None:  # fmt: skip
+def over_media_limits(
+    messages: list[ChatMessage], limits: dict[str, Any], use_audio_in_video: bool = False
+) -> str | None:
     """Why the messages carry more items of a kind than the Thinker's vLLM takes in one prompt
     (its ``limit_mm_per_prompt``: a count, or ``{"count": n, ...}``), or audio besides the
     videos' own where the videos are heard, else None. Checked before anything decodes: vLLM
@@ -139,8 +157,10 @@ def over_media_limits(messages: list[ChatMessage], limits: dict[str, Any],
         counts[_KINDS[type(part)]] = counts.get(_KINDS[type(part)], 0) + 1
     if use_audio_in_video and counts.get("video"):
         if counts.get("audio"):  # vLLM pairs the audio items with the videos, one to one
-            return ("with use_audio_in_video the audio comes from the videos: send no "
-                    "input_audio parts with it")  # fmt: skip
+            return (
+                "with use_audio_in_video the audio comes from the videos: send no "
+                "input_audio parts with it"
+            )
         counts["audio"] = counts["video"]  # each video's track is an audio item
     for kind, count in counts.items():
         limit = limits.get(kind)
@@ -150,15 +170,21 @@ def over_media_limits(messages: list[ChatMessage], limits: dict[str, Any],
     return None
 
 
-def decode_media(processor, messages: list[ChatMessage], api: ApiSettings,
-                 fetched: Mapping[str, bytes] | None = None,
-                 use_audio_in_video: bool = False) -> dict[str, Any]:  # fmt: skip
+def decode_media(
+    processor,
+    messages: list[ChatMessage],
+    api: ApiSettings,
+    fetched: Mapping[str, bytes] | None = None,
+    use_audio_in_video: bool = False,
+) -> dict[str, Any]:
     """Each media part decoded, by its path. Decoding is most of a media request's CPU (a
     1080p PNG ~50 ms, a video seconds), so the ingress runs this off its event loop, several
     requests at once, and hands the result to ``prepare_prompt``."""
     fetched = fetched or {}
-    return {param: _decode(processor, part, api, param, fetched, use_audio_in_video)
-            for param, part in _media_parts(messages)}  # fmt: skip
+    return {
+        param: _decode(processor, part, api, param, fetched, use_audio_in_video)
+        for param, part in _media_parts(messages)
+    }
 
 
 def prepare_prompt(

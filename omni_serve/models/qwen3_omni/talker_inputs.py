@@ -125,10 +125,15 @@ class TalkerInputBuilder:
         first = self._text_rows(torch.tensor([first_token]))
         text_part = torch.cat([role_rows, self.tts_pad.expand(4, -1), self.tts_bos[None], first])
         codec_ids = torch.tensor(
-            [talker_cfg.codec_nothink_id, talker_cfg.codec_think_bos_id,
-             talker_cfg.codec_think_eos_id, speaker_id, talker_cfg.codec_pad_id,
-             talker_cfg.codec_bos_id]
-        )  # fmt: skip
+            [
+                talker_cfg.codec_nothink_id,
+                talker_cfg.codec_think_bos_id,
+                talker_cfg.codec_think_eos_id,
+                speaker_id,
+                talker_cfg.codec_pad_id,
+                talker_cfg.codec_bos_id,
+            ]
+        )
         codec_part = torch.cat(
             [
                 torch.zeros(3, user.shape[1], dtype=dtype, device=device),
@@ -147,10 +152,14 @@ class TalkerInputBuilder:
             # only the grids (its talker_kwargs take no use_audio_in_video), and the served
             # speech is held to equal it.
             positions, delta = self.talker.get_rope_index(
-                talker_ids[None], image_grid_thw, video_grid_thw,
-                torch.ones(1, len(talker_ids), dtype=torch.long), False, audio_seqlens,
+                talker_ids[None],
+                image_grid_thw,
+                video_grid_thw,
+                torch.ones(1, len(talker_ids), dtype=torch.long),
+                False,
+                audio_seqlens,
                 video_second_per_grid,
-            )  # fmt: skip
+            )
             return TalkerPrompt(embeds, positions[:, 0], int(delta.flatten()[0]))
         positions = torch.arange(len(talker_ids)).expand(3, -1)
         return TalkerPrompt(embeds, positions, 0)

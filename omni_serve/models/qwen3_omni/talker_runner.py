@@ -60,8 +60,14 @@ class TalkerState:
 
 
 class TalkerRunner:
-    def __init__(self, talker, tts_pad: torch.Tensor, max_batch_size: int = 8, max_len: int = 4096,
-                 spare_slot: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        talker,
+        tts_pad: torch.Tensor,
+        max_batch_size: int = 8,
+        max_len: int = 4096,
+        spare_slot: bool = False,
+    ):
         self.talker = talker.eval()
         self.model = talker.model
         self.predictor = talker.code_predictor
@@ -203,8 +209,9 @@ class TalkerRunner:
             embed_sum = embed_sum + x
         return torch.stack(codes, dim=1), embed_sum
 
-    def _predictor_forward(self, x: torch.Tensor, start: int, keys: list[torch.Tensor],
-                           values: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    def _predictor_forward(
+        self, x: torch.Tensor, start: int, keys: list[torch.Tensor], values: list[torch.Tensor]
+    ) -> torch.Tensor:
         """The code predictor's decoder over [b, L, H] inputs at positions start..start+L-1,
         every row at the same positions (the frame's lockstep)."""
         model = self.predictor.model
@@ -262,9 +269,14 @@ class TalkerRunner:
         q, k, v = project_qkv(attn, x, cos, sin)
         keys, values, mask = store(k, v)
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=mask is None and length > 1,
-            scale=attn.scaling, enable_gqa=True,
-        )  # fmt: skip
+            q,
+            keys,
+            values,
+            attn_mask=mask,
+            is_causal=mask is None and length > 1,
+            scale=attn.scaling,
+            enable_gqa=True,
+        )
         return attn.o_proj(out.transpose(1, 2).reshape(b, length, -1))
 
 

@@ -55,9 +55,15 @@ class StaticTalkerRunner(TalkerRunner):
     is padded to a bucket and the KV window rounded up to one, so a bounded set of shapes
     (at most len(batch buckets) x len(window buckets)) is ever compiled or captured."""
 
-    def __init__(self, talker, tts_pad: torch.Tensor, max_batch_size: int = 8,
-                 max_len: int = 4096, graph_mode: GraphMode = "eager",
-                 compile_backend: str = "inductor") -> None:  # fmt: skip
+    def __init__(
+        self,
+        talker,
+        tts_pad: torch.Tensor,
+        max_batch_size: int = 8,
+        max_len: int = 4096,
+        graph_mode: GraphMode = "eager",
+        compile_backend: str = "inductor",
+    ) -> None:
         super().__init__(talker, tts_pad, max_batch_size, max_len, spare_slot=True)
         hidden = tts_pad.shape[-1]
         vocab = talker.config.text_config.vocab_size
@@ -70,8 +76,9 @@ class StaticTalkerRunner(TalkerRunner):
         self.padded = graph_mode != "eager"
         self.batch_buckets = batch_buckets(max_batch_size)
         self.window_buckets = length_buckets(max_len)
-        self.graphs = StepGraphs(self.step.__call__, graph_mode, self._scratch_inputs,
-                                 backend=compile_backend)  # fmt: skip
+        self.graphs = StepGraphs(
+            self.step.__call__, graph_mode, self._scratch_inputs, backend=compile_backend
+        )
 
     def capture(self, rows: Sequence[int] = (), longest: int | None = None) -> int:
         """Captures, before any request, the graphs of the batch buckets that hold ``rows``

@@ -58,20 +58,27 @@ class TalkerSlots:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         return cls(
-            last_hidden=zeros(slots, hidden, dtype=dtype), next_token=zeros(slots),
-            length=zeros(slots), rope_delta=zeros(slots),
+            last_hidden=zeros(slots, hidden, dtype=dtype),
+            next_token=zeros(slots),
+            length=zeros(slots),
+            rope_delta=zeros(slots),
             seen=zeros(slots, vocab, dtype=torch.bool),
-            temperature=zeros(slots, dtype=torch.float32), top_k=zeros(slots),
+            temperature=zeros(slots, dtype=torch.float32),
+            top_k=zeros(slots),
             top_p=zeros(slots, dtype=torch.float32) + 1,
             repetition_penalty=zeros(slots, dtype=torch.float32) + 1,
-            seed=zeros(slots), counter=zeros(slots),
-        )  # fmt: skip
+            seed=zeros(slots),
+            counter=zeros(slots),
+        )
 
     def rows(self, slot_idx: torch.Tensor) -> RowSampling:
         return RowSampling(
-            temperature=self.temperature[slot_idx], top_k=self.top_k[slot_idx],
-            top_p=self.top_p[slot_idx], seed=self.seed[slot_idx], counter=self.counter[slot_idx],
-        )  # fmt: skip
+            temperature=self.temperature[slot_idx],
+            top_k=self.top_k[slot_idx],
+            top_p=self.top_p[slot_idx],
+            seed=self.seed[slot_idx],
+            counter=self.counter[slot_idx],
+        )
 
 
 class TalkerDecodeStep:
@@ -104,8 +111,9 @@ class TalkerDecodeStep:
         )
         length = s.length[slot_idx]
         positions = (length + s.rope_delta[slot_idx]).view(1, -1, 1).expand(3, -1, 1)
-        hidden = self.talker_forward(c0_embed + residual_sum + text[:, None], positions,
-                                     slot_idx, length, window)  # fmt: skip
+        hidden = self.talker_forward(
+            c0_embed + residual_sum + text[:, None], positions, slot_idx, length, window
+        )
         token = self.sample_next(hidden, slot_idx, rows)
         live = slot_idx != self.scratch
         s.last_hidden[slot_idx] = hidden
@@ -124,16 +132,18 @@ class TalkerDecodeStep:
 
     # -- the code predictor: 15 passes over one frame --------------------------------------
 
-    def residuals(self, past: torch.Tensor, c0_embed: torch.Tensor, greedy: torch.Tensor,
-                  rows: RowSampling) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def residuals(
+        self, past: torch.Tensor, c0_embed: torch.Tensor, greedy: torch.Tensor, rows: RowSampling
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Codebooks 1..15 of each row's frame [B, 15], and the sum of their embeddings."""
         model = self.predictor.model
         cfg = self.predictor.config
         kv_shape = (past.shape[0], cfg.num_key_value_heads, self.num_residuals + 1, cfg.head_dim)
         caches = [(past.new_empty(kv_shape), past.new_empty(kv_shape)) for _ in model.layers]
         x = torch.cat([past, c0_embed], dim=1)
-        noise = to_gumbel(uniform_streams(rows.seed, rows.counter, 1, self.num_residuals,
-                                          PREDICTOR_TOP_K))  # fmt: skip
+        noise = to_gumbel(
+            uniform_streams(rows.seed, rows.counter, 1, self.num_residuals, PREDICTOR_TOP_K)
+        )
         codes, embed_sum, start = [], torch.zeros_like(c0_embed), 0
         for j in range(self.num_residuals):
             end = start + x.shape[1]
@@ -147,9 +157,13 @@ class TalkerDecodeStep:
                 hidden = hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
             logits = self.predictor.lm_head[j](_rms_norm(model.norm, hidden[:, -1])).float()
             token = sample_fixed(
-                logits, greedy, noise[:, j], temperature=PREDICTOR_TEMPERATURE,
-                top_k=PREDICTOR_TOP_K, top_p=PREDICTOR_TOP_P,
-            )  # fmt: skip
+                logits,
+                greedy,
+                noise[:, j],
+                temperature=PREDICTOR_TEMPERATURE,
+                top_k=PREDICTOR_TOP_K,
+                top_p=PREDICTOR_TOP_P,
+            )
             codes.append(token)
             x = model.get_input_embeddings()[j](token)[:, None]
             embed_sum = embed_sum + x
@@ -158,8 +172,14 @@ class TalkerDecodeStep:
 
     # -- the Talker: one row per request over its slot's KV --------------------------------
 
-    def talker_forward(self, x: torch.Tensor, positions: torch.Tensor, slot_idx: torch.Tensor,
-                       length: torch.Tensor, window: int) -> torch.Tensor:  # fmt: skip
+    def talker_forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slot_idx: torch.Tensor,
+        length: torch.Tensor,
+        window: int,
+    ) -> torch.Tensor:
         """[B, 1, H] inputs at each slot's next position -> the normed output rows [B, H].
         Attention reads the first ``window`` KV rows of each slot, masked to its length."""
         cos, sin = self.model.rotary_emb(x, positions)
@@ -196,8 +216,13 @@ def _project_qkv(attn, x: torch.Tensor, cos, sin):
     return q, k, v
 
 
-def _attend(attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-            mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def _attend(
+    attn,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Attention output [b, L, H]. One query row: the query heads that share a KV head become
     that head's query rows, so no K/V head is repeated and any SDPA kernel (flash, memory-
     efficient) can run it; ``enable_gqa`` sends a GPU to the math kernel. Several rows (the

@@ -62,8 +62,13 @@ def video_grids(processor, videos) -> torch.Tensor:
     grids = []
     for frames in videos:
         n, height, width = frames.shape[:3]
-        height, width = smart_resize(height, width, patch * video_processor.merge_size,
-                                     size["shortest_edge"], size["longest_edge"])  # fmt: skip
+        height, width = smart_resize(
+            height,
+            width,
+            patch * video_processor.merge_size,
+            size["shortest_edge"],
+            size["longest_edge"],
+        )
         grids.append([-(-n // temporal), height // patch, width // patch])
     return torch.tensor(grids)
 
@@ -76,8 +81,13 @@ def image_grids(processor, images) -> torch.Tensor:
     grids = []
     for image in images:
         width, height = image.size
-        height, width = image_smart_resize(height, width, patch * image_processor.merge_size,
-                                           size["shortest_edge"], size["longest_edge"])  # fmt: skip
+        height, width = image_smart_resize(
+            height,
+            width,
+            patch * image_processor.merge_size,
+            size["shortest_edge"],
+            size["longest_edge"],
+        )
         grids.append([1, height // patch, width // patch])
     return torch.tensor(grids)
 
@@ -101,9 +111,13 @@ def clip_features(feature_extractor, clip: Any) -> torch.Tensor:
     sees the padding in its STFT window instead of the reflected edge: the same clip would get
     other features, and other rows and KV, in a chat's next turn once a longer clip joins it."""
     out = feature_extractor(
-        [np.asarray(clip, dtype=np.float32)], sampling_rate=feature_extractor.sampling_rate,
-        return_attention_mask=True, padding=True, truncation=False, return_tensors="pt",
-    )  # fmt: skip
+        [np.asarray(clip, dtype=np.float32)],
+        sampling_rate=feature_extractor.sampling_rate,
+        return_attention_mask=True,
+        padding=True,
+        truncation=False,
+        return_tensors="pt",
+    )
     return out["input_features"][0][:, out["attention_mask"][0].bool()]
 
 

@@ -13,11 +13,25 @@ from typing import Literal
 # Qwen3-Omni's speech input languages, by ISO 639-1 code (Cantonese by ISO 639-3), as its
 # model card lists them.
 SPEECH_LANGUAGES = {
-    "en": "English", "zh": "Chinese", "ko": "Korean", "ja": "Japanese", "de": "German",
-    "ru": "Russian", "it": "Italian", "fr": "French", "es": "Spanish", "pt": "Portuguese",
-    "ms": "Malay", "nl": "Dutch", "id": "Indonesian", "tr": "Turkish", "vi": "Vietnamese",
-    "yue": "Cantonese", "ar": "Arabic", "ur": "Urdu",
-}  # fmt: skip
+    "en": "English",
+    "zh": "Chinese",
+    "ko": "Korean",
+    "ja": "Japanese",
+    "de": "German",
+    "ru": "Russian",
+    "it": "Italian",
+    "fr": "French",
+    "es": "Spanish",
+    "pt": "Portuguese",
+    "ms": "Malay",
+    "nl": "Dutch",
+    "id": "Indonesian",
+    "tr": "Turkish",
+    "vi": "Vietnamese",
+    "yue": "Cantonese",
+    "ar": "Arabic",
+    "ur": "Urdu",
+}
 
 Task = Literal["transcribe", "translate"]
 

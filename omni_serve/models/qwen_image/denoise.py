@@ -95,9 +95,7 @@ def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | Non
     as the pipeline passes it)."""
     longest = max(r.shape[0] for r in rows)
     embeds = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, longest - len(r))) for r in rows])
-    mask = torch.stack([
-        torch.arange(longest, device=r.device) < len(r) for r in rows
-    ]).long()  # fmt: skip
+    mask = torch.stack([torch.arange(longest, device=r.device) < len(r) for r in rows]).long()
     return embeds, (None if bool(mask.all()) else mask)
 
 

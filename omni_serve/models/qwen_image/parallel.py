@@ -94,10 +94,17 @@ class MaskedUSPProcessor:
         head_dim = attn.inner_dim // attn.heads
         streams = []
         for x, q, k, v, norm_q, norm_k, freqs in (
-            (encoder_hidden_states, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj,
-             attn.norm_added_q, attn.norm_added_k, 1),
+            (
+                encoder_hidden_states,
+                attn.add_q_proj,
+                attn.add_k_proj,
+                attn.add_v_proj,
+                attn.norm_added_q,
+                attn.norm_added_k,
+                1,
+            ),
             (hidden_states, attn.to_q, attn.to_k, attn.to_v, attn.norm_q, attn.norm_k, 0),
-        ):  # fmt: skip
+        ):
             query, key, value = (proj(x).unflatten(-1, (-1, head_dim)) for proj in (q, k, v))
             query = norm_q(query) if norm_q is not None else query
             key = norm_k(key) if norm_k is not None else key
@@ -156,8 +163,9 @@ class ParallelDenoiser(Denoiser):
         if branches == 1 or rows.shape[0] != 2 * conditional:
             return super().predict(rows, timestep, embeds, mask, img_shapes, conditional)
         mine = slice(branch * conditional, (branch + 1) * conditional)
-        part = super().predict(rows[mine], timestep[mine], embeds[mine], mask[mine],
-                               img_shapes[mine], conditional)  # fmt: skip
+        part = super().predict(
+            rows[mine], timestep[mine], embeds[mine], mask[mine], img_shapes[mine], conditional
+        )
         return gather_cfg_branches(part)
 
 

@@ -58,11 +58,17 @@ async def generate_images(clients: ImageClients, options: ImageOptions) -> Image
     timings["text_encoder_s"] = time.perf_counter() - start
     base = options.seed if options.seed is not None else random.randrange(2**62)
     seeds = [base + i for i in range(options.n)]
-    latents = await clients.denoise({
-        "prompt": refs[0], "negative": refs[1] if negative is not None else None,
-        "height": options.height, "width": options.width, "steps": options.steps,
-        "true_cfg_scale": options.true_cfg_scale, "seeds": seeds,
-    })  # fmt: skip
+    latents = await clients.denoise(
+        {
+            "prompt": refs[0],
+            "negative": refs[1] if negative is not None else None,
+            "height": options.height,
+            "width": options.width,
+            "steps": options.steps,
+            "true_cfg_scale": options.true_cfg_scale,
+            "seeds": seeds,
+        }
+    )
     timings["dit_s"] = time.perf_counter() - start
     images = await asyncio.gather(
         *(clients.decode(ref, options.height, options.width) for ref in latents)

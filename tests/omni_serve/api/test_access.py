@@ -42,9 +42,12 @@ def test_without_a_configured_key_everything_is_open(client):
 
 @pytest.mark.parametrize(
     ("headers", "reason"),
-    [({}, "missing API key"), ({"Authorization": "Bearer nope"}, "invalid API key"),
-     ({"Authorization": "Basic s3cret"}, "missing API key")],
-)  # fmt: skip
+    [
+        ({}, "missing API key"),
+        ({"Authorization": "Bearer nope"}, "invalid API key"),
+        ({"Authorization": "Basic s3cret"}, "missing API key"),
+    ],
+)
 def test_a_wrong_or_missing_key_is_a_401_with_the_reason(client, headers, reason):
     access.configure("s3cret")
     response = client.get("/v1/models", headers=headers)

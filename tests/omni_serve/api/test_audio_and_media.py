@@ -28,8 +28,9 @@ def tone(seconds: float = 0.5, rate: int = RATE) -> np.ndarray:
     return (0.4 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
 
 
-@pytest.mark.parametrize(("fmt", "container"), [("wav", "WAV"), ("flac", "FLAC"),
-                                                ("mp3", "MP3"), ("opus", "OGG")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fmt", "container"), [("wav", "WAV"), ("flac", "FLAC"), ("mp3", "MP3"), ("opus", "OGG")]
+)
 def test_formats_are_real_files_of_that_kind(fmt, container):
     data = encode_audio(tone(), RATE, fmt)
     info = sf.info(io.BytesIO(data))

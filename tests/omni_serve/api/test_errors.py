@@ -29,9 +29,12 @@ def test_a_full_stage_is_a_503_with_retry_after_rounded_up():
 
     response = TestClient(app).get("/busy")
     assert response.status_code == 503 and response.headers["retry-after"] == "2"
-    assert response.json()["error"] == {"message": "server busy: queue full",
-                                        "type": "server_error", "param": None,
-                                        "code": "overloaded"}  # fmt: skip
+    assert response.json()["error"] == {
+        "message": "server busy: queue full",
+        "type": "server_error",
+        "param": None,
+        "code": "overloaded",
+    }
 
 
 def test_other_stage_failures_are_a_500_naming_the_error():
@@ -94,8 +97,10 @@ def test_a_body_not_sent_as_json_is_a_415_naming_its_content_type():
 def test_json_content_types_are_parsed_and_a_json_body_of_the_wrong_shape_stays_a_400():
     client = _echo_app()
     payload = b'{"name": "x"}'
-    for headers in ({"content-type": "application/json; charset=utf-8"},
-                    {"content-type": "application/vnd.api+json"}):  # fmt: skip
+    for headers in (
+        {"content-type": "application/json; charset=utf-8"},
+        {"content-type": "application/vnd.api+json"},
+    ):
         response = client.post("/echo", content=payload, headers=headers)
         assert response.status_code == 200 and response.json() == {"name": "x"}, headers
     response = client.post("/echo", json=["x"])
@@ -117,9 +122,12 @@ def test_no_such_route_and_a_wrong_method_get_the_error_shape_naming_what_there_
     )
     wrong = client.get("/echo")
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
-    assert wrong.json()["error"] == {"message": "/echo takes POST, not GET", "type":
-                                     "invalid_request_error", "param": None,
-                                     "code": "method_not_allowed"}  # fmt: skip
+    assert wrong.json()["error"] == {
+        "message": "/echo takes POST, not GET",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "method_not_allowed",
+    }
 
 
 def test_a_request_for_another_model_is_a_404_naming_the_served_one():
@@ -129,5 +137,7 @@ def test_a_request_for_another_model_is_a_404_naming_the_served_one():
         check_model("gpt-4o", "qwen3-omni")
     assert refused.value.status == 404 and refused.value.body["error"] == {
         "message": "model 'gpt-4o' does not exist; this server serves 'qwen3-omni'",
-        "type": "invalid_request_error", "param": "model", "code": "model_not_found",
-    }  # fmt: skip
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }

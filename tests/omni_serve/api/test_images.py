@@ -18,9 +18,14 @@ def test_parse_size_accepts_multiples_of_16_within_the_limit():
 
 @pytest.mark.parametrize(
     ("size", "fragment"),
-    [("100x64", "multiple of 16"), ("32x64", ">= 64"), ("64", "look like"),
-     ("axb", "look like"), ("2048x2048", "larger than")],
-)  # fmt: skip
+    [
+        ("100x64", "multiple of 16"),
+        ("32x64", ">= 64"),
+        ("64", "look like"),
+        ("axb", "look like"),
+        ("2048x2048", "larger than"),
+    ],
+)
 def test_parse_size_says_why_it_rejects(size, fragment):
     with pytest.raises(ValueError, match=fragment):
         parse_size(size, 1024 * 1024)
@@ -61,6 +66,7 @@ def test_output_compression_is_for_lossy_formats_and_openais_other_ids_are_taken
         ImageGenerationRequest(prompt="x", output_compression=50)
     with pytest.raises(ValidationError):
         ImageGenerationRequest(prompt="x", output_format="gif")
-    taken = ImageGenerationRequest(prompt="x", output_format="webp", output_compression=80,
-                                   safety_identifier="u-1")  # fmt: skip
+    taken = ImageGenerationRequest(
+        prompt="x", output_format="webp", output_compression=80, safety_identifier="u-1"
+    )
     assert (taken.output_format, taken.output_compression) == ("webp", 80)

@@ -198,8 +198,7 @@ async def test_through_a_proxy_https_tunnels_to_the_name_and_verifies_it(
         assert await fetch_media([item(url)], through(proxy)) == {url: BODY}
         assert proxy.asked == [f"CONNECT media.example:{server.port} HTTP/1.1"]
         assert names_on_loopback == ["media.example"]  # checked before the proxy was asked
-        reason = await refused([item(server.url("/cat.png", host="other.example"))],
-                               through(proxy))  # fmt: skip
+        reason = await refused([item(server.url("/cat.png", host="other.example"))], through(proxy))
         assert "certificate verify failed" in reason
 
 

@@ -9,8 +9,13 @@ def _value(text: str, name: str) -> float:
 
 def test_result_timings_become_stage_latencies_and_rtf():
     metrics = ApiMetrics()
-    timings = {"first_token_s": 0.1, "first_frame_s": 0.2, "first_audio_s": 0.3,
-               "total_s": 2.0, "rtf": 0.5}  # fmt: skip
+    timings = {
+        "first_token_s": 0.1,
+        "first_frame_s": 0.2,
+        "first_audio_s": 0.3,
+        "total_s": 2.0,
+        "rtf": 0.5,
+    }
     metrics.observe_result(timings, tokens=7, audio_s=4.0)
     text = metrics.render().decode()
     assert _value(text, 'omni_stage_latency_seconds_sum{stage="first_frame"}') == 0.2

@@ -38,8 +38,12 @@ def test_with_a_key_the_page_is_open_and_its_config_is_not(client):
     assert client.get("/playground/config.json").status_code == 401
     assert client.get("/playground/nothing.js").status_code == 401  # not a page file: guarded
     keyed = client.get("/playground/config.json", headers={"Authorization": "Bearer s3cret"})
-    assert keyed.json() == {"kind": "image", "model": "qwen-image", "voices": [],
-                            "sizes": ["512x512"]}  # fmt: skip
+    assert keyed.json() == {
+        "kind": "image",
+        "model": "qwen-image",
+        "voices": [],
+        "sizes": ["512x512"],
+    }
 
 
 def test_switched_off_the_page_is_a_404_that_says_why(client):

@@ -44,16 +44,18 @@ def _sample(registry: CollectorRegistry, line_start: str) -> float:
 def test_each_record_goes_to_the_registry_and_to_ray_with_its_labels_as_tags(fake_ray):
     registry = CollectorRegistry()
     requests = Series("counter", "omni_requests", "d", ["status"], registry=registry, to_ray=True)
-    latency = Series("histogram", "omni_lat", "d", ["stage"], registry=registry, to_ray=True,
-                     buckets=(0.5, 1.0))  # fmt: skip
+    latency = Series(
+        "histogram", "omni_lat", "d", ["stage"], registry=registry, to_ray=True, buckets=(0.5, 1.0)
+    )
     requests.labels("ok").inc()
     requests.labels("ok").inc(2)
     latency.labels("total").observe(0.7)
     assert _sample(registry, 'omni_requests_total{status="ok"}') == 3
     assert _sample(registry, 'omni_lat_bucket{le="1.0",stage="total"}') == 1
     assert fake_ray["omni_requests"].calls == [
-        ("inc", 1.0, {"status": "ok"}), ("inc", 2, {"status": "ok"})
-    ]  # fmt: skip
+        ("inc", 1.0, {"status": "ok"}),
+        ("inc", 2, {"status": "ok"}),
+    ]
     assert fake_ray["omni_lat"].buckets == (0.5, 1.0)
     assert fake_ray["omni_lat"].calls == [("observe", 0.7, {"stage": "total"})]
 
@@ -71,8 +73,9 @@ def test_a_gauges_inc_and_dec_reach_ray_as_the_value_it_now_has(fake_ray):
 
 def test_a_counter_incremented_by_zero_is_not_sent_to_ray(fake_ray):
     """Ray's Counter refuses 0 (prompts with no cached tokens do that every request)."""
-    tokens = Series("counter", "omni_tokens", "d", ["kind"], registry=CollectorRegistry(),
-                    to_ray=True)  # fmt: skip
+    tokens = Series(
+        "counter", "omni_tokens", "d", ["kind"], registry=CollectorRegistry(), to_ray=True
+    )
     tokens.labels("cached").inc(0)
     tokens.labels("cached").inc(5)
     assert fake_ray["omni_tokens"].calls == [("inc", 5, {"kind": "cached"})]

@@ -23,15 +23,18 @@ def test_the_finish_chunk_carries_the_request_timings():
 
 
 def test_the_done_event_gives_the_finish_chunk_then_the_usage_asked_for():
-    result = ChatResult(text="hi", token_ids=[1, 2, 3], finish_reason="length",
-                        prompt_tokens=10, cached_tokens=4)  # fmt: skip
+    result = ChatResult(
+        text="hi", token_ids=[1, 2, 3], finish_reason="length", prompt_tokens=10, cached_tokens=4
+    )
     done = ChatEvent(kind="done", result=result)
     writer = ChunkWriter("chatcmpl-1", "qwen3-omni", "audio-1", 24000, "pcm16", include_usage=True)
     finish, usage = (_data(event) for event in writer.event(done))
     assert finish["choices"][0]["finish_reason"] == "length"
     assert usage["choices"] == [] and usage["usage"] == reply_usage(result) == {
-        "prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+        "prompt_tokens": 10,
+        "completion_tokens": 3,
+        "total_tokens": 13,
         "prompt_tokens_details": {"cached_tokens": 4},
-    }  # fmt: skip
+    }
     silent = ChunkWriter("chatcmpl-2", "qwen3-omni", "audio-2", 24000, "pcm16")
     assert len(silent.event(done)) == 1

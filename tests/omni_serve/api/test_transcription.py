@@ -28,12 +28,14 @@ def form(cls=TranscriptionForm, **fields) -> TranscriptionForm:
 
 @pytest.mark.parametrize(
     ("fields", "param", "reason"),
-    [({"response_format": "srt"}, "response_format", "srt needs timestamps"),
-     ({"response_format": "verbose_json"}, "response_format", "verbose_json needs timestamps"),
-     ({"timestamp_granularities[]": ["word"]}, "timestamp_granularities", "timestamps"),
-     ({"include[]": ["logprobs"]}, "include", "logprobs"),
-     ({"stream": True, "response_format": "text"}, "response_format", "json events")],
-)  # fmt: skip
+    [
+        ({"response_format": "srt"}, "response_format", "srt needs timestamps"),
+        ({"response_format": "verbose_json"}, "response_format", "verbose_json needs timestamps"),
+        ({"timestamp_granularities[]": ["word"]}, "timestamp_granularities", "timestamps"),
+        ({"include[]": ["logprobs"]}, "include", "logprobs"),
+        ({"stream": True, "response_format": "text"}, "response_format", "json events"),
+    ],
+)
 def test_what_a_transcription_cannot_honour_is_a_400_naming_it(fields, param, reason):
     with pytest.raises(ApiError) as refused:
         refuse_unsupported_form(form(**fields))
@@ -51,8 +53,7 @@ def test_translations_refuse_timestamps_too_and_take_plain_forms():
 
 def test_the_answer_as_json_text_or_events():
     usage = usage_tokens(50, 7)
-    assert usage == {"type": "tokens", "input_tokens": 50, "output_tokens": 7,
-                     "total_tokens": 57}  # fmt: skip
+    assert usage == {"type": "tokens", "input_tokens": 50, "output_tokens": 7, "total_tokens": 57}
     assert json.loads(transcription_response("hi", usage, "json").body) == {
         "text": "hi",
         "usage": usage,
@@ -63,12 +64,14 @@ def test_the_answer_as_json_text_or_events():
     result = types.SimpleNamespace(text="hi there", prompt_tokens=50, token_ids=[1, 2])
     lines = writer.start() + [
         line
-        for event in (types.SimpleNamespace(kind="text", text="hi"),
-                      types.SimpleNamespace(kind="text", text=""),
-                      types.SimpleNamespace(kind="text", text=" there"),
-                      types.SimpleNamespace(kind="done", result=result))
+        for event in (
+            types.SimpleNamespace(kind="text", text="hi"),
+            types.SimpleNamespace(kind="text", text=""),
+            types.SimpleNamespace(kind="text", text=" there"),
+            types.SimpleNamespace(kind="done", result=result),
+        )
         for line in writer.event(event)
-    ]  # fmt: skip
+    ]
     events = [json.loads(line.removeprefix("data: ")) for line in lines]
     assert events == [
         {"type": "transcript.text.delta", "delta": "hi"},

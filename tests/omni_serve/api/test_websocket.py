@@ -205,8 +205,11 @@ async def test_a_cancel_between_an_audio_event_and_its_frame_waits_for_the_frame
     await asyncio.sleep(0.01)  # the event is out, its frame on its way
     await ws.incoming.put({"type": "websocket.receive", "text": '{"type": "response.cancel"}'})
     await asyncio.wait_for(answering, 5)
-    assert ws.sent == [{"type": "response.audio.delta", "bytes": 2}, b"\x00\x00",
-                       {"type": "response.done", "id": "r1", "status": "cancelled"}]  # fmt: skip
+    assert ws.sent == [
+        {"type": "response.audio.delta", "bytes": 2},
+        b"\x00\x00",
+        {"type": "response.done", "id": "r1", "status": "cancelled"},
+    ]
     await ws.incoming.put({"type": "websocket.disconnect"})
     with pytest.raises(WebSocketDisconnect):
         await socket.next_request()
@@ -224,8 +227,11 @@ def test_a_clip_becomes_a_user_message_with_its_samples():
         clip_message({}, b"", max_seconds=60)
     with pytest.raises(ApiError, match=r"2.0 s of audio is over max_audio_seconds \(1\)"):
         clip_message(None, b"\x00\x00" * 32000, max_seconds=1)
-    for bad, where in (({"sample_rate": 100}, "input_audio.sample_rate"), ([], "input_audio"),
-                       ({"rate": 1}, "input_audio.rate")):  # fmt: skip
+    for bad, where in (
+        ({"sample_rate": 100}, "input_audio.sample_rate"),
+        ([], "input_audio"),
+        ({"rate": 1}, "input_audio.rate"),
+    ):
         with pytest.raises(ApiError) as refused:
             clip_message(bad, samples.tobytes(), max_seconds=60)
         assert refused.value.param == where and refused.value.message.startswith(f"{where}: ")

@@ -15,8 +15,12 @@ def test_the_dead_deployment_is_named_bare_and_wrapped():
     context = ActorDiedErrorContext(class_name="ServeReplica:default:thinker", actor_id=bytes(16))
     died = ActorDiedError(context)
     assert dead_deployment(died) == "thinker"
-    wrapped = RayTaskError("speak", f"Traceback ...\nray.exceptions.ActorDiedError: {died}", died,
-                           proctitle="ray::ServeReplica:default:talker")  # fmt: skip
+    wrapped = RayTaskError(
+        "speak",
+        f"Traceback ...\nray.exceptions.ActorDiedError: {died}",
+        died,
+        proctitle="ray::ServeReplica:default:talker",
+    )
     assert dead_deployment(wrapped) == "thinker"
 
 

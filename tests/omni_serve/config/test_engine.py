@@ -83,25 +83,57 @@ def pipeline(kind: str, engine: dict | None, gpus: float = 0) -> dict:
         ("thinker", {"kind": "torch"}, 0, "engine.kind: a thinker stage runs on vllm, not torch"),
         ("ingress", {"kind": "torch"}, 0, "engine.kind: an ingress stage has no engine"),
         ("talker", None, 0, "a talker stage needs an engine (torch)"),
-        ("thinker", {"kind": "vllm", "args": {"dtype": "bfloat16"}}, 0,
-         "engine.args.dtype: set engine.dtype instead"),
-        ("thinker", {"kind": "vllm", "args": {"max_num_seqs": 4}}, 0,
-         "engine.args.max_num_seqs: set engine.max_batch_size instead"),
-        ("thinker", {"kind": "vllm", "args": {"enforce_eager": False}}, 1,
-         "engine.args.enforce_eager: set engine.cuda_graphs instead"),
-        ("talker", {"kind": "torch", "args": {"max_tokens": 9}}, 0,
-         "engine.args.max_tokens: not an argument of a talker stage (it takes: "
-         "max_model_len, max_new_tokens)"),
-        ("encoder", {"kind": "torch", "max_batch_size": 4}, 0,
-         "engine.max_batch_size: an encoder stage does not batch"),
-        ("talker", {"kind": "torch", "cuda_graphs": True}, 0,
-         "engine.cuda_graphs: needs a GPU (deployment.ray_actor_options.num_gpus > 0)"),
-        ("code2wav", {"kind": "torch", "cuda_graphs": True}, 1,
-         "engine.cuda_graphs: a code2wav stage has no graphed step"),
-        ("talker", {"kind": "torch", "step_cache": {"enabled": True}}, 0,
-         "engine.step_cache: for DiT stages only"),
+        (
+            "thinker",
+            {"kind": "vllm", "args": {"dtype": "bfloat16"}},
+            0,
+            "engine.args.dtype: set engine.dtype instead",
+        ),
+        (
+            "thinker",
+            {"kind": "vllm", "args": {"max_num_seqs": 4}},
+            0,
+            "engine.args.max_num_seqs: set engine.max_batch_size instead",
+        ),
+        (
+            "thinker",
+            {"kind": "vllm", "args": {"enforce_eager": False}},
+            1,
+            "engine.args.enforce_eager: set engine.cuda_graphs instead",
+        ),
+        (
+            "talker",
+            {"kind": "torch", "args": {"max_tokens": 9}},
+            0,
+            "engine.args.max_tokens: not an argument of a talker stage (it takes: "
+            "max_model_len, max_new_tokens)",
+        ),
+        (
+            "encoder",
+            {"kind": "torch", "max_batch_size": 4},
+            0,
+            "engine.max_batch_size: an encoder stage does not batch",
+        ),
+        (
+            "talker",
+            {"kind": "torch", "cuda_graphs": True},
+            0,
+            "engine.cuda_graphs: needs a GPU (deployment.ray_actor_options.num_gpus > 0)",
+        ),
+        (
+            "code2wav",
+            {"kind": "torch", "cuda_graphs": True},
+            1,
+            "engine.cuda_graphs: a code2wav stage has no graphed step",
+        ),
+        (
+            "talker",
+            {"kind": "torch", "step_cache": {"enabled": True}},
+            0,
+            "engine.step_cache: for DiT stages only",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_setting_the_stage_would_ignore_is_refused_naming_stage_and_field(
     kind, engine, gpus, reason
 ):

@@ -167,12 +167,26 @@ def test_serve_accepts_the_deployment_options_with_backpressure():
 def test_a_parallel_dit_reserves_its_workers_on_one_node():
     from ray import serve
 
-    config = parse_pipeline_config(minimal(stages=[{
-        "name": "dit", "kind": "dit",
-        "engine": {"kind": "diffusers", "parallel": {"ulysses_degree": 2, "cfg_degree": 2,
-                                                     "worker_cpus": 0.25, "worker_gpus": 1}},
-        "deployment": {"ray_actor_options": {"num_cpus": 0.1}},
-    }]))  # fmt: skip
+    config = parse_pipeline_config(
+        minimal(
+            stages=[
+                {
+                    "name": "dit",
+                    "kind": "dit",
+                    "engine": {
+                        "kind": "diffusers",
+                        "parallel": {
+                            "ulysses_degree": 2,
+                            "cfg_degree": 2,
+                            "worker_cpus": 0.25,
+                            "worker_gpus": 1,
+                        },
+                    },
+                    "deployment": {"ray_actor_options": {"num_cpus": 0.1}},
+                }
+            ]
+        )
+    )
     opts = config.stage("dit").serve_options()
     assert opts["placement_group_strategy"] == "STRICT_PACK"
     worker = {"CPU": 0.25, "GPU": 1}
@@ -184,8 +198,9 @@ def test_a_parallel_dit_reserves_its_workers_on_one_node():
 
     replica = Stage.options(**opts)._replica_config
     assert replica.placement_group_bundles == opts["placement_group_bundles"]
-    single = parse_pipeline_config(minimal(stages=[{"name": "dit", "kind": "dit",
-                                                    "engine": {"kind": "diffusers"}}]))  # fmt: skip
+    single = parse_pipeline_config(
+        minimal(stages=[{"name": "dit", "kind": "dit", "engine": {"kind": "diffusers"}}])
+    )
     assert "placement_group_bundles" not in single.stage("dit").serve_options()
 
 

@@ -59,8 +59,9 @@ def line(custom_id, url="/v1/chat/completions", **body) -> str:
 
 async def run(tmp_path: Path, server: FakeServer, lines: list[str], **overrides):
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
-    settings = BatchSettings(input=tmp_path / "in.jsonl", output=tmp_path / "out",
-                             progress=False, **overrides)  # fmt: skip
+    settings = BatchSettings(
+        input=tmp_path / "in.jsonl", output=tmp_path / "out", progress=False, **overrides
+    )
     transport = httpx.MockTransport(server)
     async with httpx.AsyncClient(transport=transport, base_url="http://fake") as client:
         return await BatchRunner(settings, client).run()
@@ -74,11 +75,16 @@ async def test_each_endpoint_writes_its_files_and_a_manifest_record(tmp_path):
     server = FakeServer()
     lines = [
         line("chat-1"),
-        line("omni-1", model="m", messages=[{"role": "user", "content": "omni-1"}],
-             modalities=["text", "audio"], audio={"voice": "ethan", "format": "wav"}),
+        line(
+            "omni-1",
+            model="m",
+            messages=[{"role": "user", "content": "omni-1"}],
+            modalities=["text", "audio"],
+            audio={"voice": "ethan", "format": "wav"},
+        ),
         line("tts-1", "/v1/audio/speech", model="m", input="tts-1", response_format="wav"),
         line("img-2", "/v1/images/generations", prompt="img-2", n=2),
-    ]  # fmt: skip
+    ]
     summary = await run(tmp_path, server, lines)
     out = tmp_path / "out"
     assert (summary.ok, summary.failed) == (4, 0)
@@ -94,8 +100,17 @@ async def test_each_endpoint_writes_its_files_and_a_manifest_record(tmp_path):
 
 async def test_bad_lines_are_reported_and_do_not_stop_the_job(tmp_path):
     server = FakeServer()
-    lines = ["{not json", line("../escape"), line("a/b"), line(".hidden"), line("ok-1"),
-             line("ok-1"), line("x", "/v1/embeddings"), "[1, 2]", line("ok-2")]  # fmt: skip
+    lines = [
+        "{not json",
+        line("../escape"),
+        line("a/b"),
+        line(".hidden"),
+        line("ok-1"),
+        line("ok-1"),
+        line("x", "/v1/embeddings"),
+        "[1, 2]",
+        line("ok-2"),
+    ]
     summary = await run(tmp_path, server, lines)
     assert (summary.ok, summary.failed) == (2, 7)
     errors = {r["line"]: r["error"] for r in manifest(tmp_path) if r["status"] == "error"}
@@ -193,8 +208,17 @@ def test_cli_rejects_a_missing_input_file(tmp_path, capsys):
 
 def test_cli_exits_1_and_names_the_failure_when_a_line_fails(tmp_path, capsys):
     (tmp_path / "in.jsonl").write_text("{broken\n")
-    code = main(["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out"),
-                 "--url", "http://127.0.0.1:9", "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "--input",
+            str(tmp_path / "in.jsonl"),
+            "--output",
+            str(tmp_path / "out"),
+            "--url",
+            "http://127.0.0.1:9",
+            "--no-progress",
+        ]
+    )
     assert code == 1
     captured = capsys.readouterr()
     assert "0 ok, 1 failed" in captured.out and "line 1: not valid JSON" in captured.err

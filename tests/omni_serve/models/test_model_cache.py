@@ -83,8 +83,11 @@ def test_cli_prints_the_path():
 
 def test_presets_and_resolution(tmp_path):
     assert set(presets()) == {
-        "tiny-qwen3-omni", "small-qwen3-omni", "tiny-qwen-image", "small-qwen-image"
-    }  # fmt: skip
+        "tiny-qwen3-omni",
+        "small-qwen3-omni",
+        "tiny-qwen-image",
+        "small-qwen-image",
+    }
     assert resolve_model(str(tmp_path)) == tmp_path  # a checkpoint dir is used as is
     with pytest.raises(FileNotFoundError, match="neither a preset"):
         resolve_model("no-such-model")

@@ -37,13 +37,24 @@ def test_followers_scale_with_their_leader_in_the_same_decision():
 def context(name: str, ongoing: float, current: int = 1) -> AutoscalingContext:
     config = AutoscalingConfig(min_replicas=1, max_replicas=6, target_ongoing_requests=2)
     return AutoscalingContext(
-        deployment_id=DeploymentID(name=name, app_name="omni"), deployment_name=name,
-        app_name="omni", current_num_replicas=current, target_num_replicas=current,
-        running_replicas=[], total_num_requests=ongoing, total_queued_requests=0.0,
-        aggregated_metrics={}, raw_metrics={}, capacity_adjusted_min_replicas=1,
-        capacity_adjusted_max_replicas=6, policy_state={}, last_scale_up_time=None,
-        last_scale_down_time=None, current_time=0.0, config=config,
-    )  # fmt: skip
+        deployment_id=DeploymentID(name=name, app_name="omni"),
+        deployment_name=name,
+        app_name="omni",
+        current_num_replicas=current,
+        target_num_replicas=current,
+        running_replicas=[],
+        total_num_requests=ongoing,
+        total_queued_requests=0.0,
+        aggregated_metrics={},
+        raw_metrics={},
+        capacity_adjusted_min_replicas=1,
+        capacity_adjusted_max_replicas=6,
+        policy_state={},
+        last_scale_up_time=None,
+        last_scale_down_time=None,
+        current_time=0.0,
+        config=config,
+    )
 
 
 def test_the_policy_speaks_serves_interface():

@@ -27,12 +27,15 @@ pytest.importorskip("omni_serve.compat.nixl").load_nixl()
 def _peer_main(conn, env: dict[str, str]) -> None:
     """A stage in another process: puts, takes, abandons and reports its buffers on request."""
     channel = DirectChannel()
-    serve_ops(conn, {
-        **channel_ops(channel),
-        "in_use": buffers_in_use,
-        "pause": _pause_owner_loop,
-        "resume": _resume_owner_loop,
-    })  # fmt: skip
+    serve_ops(
+        conn,
+        {
+            **channel_ops(channel),
+            "in_use": buffers_in_use,
+            "pause": _pause_owner_loop,
+            "resume": _resume_owner_loop,
+        },
+    )
 
 
 def _pause_owner_loop(_=None) -> None:

@@ -31,22 +31,29 @@ def _payload(device: str) -> dict[str, torch.Tensor]:
 def _gpu_peer_main(conn, env: dict[str, str]) -> None:
     """A stage in another process: puts GPU payloads, takes refs and says where they landed."""
     channel = DirectChannel()
-    serve_ops(conn, {
-        "put": lambda _: channel.put(_payload("cuda")),
-        "take": lambda ref: _landed(asyncio.run(take(ref))),
-        "import_kv": _import_kv,
-        "in_use": buffers_in_use,
-        "in_allocator": _buffers_in_torch_allocator,
-    })  # fmt: skip
+    serve_ops(
+        conn,
+        {
+            "put": lambda _: channel.put(_payload("cuda")),
+            "take": lambda ref: _landed(asyncio.run(take(ref))),
+            "import_kv": _import_kv,
+            "in_use": buffers_in_use,
+            "in_allocator": _buffers_in_torch_allocator,
+        },
+    )
 
 
 def _buffers_in_torch_allocator(_=None) -> int:
     """How many of this process's GPU buffers lie in memory torch's allocator manages."""
-    segments = [(s["address"], s["address"] + s["total_size"])
-                for s in torch.cuda.memory_snapshot()]  # fmt: skip
+    segments = [
+        (s["address"], s["address"] + s["total_size"]) for s in torch.cuda.memory_snapshot()
+    ]
     owner = direct_module.endpoint()
-    return sum(any(a <= b.memory.data_ptr() < z for a, z in segments)
-               for b in owner.buffers.values() if b.memory.is_cuda)  # fmt: skip
+    return sum(
+        any(a <= b.memory.data_ptr() < z for a, z in segments)
+        for b in owner.buffers.values()
+        if b.memory.is_cuda
+    )
 
 
 def _landed(got):
@@ -68,8 +75,12 @@ def _import_kv(arg):
 def _kv_caches() -> dict[str, torch.Tensor]:
     """vLLM's GPU layout per layer: (2, blocks, block size, kv heads, head dim), bf16."""
     gen = torch.Generator().manual_seed(1)
-    return {f"layers.{i}.attn": torch.randn((2, 64, 16, 8, 128), generator=gen)
-            .to("cuda", torch.bfloat16) for i in range(8)}  # fmt: skip
+    return {
+        f"layers.{i}.attn": torch.randn((2, 64, 16, 8, 128), generator=gen).to(
+            "cuda", torch.bfloat16
+        )
+        for i in range(8)
+    }
 
 
 def _kv_dims() -> dict[str, int]:

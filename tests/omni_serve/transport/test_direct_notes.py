@@ -40,8 +40,12 @@ def test_an_owner_is_loaded_once_and_past_the_bound_the_least_recent_quiet_one_g
     monkeypatch.setattr(direct_notes, "QUIET_S", 0.0)
     for owner in ["a", "b", "a", "c"]:
         assert notifier.send(owner, owner.encode(), f"free:{owner}")
-    assert notifier.agent.sent == [("a", "free:a"), ("b", "free:b"), ("a", "free:a"),
-                                   ("c", "free:c")]  # fmt: skip
+    assert notifier.agent.sent == [
+        ("a", "free:a"),
+        ("b", "free:b"),
+        ("a", "free:a"),
+        ("c", "free:c"),
+    ]
     assert notifier.agent.loaded == ["a", "c"]  # b: least recently notified
     assert list(notifier.owners) == ["a", "c"]
     assert notifier.send("b", b"b", "free:b")  # loaded again when needed

@@ -85,9 +85,18 @@ async def test_a_process_with_a_dev_shm_of_its_own_is_another_host_with_one_host
     """As a container on the host's network sees a ref made outside it: the error says why,
     not that the ref was freed."""
     ref = SharedMemoryChannel().put(torch.arange(300_000, dtype=torch.float32))
-    inside = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-              'mount -t tmpfs tmpfs /dev/shm && exec "$0" -c "$1" "$2"', sys.executable,
-              READ_IN_A_PRIVATE_DEV_SHM, pickle.dumps(ref).hex()]  # fmt: skip
+    inside = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs tmpfs /dev/shm && exec "$0" -c "$1" "$2"',
+        sys.executable,
+        READ_IN_A_PRIVATE_DEV_SHM,
+        pickle.dumps(ref).hex(),
+    ]
     done = subprocess.run(inside, capture_output=True, text=True, timeout=120)
     if "mount" in done.stderr and done.returncode != 0:
         pytest.skip(f"cannot mount a private /dev/shm here (needs root): {done.stderr[-300:]}")

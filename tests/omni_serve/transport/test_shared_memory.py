@@ -104,8 +104,12 @@ async def test_a_consumer_reading_while_the_caller_abandons_gets_a_clean_answer(
             "except ChannelError:\n"
             "    print('freed')\n"
         )
-        reader = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=False)  # fmt: skip
+        reader = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=False,
+        )
         reader.stdin.write(pickle.dumps(ref))
         reader.stdin.close()
         time.sleep(0.05 * (_ % 5))
@@ -157,8 +161,9 @@ async def test_a_ref_from_another_process_reads_back_and_its_orphan_is_swept(mon
         "ref = SharedMemoryChannel().put(torch.arange(1000).view(10, 100).to(torch.bfloat16));"
         "sys.stdout.write(pickle.dumps(ref).hex()); sys.stdout.flush(); os._exit(0)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     ref = pickle.loads(bytes.fromhex(out))
     dead = ref.key
     assert (shm.SHM_DIR / dead).exists()  # killed: no exit handler ran
@@ -237,8 +242,11 @@ def small_shm(tmp_path):
     """A 16 MiB tmpfs, as a container's undersized /dev/shm (mounting needs root)."""
     mount = tmp_path / "shm"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)  # fmt: skip
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
     yield mount
@@ -269,8 +277,12 @@ except ChannelFull as exc:
 def test_a_full_shm_is_a_channel_full_error_not_a_crash(small_shm):
     """Writing past a full tmpfs is a SIGBUS that kills the replica: the pool sweeps dead
     producers' segments and drops its own free ones to make room, then says what is wrong."""
-    done = subprocess.run([sys.executable, "-c", FILL_SMALL_SHM, str(small_shm)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", FILL_SMALL_SHM, str(small_shm)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     lines = done.stdout.splitlines()
     assert lines[:2] == ["fits 1", "fits 1"], lines

@@ -75,11 +75,19 @@ def test_counts_are_plain_values_a_handle_call_can_return():
 
 def test_a_replicas_and_its_engines_counts_add_up():
     """The Thinker reports its own takes and those of vLLM's worker (KV blocks) as one."""
-    replica = {"taken": {"inline": {"payloads": 2, "bytes": 8, "seconds": 0.5, "failed": 0}},
-               "overflowed": 0, "pool_bytes": 4}  # fmt: skip
-    engine = {"taken": {"inline": {"payloads": 1, "bytes": 2, "seconds": 0.25, "failed": 1},
-                        "shared_memory": {"payloads": 3, "bytes": 9, "seconds": 1.0, "failed": 0}},
-              "overflowed": 1, "pool_bytes": 16}  # fmt: skip
+    replica = {
+        "taken": {"inline": {"payloads": 2, "bytes": 8, "seconds": 0.5, "failed": 0}},
+        "overflowed": 0,
+        "pool_bytes": 4,
+    }
+    engine = {
+        "taken": {
+            "inline": {"payloads": 1, "bytes": 2, "seconds": 0.25, "failed": 1},
+            "shared_memory": {"payloads": 3, "bytes": 9, "seconds": 1.0, "failed": 0},
+        },
+        "overflowed": 1,
+        "pool_bytes": 16,
+    }
     assert merged(replica, engine, None) == {
         "taken": {
             "inline": {"payloads": 3, "bytes": 10, "seconds": 0.75, "failed": 1},

@@ -90,8 +90,14 @@ def realtime_server():
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket, model: str | None = None):
         await ws.accept()
-        session = RealtimeSession(ws, chat, LIMITS, idle_timeout_s=30, max_buffer_bytes=2_000_000,
-                                  early_answer_ms=chat.early_answer_ms)  # fmt: skip
+        session = RealtimeSession(
+            ws,
+            chat,
+            LIMITS,
+            idle_timeout_s=30,
+            max_buffer_bytes=2_000_000,
+            early_answer_ms=chat.early_answer_ms,
+        )
         try:
             await session.run()
         finally:

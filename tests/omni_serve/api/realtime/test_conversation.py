@@ -29,8 +29,9 @@ def test_items_become_the_chat_the_model_answers_in_order():
 
 def test_a_truncated_answer_keeps_what_was_played():
     words = "one two three four five six seven eight nine ten"
-    reply = Item("assistant", [Part("output_audio", pcm=bytes(1000 * BYTES_PER_MS),
-                                    transcript=words)])  # fmt: skip
+    reply = Item(
+        "assistant", [Part("output_audio", pcm=bytes(1000 * BYTES_PER_MS), transcript=words)]
+    )
     assert reply.truncate(400)
     part = reply.parts[0]
     assert len(part.pcm) == 400 * BYTES_PER_MS and part.transcript == "one two three four"

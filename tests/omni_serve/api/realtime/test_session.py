@@ -33,8 +33,11 @@ async def stream_audio(conn, samples: np.ndarray, chunk_ms: int = 100, pace: flo
             await asyncio.sleep(chunk_ms / 1000 * pace)
 
 
-TEXT_ONLY = {"type": "realtime", "output_modalities": ["text"],
-             "audio": {"input": {"turn_detection": None}}}  # fmt: skip
+TEXT_ONLY = {
+    "type": "realtime",
+    "output_modalities": ["text"],
+    "audio": {"input": {"turn_detection": None}},
+}
 
 
 async def test_a_text_turn_streams_the_answer_in_openais_event_order(realtime_server):
@@ -56,10 +59,17 @@ async def test_a_text_turn_streams_the_answer_in_openais_event_order(realtime_se
         await conn.response.create()
         events = await until(conn, "response.done")
     kinds = [e.type for e in events]
-    assert kinds[:4] == ["conversation.item.created", "conversation.item.added",
-                         "conversation.item.done", "response.created"]  # fmt: skip
-    assert kinds[4:7] == ["response.output_item.added", "conversation.item.added",
-                          "response.content_part.added"]  # fmt: skip
+    assert kinds[:4] == [
+        "conversation.item.created",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+    ]
+    assert kinds[4:7] == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+    ]
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == "Hello there."
     done = events[-1].response
@@ -96,8 +106,9 @@ async def test_server_vad_commits_a_spoken_turn_and_answers_it_in_speech(realtim
     assert committed.item_id == started.item_id == stopped.item_id
     heard = chat.asks[0].messages[-1]["content"][0]
     assert heard["type"] == "input_audio" and heard["input_audio"]["format"] == "wav"
-    audio = b"".join(base64.b64decode(e.delta) for e in events
-                     if e.type == "response.output_audio.delta")  # fmt: skip
+    audio = b"".join(
+        base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
+    )
     assert len(audio) == 2 * 960 * 2  # two 40 ms chunks of PCM16
     assert events[-1].response.output[0].content[0].transcript == "Hello there."
 
@@ -148,9 +159,13 @@ async def test_a_conversation_persists_across_turns(realtime_server):
     async with client(base_url).realtime.connect(model="omni-test") as conn:
         await conn.session.update(session=TEXT_ONLY)
         for words in ("One", "Two"):
-            await conn.conversation.item.create(item={
-                "type": "message", "role": "user",
-                "content": [{"type": "input_text", "text": words}]})  # fmt: skip
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": words}],
+                }
+            )
             await conn.response.create()
             await until(conn, "response.done")
     assert [m["role"] for m in chat.asks[1].messages] == ["user", "assistant", "user"]
@@ -164,27 +179,63 @@ BAD_EVENTS = [
     ({"type": "input_audio_buffer.append", "audio": "AA=="}, "audio", None),  # half a sample
     ({"type": "input_audio_buffer.commit"}, None, "input_audio_buffer_commit_empty"),
     ({"type": "response.cancel"}, "response_id", "response_cancel_not_active"),
-    ({"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}},
-     "session.tools", None),
-    ({"type": "session.update", "session": {"audio": {"input": {
-        "format": {"type": "audio/pcmu"}}}}}, "session.audio.input.format", None),
-    ({"type": "session.update", "session": {"audio": {"output": {"voice": "alloy"}}}},
-     "session.audio.output.voice", None),
-    ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
-        "type": "semantic_vad"}}}}}, "session.audio.input.turn_detection.type", None),
-    ({"type": "session.update", "session": {"max_output_tokens": 10_000}},
-     "session.max_output_tokens", None),
+    (
+        {"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}},
+        "session.tools",
+        None,
+    ),
+    (
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+        },
+        "session.audio.input.format",
+        None,
+    ),
+    (
+        {"type": "session.update", "session": {"audio": {"output": {"voice": "alloy"}}}},
+        "session.audio.output.voice",
+        None,
+    ),
+    (
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+        },
+        "session.audio.input.turn_detection.type",
+        None,
+    ),
+    (
+        {"type": "session.update", "session": {"max_output_tokens": 10_000}},
+        "session.max_output_tokens",
+        None,
+    ),
     ({"type": "session.update", "session": {"model": "gpt-realtime"}}, "session.model", None),
     ({"type": "session.update", "session": {"no_such_field": 1}}, "session.no_such_field", None),
-    ({"type": "conversation.item.create", "item": {"type": "function_call", "name": "f"}},
-     "item.type", None),
-    ({"type": "conversation.item.create", "item": {"type": "message", "role": "assistant",
-      "content": [{"type": "output_audio", "audio": "AAAAAA=="}]}},
-     "item.content[0].transcript", None),
-    ({"type": "conversation.item.truncate", "item_id": "nope", "audio_end_ms": 10},
-     "item_id", "item_not_found"),
+    (
+        {"type": "conversation.item.create", "item": {"type": "function_call", "name": "f"}},
+        "item.type",
+        None,
+    ),
+    (
+        {
+            "type": "conversation.item.create",
+            "item": {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_audio", "audio": "AAAAAA=="}],
+            },
+        },
+        "item.content[0].transcript",
+        None,
+    ),
+    (
+        {"type": "conversation.item.truncate", "item_id": "nope", "audio_end_ms": 10},
+        "item_id",
+        "item_not_found",
+    ),
     ({"type": "output_audio_buffer.clear"}, "type", None),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("event", "param", "code"), BAD_EVENTS)

@@ -54,8 +54,11 @@ def test_a_longer_silence_window_waits_longer_and_silence_is_never_speech(model)
 
 def test_a_pause_shorter_than_the_window_is_quiet_then_resumed_and_the_turn_ends_once(model):
     pause = np.zeros(RATE * 3 // 10)
-    pcm = pcm16(np.concatenate([np.zeros(RATE // 2), speak("One moment"), pause,
-                                speak("please."), np.zeros(RATE)]))  # fmt: skip
+    pcm = pcm16(
+        np.concatenate(
+            [np.zeros(RATE // 2), speak("One moment"), pause, speak("please."), np.zeros(RATE)]
+        )
+    )
     vad = VoiceActivity(TurnDetection(type="server_vad"), model, quiet_ms=100)
     model.reset_states()
     kinds = [e.kind for i in range(0, len(pcm), 960) for e in vad.hear(pcm[i : i + 960])]

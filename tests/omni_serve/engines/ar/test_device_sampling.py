@@ -21,9 +21,12 @@ from omni_serve.engines.ar.device_sampling import (
 def rows(n: int, temperature=1.0, top_k=0, top_p=1.0, seed=None, counter=0) -> RowSampling:
     seeds = torch.arange(n) if seed is None else torch.full((n,), seed)
     return RowSampling(
-        temperature=torch.full((n,), float(temperature)), top_k=torch.full((n,), top_k),
-        top_p=torch.full((n,), float(top_p)), seed=seeds, counter=torch.full((n,), counter),
-    )  # fmt: skip
+        temperature=torch.full((n,), float(temperature)),
+        top_k=torch.full((n,), top_k),
+        top_p=torch.full((n,), float(top_p)),
+        seed=seeds,
+        counter=torch.full((n,), counter),
+    )
 
 
 def test_uniforms_are_in_the_open_unit_interval_and_evenly_spread():
@@ -108,9 +111,14 @@ def test_fixed_settings_match_per_row_settings_in_distribution():
     logits = torch.randn(1, 300)
     n = 20000
     seed, counter = torch.arange(n), torch.zeros(n, dtype=torch.int64)
-    fixed = sample_fixed(logits.expand(n, -1).clone(), torch.zeros(n, dtype=torch.bool),
-                         gumbel(seed, counter, 1, 50), temperature=1.0, top_k=50,
-                         top_p=0.8)  # fmt: skip
+    fixed = sample_fixed(
+        logits.expand(n, -1).clone(),
+        torch.zeros(n, dtype=torch.bool),
+        gumbel(seed, counter, 1, 50),
+        temperature=1.0,
+        top_k=50,
+        top_p=0.8,
+    )
     per_row = sample(logits.expand(n, -1).clone(), rows(n, top_k=50, top_p=0.8), 1)
     kept = set(torch.topk(logits[0], 50).indices.tolist())
     assert set(fixed.tolist()) <= kept and set(per_row.tolist()) <= kept

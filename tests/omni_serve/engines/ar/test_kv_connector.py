@@ -34,13 +34,19 @@ def connector():
 def _config(tensor_parallel: int = 1) -> NS:
     transfer = NS(get_from_extra_config=lambda key, default: default, is_kv_producer=True)
     parallel = NS(tensor_parallel_size=tensor_parallel, pipeline_parallel_size=1)
-    return NS(kv_transfer_config=transfer, cache_config=NS(block_size=BLOCK),
-              parallel_config=parallel)  # fmt: skip
+    return NS(
+        kv_transfer_config=transfer, cache_config=NS(block_size=BLOCK), parallel_config=parallel
+    )
 
 
 def request(req_id: str, prompt: list[int], params: dict | None) -> NS:
-    return NS(request_id=req_id, prompt_token_ids=prompt, kv_transfer_params=params,
-              mm_features=[], status=RequestStatus.FINISHED_STOPPED)  # fmt: skip
+    return NS(
+        request_id=req_id,
+        prompt_token_ids=prompt,
+        kv_transfer_params=params,
+        mm_features=[],
+        status=RequestStatus.FINISHED_STOPPED,
+    )
 
 
 def step(new=(), cached=(), scheduled=None) -> NS:
@@ -49,12 +55,13 @@ def step(new=(), cached=(), scheduled=None) -> NS:
     return NS(
         scheduled_new_reqs=[NS(req_id=r, block_ids=(b,), num_computed_tokens=c) for r, b, c in new],
         scheduled_cached_reqs=NS(
-            req_ids=[r for r, _, _ in cached], resumed_req_ids=set(),
+            req_ids=[r for r, _, _ in cached],
+            resumed_req_ids=set(),
             new_block_ids=[(b,) if b is not None else None for _, b, _ in cached],
             num_computed_tokens=[c for _, _, c in cached],
         ),
         num_scheduled_tokens=scheduled or {},
-    )  # fmt: skip
+    )
 
 
 def test_a_chunked_prefill_exports_once_its_last_chunk_is_scheduled(connector):
@@ -76,8 +83,9 @@ def test_params_handed_out_before_the_export_returns_are_filled_in_place(connect
     connector.build_connector_meta(step(new=[("a", [1, 2], 0)], scheduled={"a": 8}))
     _, params = connector.request_finished(req, [1, 2])  # finished in its prefill step
     assert params == {}
-    connector.update_connector_output(NS(kv_connector_worker_meta=ChannelKVWorkerMetadata(
-        {"a": "encoded"})))  # fmt: skip
+    connector.update_connector_output(
+        NS(kv_connector_worker_meta=ChannelKVWorkerMetadata({"a": "encoded"}))
+    )
     assert params == {"omni_kv": "encoded"}
 
 
@@ -85,8 +93,8 @@ def test_an_export_back_before_the_finish_goes_out_with_it(connector):
     req = request("a", list(range(8)), {"omni_kv_export": True})
     connector.on_new_request(req)
     connector.build_connector_meta(step(new=[("a", [1, 2], 0)], scheduled={"a": 8}))
-    connector.update_connector_output(NS(kv_connector_worker_meta=ChannelKVWorkerMetadata(
-        {"a": ""})))  # fmt: skip  # "" = the worker could not export
+    failed = ChannelKVWorkerMetadata({"a": ""})  # "" = the worker could not export
+    connector.update_connector_output(NS(kv_connector_worker_meta=failed))
     assert connector.request_finished(req, [1, 2]) == (False, {"omni_kv": None})
 
 
@@ -156,8 +164,13 @@ def test_no_import_of_blocks_laid_out_by_another_backend(connector):
 
 def embeds_request(req_id: str, params: dict, length: int = 20) -> NS:
     """An embeddings prompt: vLLM holds no token ids for it."""
-    return NS(request_id=req_id, prompt_token_ids=None, num_prompt_tokens=length,
-              kv_transfer_params=params, mm_features=[])  # fmt: skip
+    return NS(
+        request_id=req_id,
+        prompt_token_ids=None,
+        num_prompt_tokens=length,
+        kv_transfer_params=params,
+        mm_features=[],
+    )
 
 
 def test_an_embeddings_prompt_matches_on_the_ids_and_items_its_sender_named(connector):

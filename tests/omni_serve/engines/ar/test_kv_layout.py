@@ -177,8 +177,16 @@ def test_kernel_block_caches_export_the_blocks_a_reader_and_another_engine_take(
         return connector
 
     def caches() -> dict[str, torch.Tensor]:
-        made = paged_caches(layout, 2, num_blocks, block_size, heads, head_size, torch.bfloat16,
-                            kernel_block_size=kernel_block)  # fmt: skip
+        made = paged_caches(
+            layout,
+            2,
+            num_blocks,
+            block_size,
+            heads,
+            head_size,
+            torch.bfloat16,
+            kernel_block_size=kernel_block,
+        )
         assert next(iter(made.values())).shape[:3] == (num_blocks * split, heads, kernel_block)
         return made
 

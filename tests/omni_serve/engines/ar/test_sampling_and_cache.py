@@ -45,8 +45,11 @@ def test_batched_rows_equal_one_at_a_time():
     from omni_serve.engines.ar.sampling import sample_rows
 
     logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(1)) * 3
-    for cfg in (SamplingConfig(), SamplingConfig(temperature=1.0, top_k=50, top_p=0.8),
-                SamplingConfig(temperature=0.7, top_p=0.5)):  # fmt: skip
+    for cfg in (
+        SamplingConfig(),
+        SamplingConfig(temperature=1.0, top_k=50, top_p=0.8),
+        SamplingConfig(temperature=0.7, top_p=0.5),
+    ):
         gens_a = [torch.Generator().manual_seed(10 + i) for i in range(5)]
         gens_b = [torch.Generator().manual_seed(10 + i) for i in range(5)]
         batched = sample_rows(logits, cfg, gens_a).tolist()

@@ -27,11 +27,16 @@ def test_only_old_files_of_killed_engines_that_nobody_maps_or_holds_go(tmp_path)
     young = _file(tmp_path, "psm_young", age_s=0)
     other = _file(tmp_path, "omni-shm-1-0")
     mapper = subprocess.Popen(
-        [sys.executable, "-c", "import mmap, sys, time; f = open(sys.argv[1], 'r+b'); "
-         "m = mmap.mmap(f.fileno(), 0); f.close(); print('mapped', flush=True); time.sleep(60)",
-         mapped],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import mmap, sys, time; f = open(sys.argv[1], 'r+b'); "
+            "m = mmap.mmap(f.fileno(), 0); f.close(); print('mapped', flush=True); time.sleep(60)",
+            mapped,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert mapper.stdout.readline().strip() == "mapped"  # mapped only: its fd is closed
         with open(held, "rb"):

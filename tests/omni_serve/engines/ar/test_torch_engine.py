@@ -59,8 +59,10 @@ async def test_an_abort_during_a_step_frees_the_slot_after_it_and_the_batch_goes
     runner = SlotRunner()
     engine = TorchAREngine(runner)
     await engine.start()
-    streams = [engine.generate(ARRequest(r, [1], sampling=SamplingConfig(max_tokens=6)))
-               for r in ("a", "b")]  # fmt: skip
+    streams = [
+        engine.generate(ARRequest(r, [1], sampling=SamplingConfig(max_tokens=6)))
+        for r in ("a", "b")
+    ]
     firsts = [await anext(s) for s in streams]  # both prefilled
     assert all(f is not None for f in firsts)
     runner.resume.clear()

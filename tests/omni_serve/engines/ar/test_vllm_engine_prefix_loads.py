@@ -35,8 +35,13 @@ class FakeAsyncLLM:
 
 def _output(tokens: list[int], reason: str | None, finished: bool) -> NS:
     completion = NS(token_ids=tokens, text="", finish_reason=reason, stop_reason=None)
-    return NS(outputs=[completion], finished=finished, num_cached_tokens=0,
-              kv_transfer_params=None, prompt_token_ids=[1, 2, 3])  # fmt: skip
+    return NS(
+        outputs=[completion],
+        finished=finished,
+        num_cached_tokens=0,
+        kv_transfer_params=None,
+        prompt_token_ids=[1, 2, 3],
+    )
 
 
 def _engine(failing: set[str]) -> tuple[VLLMEngine, FakeAsyncLLM]:

@@ -32,8 +32,9 @@ def cached(path, **settings):
 
 def test_a_threshold_that_caches_nothing_gives_identical_latents(tiny_image_path, jobs):
     batch, reference, batch_reference = jobs
-    denoiser = cached(tiny_image_path, compute_first_blocks=1, residual_diff_threshold=0.0,
-                      max_warmup_steps=0)  # fmt: skip
+    denoiser = cached(
+        tiny_image_path, compute_first_blocks=1, residual_diff_threshold=0.0, max_warmup_steps=0
+    )
     assert torch.equal(denoiser.run(batch[:1])[0], reference)
     assert denoiser.last_cached_steps == 0
     together = denoiser.run(batch)
@@ -61,9 +62,13 @@ def test_a_static_mask_caches_its_steps_and_stays_close(tiny_image_path, jobs):
 def test_unconditional_caching_and_taylorseer_cache_steps(tiny_image_path, jobs):
     batch, _, _ = jobs
     denoiser = cached(
-        tiny_image_path, compute_first_blocks=1, residual_diff_threshold=1e9,
-        max_warmup_steps=1, max_continuous_cached_steps=1, taylorseer=True,
-    )  # fmt: skip
+        tiny_image_path,
+        compute_first_blocks=1,
+        residual_diff_threshold=1e9,
+        max_warmup_steps=1,
+        max_continuous_cached_steps=1,
+        taylorseer=True,
+    )
     denoiser.run(batch)
     assert denoiser.last_cached_steps >= 3
 

@@ -15,8 +15,9 @@ def codes(frames: int, seed: int) -> torch.Tensor:
 
 
 def jobs_of(codec, context: int, stream: torch.Tensor, stream_id: str | None) -> list[DecodeJob]:
-    planner = ChunkPlanner(codec.samples_per_frame, first_chunk=2, chunk=25,
-                           left_context=context, stream_id=stream_id)  # fmt: skip
+    planner = ChunkPlanner(
+        codec.samples_per_frame, first_chunk=2, chunk=25, left_context=context, stream_id=stream_id
+    )
     jobs = []
     for start in range(0, stream.shape[1], 7):
         jobs += planner.push(stream[:, start : start + 7])
@@ -53,8 +54,9 @@ def test_interleaved_streams_keep_their_own_state(decoder):
         for job, audio in zip(pair, codec.run(list(pair)), strict=True):
             out[job.stream_id].append(audio)
     for name, stream in streams.items():
-        torch.testing.assert_close(torch.cat(out[name]), full_decode(codec, stream), atol=1e-4,
-                                   rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            torch.cat(out[name]), full_decode(codec, stream), atol=1e-4, rtol=0
+        )
 
 
 def test_jobs_whose_state_is_elsewhere_or_stale_decode_from_their_left_context(tiny_omni_path):

@@ -67,8 +67,12 @@ def test_images_get_the_rows_they_get_alone(encoders):
     # the same images again, in the other order: all from the cache
     again = items.images([second, sample_image()])
     assert torch.equal(again[0], found[1]) and torch.equal(again[1], found[0])
-    assert items.cache.stats() == {"hits": 2, "misses": 2, "items": 2,
-                                   "bytes": sum(r.numel() * 4 for r in found)}  # fmt: skip
+    assert items.cache.stats() == {
+        "hits": 2,
+        "misses": 2,
+        "items": 2,
+        "bytes": sum(r.numel() * 4 for r in found),
+    }
 
 
 @torch.no_grad()

@@ -172,11 +172,14 @@ def frames() -> np.ndarray:
 def video_prompt(media: dict[str, Any]) -> PreparedPrompt:
     counts = {"video": 1, "image": int("image" in media), "audio": int("audio" in media)}
     return PreparedPrompt(
-        [1, 2, 3], media, image_grid_thw=torch.tensor([[1, 4, 4]]) if "image" in media else None,
+        [1, 2, 3],
+        media,
+        image_grid_thw=torch.tensor([[1, 4, 4]]) if "image" in media else None,
         counts=counts,
-        video_grid_thw=torch.tensor([[2, 4, 4]]), video_second_per_grid=[1.0],
+        video_grid_thw=torch.tensor([[2, 4, 4]]),
+        video_second_per_grid=[1.0],
         mm_processor_kwargs={"fps": 2.0},
-    )  # fmt: skip
+    )
 
 
 async def test_images_and_videos_go_to_the_encoder_stage_together():

@@ -34,10 +34,15 @@ def user_message(*parts: dict) -> ChatMessage:
 
 
 def video_message(url: str) -> ChatMessage:
-    return ChatMessage.model_validate({"role": "user", "content": [
-        {"type": "video_url", "video_url": {"url": url}},
-        {"type": "text", "text": "What happens?"},
-    ]})  # fmt: skip
+    return ChatMessage.model_validate(
+        {
+            "role": "user",
+            "content": [
+                {"type": "video_url", "video_url": {"url": url}},
+                {"type": "text", "text": "What happens?"},
+            ],
+        }
+    )
 
 
 @pytest.mark.parametrize("shape", [(5, 64, 96), (4, 32, 32), (1, 240, 320), (3, 700, 1100)])
@@ -82,7 +87,7 @@ def test_media_decoded_ahead_are_named_by_their_part_and_used(omni_processor):
                     {"type": "image_url", "image_url": {"url": png_data_url(image)}},
                 ],
             }
-        ),  # fmt: skip
+        ),
     ]
     assert has_media_parts(messages) and not has_media_parts(messages[:1])
     decoded = decode_media(omni_processor, messages, api)
@@ -183,8 +188,10 @@ def test_a_clips_features_do_not_depend_on_the_clips_beside_it(omni_processor):
     short, longer = sample_audio()[:12000], sample_audio()[4000:] * 0.5
 
     def chat(*clips) -> list[ChatMessage]:
-        parts = [{"type": "input_audio", "input_audio": {"data": wav_b64(c, 16000, "FLOAT")}}
-                 for c in clips]  # fmt: skip
+        parts = [
+            {"type": "input_audio", "input_audio": {"data": wav_b64(c, 16000, "FLOAT")}}
+            for c in clips
+        ]
         return [ChatMessage.model_validate({"role": "user", "content": parts})]
 
     beside = prepare_prompt(omni_processor, chat(short, longer), api)
@@ -234,8 +241,9 @@ def test_audio_placeholders_expand_as_the_processor_expands_them(omni_processor,
     from tests.reference import sample_audio
 
     clips = [np.resize(sample_audio(), int(16000 * s)) for s in seconds]
-    parts = [{"type": "input_audio", "input_audio": {"data": wav_b64(c, 16000, "FLOAT")}}
-             for c in clips]  # fmt: skip
+    parts = [
+        {"type": "input_audio", "input_audio": {"data": wav_b64(c, 16000, "FLOAT")}} for c in clips
+    ]
     text_part = {"type": "text", "text": "What is said?"}
     messages = [ChatMessage.model_validate({"role": "user", "content": [*parts, text_part]})]
     prompt = prepare_prompt(omni_processor, messages, ApiSettings(max_audio_seconds=60))

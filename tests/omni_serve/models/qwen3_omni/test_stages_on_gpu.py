@@ -33,10 +33,12 @@ def test_the_encoders_on_the_gpu_give_the_cpu_rows(tiny_omni_path, omni_processo
     audio = processor_inputs(omni_processor, "audio")
     valid = audio["feature_attention_mask"][0].bool()
     features, lens = audio["input_features"][0][:, valid], valid.sum()[None]
-    want = TorchEncoderEngine(cpu.encode_audio).encode_sync(input_features=features,
-                                                            feature_lens=lens)  # fmt: skip
-    got = TorchEncoderEngine(gpu.encode_audio).encode_sync(input_features=features,
-                                                           feature_lens=lens)  # fmt: skip
+    want = TorchEncoderEngine(cpu.encode_audio).encode_sync(
+        input_features=features, feature_lens=lens
+    )
+    got = TorchEncoderEngine(gpu.encode_audio).encode_sync(
+        input_features=features, feature_lens=lens
+    )
     assert got.embeds.device.type == "cuda"
     torch.testing.assert_close(got.embeds.cpu(), want.embeds, atol=1e-4, rtol=1e-4)
     image = processor_inputs(omni_processor, "image")
@@ -50,8 +52,9 @@ def test_the_encoders_on_the_gpu_give_the_cpu_rows(tiny_omni_path, omni_processo
 
 
 def test_code2wav_on_the_gpu_decodes_the_cpu_waveform_chunk_by_chunk(tiny_omni_path):
-    (cpu, context), (gpu, _) = (load_code2wav_decoder(tiny_omni_path, device=d)
-                                for d in ("cpu", "cuda"))  # fmt: skip
+    (cpu, context), (gpu, _) = (
+        load_code2wav_decoder(tiny_omni_path, device=d) for d in ("cpu", "cuda")
+    )
     stream = codes(120, seed=4)
     want = torch.cat(cpu.run(jobs_of(cpu, context, stream, "s")))
     chunks = gpu.run(jobs_of(gpu, context, stream, "s"))

@@ -13,12 +13,16 @@ from tests.reference import SPEAKER
 def _prompt(builder, run, embed_rows, accept_rows):
     mask = run.inputs.get("feature_attention_mask")
     return builder.build_prompt(
-        run.prompt_ids, embed_rows, accept_rows, run.generated[0], SPEAKER,
+        run.prompt_ids,
+        embed_rows,
+        accept_rows,
+        run.generated[0],
+        SPEAKER,
         image_grid_thw=run.inputs.get("image_grid_thw"),
         video_grid_thw=run.inputs.get("video_grid_thw"),
         audio_seqlens=mask.sum(-1) if mask is not None else None,
         video_second_per_grid=run.inputs.get("video_second_per_grid"),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("kind", ["text", "audio", "image", "video"])

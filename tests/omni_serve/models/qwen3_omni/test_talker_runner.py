@@ -133,9 +133,15 @@ async def test_bfloat16_talker_runs(tiny_omni_path, reference_runs):
 
 @pytest.mark.parametrize(
     "text_setting",
-    [{"stop": ["."]}, {"presence_penalty": 1.0}, {"logit_bias": {5: 10.0}}, {"min_p": 0.1},
-     {"min_tokens": 2}, {"ignore_eos": True}],
-)  # fmt: skip
+    [
+        {"stop": ["."]},
+        {"presence_penalty": 1.0},
+        {"logit_bias": {5: 10.0}},
+        {"min_p": 0.1},
+        {"min_tokens": 2},
+        {"ignore_eos": True},
+    ],
+)
 def test_text_only_settings_are_refused_by_the_engine_that_makes_no_text(
     talker_parts, text_setting
 ):

@@ -27,8 +27,9 @@ def requests(talker_parts, sampling: SamplingConfig, count: int = 3) -> list[ARR
     out = []
     for i in range(count):
         embeds = torch.randn(9 + 4 * i, hidden, generator=torch.Generator().manual_seed(i))
-        out.append(ARRequest(f"r{i}", prompt_embeds=embeds, sampling=sampling,
-                             extra={"text_done": True}))  # fmt: skip
+        out.append(
+            ARRequest(f"r{i}", prompt_embeds=embeds, sampling=sampling, extra={"text_done": True})
+        )
     return out
 
 
@@ -47,8 +48,9 @@ async def engine_codes(runner, reqs: list[ARRequest]) -> list[list[list[int]]]:
 
 
 GREEDY = SamplingConfig(max_tokens=FRAMES, repetition_penalty=1.05)
-SEEDED = SamplingConfig(max_tokens=FRAMES, temperature=0.9, top_k=50, repetition_penalty=1.05,
-                        seed=1234)  # fmt: skip
+SEEDED = SamplingConfig(
+    max_tokens=FRAMES, temperature=0.9, top_k=50, repetition_penalty=1.05, seed=1234
+)
 
 
 def test_the_step_traces_as_one_graph_with_no_breaks(talker_parts):

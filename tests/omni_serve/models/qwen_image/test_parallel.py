@@ -27,13 +27,17 @@ def batches() -> list[list[ImageJob]]:
         # one request, odd prompt length, negative prompt of another length (masked rows)
         [ImageJob(text(7), 128, 128, 3, seed=1, negative_embeds=text(4))],
         # two requests with CFG, different lengths; 48x48 is 9 image tokens (odd)
-        [ImageJob(text(5), 48, 48, 3, seed=2, negative_embeds=text(6)),
-         ImageJob(text(9), 48, 48, 3, seed=3, negative_embeds=text(3))],
+        [
+            ImageJob(text(5), 48, 48, 3, seed=2, negative_embeds=text(6)),
+            ImageJob(text(9), 48, 48, 3, seed=3, negative_embeds=text(3)),
+        ],
         # a batch mixing CFG and no CFG, and a request without CFG alone
-        [ImageJob(text(6), 64, 96, 2, seed=4, negative_embeds=text(2)),
-         ImageJob(text(3), 64, 96, 2, seed=5)],
+        [
+            ImageJob(text(6), 64, 96, 2, seed=4, negative_embeds=text(2)),
+            ImageJob(text(3), 64, 96, 2, seed=5),
+        ],
         [ImageJob(text(8), 96, 64, 2, seed=6)],
-    ]  # fmt: skip
+    ]
 
 
 @pytest.fixture(scope="module")

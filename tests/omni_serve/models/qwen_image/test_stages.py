@@ -32,9 +32,15 @@ def stages(tiny_image_path):
 
 def one_pass(pipe, negative: str | None, seed: int, height: int = 128, width: int = 96):
     image = pipe(
-        PROMPT, negative_prompt=negative, true_cfg_scale=4.0, height=height, width=width,
-        num_inference_steps=6, generator=torch.Generator().manual_seed(seed), output_type="np",
-    ).images[0]  # fmt: skip
+        PROMPT,
+        negative_prompt=negative,
+        true_cfg_scale=4.0,
+        height=height,
+        width=width,
+        num_inference_steps=6,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+    ).images[0]
     return (image * 255).round().astype(np.uint8)
 
 
@@ -111,8 +117,9 @@ def test_large_images_decode_in_tiles_close_to_one_pass(stages, monkeypatch):
     whole = decoder.decode(latents, 512, 512).astype(int)
     calls = []
     tiled_decode = decoder.vae.tiled_decode
-    monkeypatch.setattr(decoder.vae, "tiled_decode", lambda *a, **k: calls.append(1)
-                        or tiled_decode(*a, **k))  # fmt: skip
+    monkeypatch.setattr(
+        decoder.vae, "tiled_decode", lambda *a, **k: calls.append(1) or tiled_decode(*a, **k)
+    )
     monkeypatch.setattr(stage_module, "VAE_TILING_MIN_PIXELS", 512 * 512)
     tiled = decoder.decode(latents, 512, 512).astype(int)
     assert calls  # the tiled path ran
