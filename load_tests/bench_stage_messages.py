@@ -17,22 +17,28 @@ values). Writes docs/results/stage_messages.json (median and range over the repe
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ray import cloudpickle, serve
 
-from load_tests.summary import spread, write_summary
-from omni_serve.engines.ar.base import SamplingConfig
-from omni_serve.models.qwen3_omni.messages import (
+sys.path.insert(0, str(Path(__file__).parent))
+
+from summary import spread, write_summary  # noqa: E402
+
+from omni_serve.engines.ar.base import SamplingConfig  # noqa: E402
+from omni_serve.models.qwen3_omni.messages import (  # noqa: E402
     CodecFrame,
     SpeakRequest,
     ThinkerChunk,
     ThinkerRequest,
 )
-from omni_serve.transport.base import TensorRef
+from omni_serve.transport.base import TensorRef  # noqa: E402
 
 PROMPT = list(range(1000, 1200))
 CHUNKS_PER_CALL = 8
@@ -183,6 +189,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    import asyncio
-
     asyncio.run(main())
