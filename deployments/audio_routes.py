@@ -2,7 +2,7 @@
 translations (speech to text), OpenAI's ``/v1/audio/*``, and the WebSocket for voice chats
 (``/v1/audio/stream``: a voice in as binary frames, text and speech streamed out).
 
-A mixin of ``Ingress``: the routes run through its chat path (``_prepare``, ``_chat``,
+A mixin of ``OmniIngress``: the routes run through its chat path (``_prepare``, ``_chat``,
 ``_complete``, ``_sse``), stages and prompt worker, so they only shape requests and answers.
 """
 
@@ -22,14 +22,12 @@ from fastapi.responses import Response, StreamingResponse
 
 from deployments import handle_calls
 from deployments.omni_api import app
-from omni_serve.api.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
-from omni_serve.api.media import audio_format
 from omni_serve.api.protocol import ChatCompletionRequest, new_id, reply_usage
 from omni_serve.api.speech import SpeechRequest
 from omni_serve.api.sse import sse
-from omni_serve.api.transcription import (
+from omni_serve.api.transcriptions import (
     TranscriptionForm,
     TranscriptWriter,
     TranslationForm,
@@ -38,9 +36,11 @@ from omni_serve.api.transcription import (
     usage_tokens,
 )
 from omni_serve.api.websocket import IdleTimeout, VoiceSocket, error_event
+from omni_serve.media.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
+from omni_serve.media.decode import audio_format
+from omni_serve.models.qwen3_omni.chat_flow import ChatEvent, ChatOptions
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.pipeline import ChatEvent, ChatOptions
-from omni_serve.models.qwen3_omni.transcription import instruction, unknown_language
+from omni_serve.models.qwen3_omni.transcribe_prompt import instruction, unknown_language
 
 log = logging.getLogger("ray.serve")
 

@@ -46,7 +46,7 @@ def export_stage_metrics(stage: str, stats: Callable[[], Any]) -> asyncio.Task |
     through Ray's metrics export, where every replica of a stage shows, unlike on the
     ingress's ``/metrics``. Keep the task: the loop holds the only reference. Elsewhere (a
     stage built by hand in a test) it does nothing."""
-    from omni_serve.api.stage_metrics import export_stage_stats
+    from omni_serve.observability.stage_metrics import export_stage_stats
 
     if not in_serve_replica():
         return None

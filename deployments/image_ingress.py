@@ -26,12 +26,12 @@ from deployments.common import (
 from omni_serve.api import playground
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
-from omni_serve.api.health import stage_health
 from omni_serve.api.images import ImageGenerationRequest, images_b64, parse_size
-from omni_serve.api.metrics import ApiMetrics
 from omni_serve.api.protocol import ChatCompletionRequest, model_card, model_list, new_id
 from omni_serve.config import PipelineConfig
-from omni_serve.models.qwen_image.pipeline import ImageOptions, generate_images
+from omni_serve.models.qwen_image.image_flow import ImageOptions, generate_images
+from omni_serve.observability.health import stage_health
+from omni_serve.observability.metrics import ApiMetrics
 from omni_serve.transport import announce, take
 
 app = ingress_app("omni-serve (text to image)")

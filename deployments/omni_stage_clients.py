@@ -1,5 +1,5 @@
 """How the Qwen3-Omni ingress calls its stages: the ``StageClients`` that
-``omni_serve.models.qwen3_omni.pipeline`` drives, over Serve handles and the ingress's channels.
+``omni_serve.models.qwen3_omni.chat_flow`` drives, over Serve handles and the ingress's channels.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Qwen3-Omni ingress's ``/v1/realtime``: OpenAI's Realtime API over a WebSocket
 (``omni_serve.api.realtime``), each answer through the ingress's chat path.
 
-A mixin of ``Ingress``, as ``AudioRoutes`` is: the route maps an answer's ``Ask`` to a chat
+A mixin of ``OmniIngress``, as ``AudioRoutes`` is: the route maps an answer's ``Ask`` to a chat
 request and hands the session its events, and nothing else.
 """
 
@@ -20,8 +20,8 @@ from omni_serve.api.realtime.protocol import PCM_RATE, event_id
 from omni_serve.api.realtime.session import RealtimeSession
 from omni_serve.api.realtime.settings import Ask, Limits
 from omni_serve.api.socket_session import IdleTimeout
+from omni_serve.models.qwen3_omni.chat_flow import ChatEvent
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.pipeline import ChatEvent
 
 POLICY_VIOLATION = 1008  # the close code for a session this server will not hold
 

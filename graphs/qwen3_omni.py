@@ -15,9 +15,9 @@ from ray.serve import Application
 from deployments.code2wav import Code2WavDeployment
 from deployments.common import find_edge
 from deployments.encoder import EncoderDeployment
-from deployments.ingress import Ingress
+from deployments.omni_ingress import OmniIngress
 from deployments.session_store import SessionStore
-from deployments.spoken_replies import SpokenReplyStore
+from deployments.spoken_reply_store import SpokenReplyStore
 from deployments.talker import TalkerDeployment
 from deployments.thinker import ThinkerDeployment
 from graphs.common import REPO, pipeline_path
@@ -72,7 +72,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             api.spoken_reply_ttl_s, api.spoken_reply_max_bytes
         )
     ingress = next(s for s in config.stages if s.kind == "ingress")
-    return Ingress.options(name=ingress.name, **ingress.deployment.serve_options()).bind(
+    return OmniIngress.options(name=ingress.name, **ingress.deployment.serve_options()).bind(
         data,
         bound["thinker"],
         bound.get("talker"),

@@ -7,7 +7,7 @@
 VAE autoscale 1-2 replicas, the VAE following the DiT); ``omni`` serves
 ``load_tests/configs/qwen3_omni_autoscale.yaml`` (tiny Qwen3-Omni, streamed spoken replies;
 the Talker autoscales 1-2 replicas on its queue and Code2wav follows the Talker). Both run
-under ``omni_serve.routing.autoscaling.PipelineAutoscalingPolicy``. Three phases: 1 client,
+under ``omni_serve.scaling.pipeline_policy.PipelineAutoscalingPolicy``. Three phases: 1 client,
 ``--high-clients`` clients, 1 client again. Every second it records the RUNNING replicas of
 each deployment (Serve's REST API on the dashboard). Writes
 ``load_tests/results/bench_autoscale[_omni].json`` and ``.png``: replicas per stage and request

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_serve.api.audio_codec import encode_audio
 from omni_serve.api.images import images_b64
+from omni_serve.media.audio_codec import encode_audio
 from omni_serve.testing.loop_stall import burst, median
 
 RESULTS = Path(__file__).parent / "results"

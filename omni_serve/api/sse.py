@@ -12,8 +12,8 @@ import json
 import time
 from typing import Any
 
-from omni_serve.api.audio_codec import encode_audio, wav_stream_header
 from omni_serve.api.protocol import reply_usage
+from omni_serve.media.audio_codec import encode_audio, wav_stream_header
 
 DONE = "data: [DONE]\n\n"
 

@@ -4,7 +4,7 @@ Upstream: httpx 0.28.1 (httpcore 1.0.9). ``httpx.AsyncHTTPTransport`` builds its
 connection pool (or proxy pool) itself and takes no ``network_backend``, though httpcore's
 pools do. Symptom: no public way to make an httpx client connect through a backend that checks
 addresses, or that tells a proxy that cannot be reached from a target that fails
-(``omni_serve.api.public_addresses``).
+(``omni_serve.media.addresses``).
 
 Fix: build the transport as httpx does (its TLS context, limits, proxy and proxy credentials),
 then set the backend on its pool (the private ``_pool._network_backend``, which httpcore's

@@ -10,8 +10,8 @@ import torch
 
 from deployments.image_ingress import ImageIngress
 from omni_serve.api.errors import ApiError, ReplicaDied
-from omni_serve.api.metrics import ApiMetrics
-from omni_serve.models.qwen_image.pipeline import ImageOptions
+from omni_serve.models.qwen_image.image_flow import ImageOptions
+from omni_serve.observability.metrics import ApiMetrics
 
 # The class under Serve's ASGI wrapper (whose async __del__ only warns on hand-built objects).
 IngressClass = next(

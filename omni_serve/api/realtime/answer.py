@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from omni_serve.api.audio_codec import encode_audio
 from omni_serve.api.errors import ApiError, stage_failure
 from omni_serve.api.realtime.conversation import BYTES_PER_MS, Conversation, Item, Part
 from omni_serve.api.realtime.protocol import PCM_RATE
 from omni_serve.api.realtime.settings import Ask
+from omni_serve.media.audio_codec import encode_audio
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable

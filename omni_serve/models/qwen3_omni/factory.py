@@ -56,7 +56,7 @@ def build(preset: str, directory: Path) -> None:
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
-    from omni_serve.models.common.init import fan_in_init
+    from omni_serve.models.common.random_init import fan_in_init
     from omni_serve.models.qwen3_omni.processor import save_processor
 
     config = Qwen3OmniMoeConfig(**preset_config(preset))

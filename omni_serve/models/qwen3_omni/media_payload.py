@@ -41,7 +41,7 @@ def media_payload(media: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
         images, many = _items(media["image"])
         layout["image"] = {"count": len(images), "many": many}
         for i, image in enumerate(images):
-            # RGB, as the API decodes every image (omni_serve.api.media.load_image).
+            # RGB, as the API decodes every image (omni_serve.media.decode.load_image).
             rgb = image if image.mode == "RGB" else image.convert("RGB")
             tensors[f"image.{i}"] = torch.from_numpy(np.array(rgb))
     if "video" in media:

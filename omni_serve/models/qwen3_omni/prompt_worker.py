@@ -3,7 +3,7 @@
 An ingress streams every request's tokens and audio from one asyncio loop, so anything slow it
 runs inline stalls them all: decoding a 1080p PNG takes ~50 ms of CPU here, a video seconds.
 Remote media URLs are fetched on the loop first (they wait on the network:
-``omni_serve.api.media_fetch``). Decoding touches nothing shared, so requests decode in the
+``omni_serve.media.fetch``). Decoding touches nothing shared, so requests decode in the
 default thread pool side by side. Everything that uses the processor runs on ONE thread:
 its calls set the fast tokenizer's padding and truncation state before encoding
 (``set_truncation_and_padding`` in transformers 5), state two threads would share.
@@ -15,9 +15,9 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from omni_serve.api.media_fetch import FetchPolicy, fetch_media
 from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
+from omni_serve.media.fetch import FetchPolicy, fetch_media
 from omni_serve.models.qwen3_omni.request import (
     PreparedPrompt,
     decode_media,

@@ -9,14 +9,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_serve.api.media import (
-    check_container,
-    input_audio_bytes,
-    load_audio,
-    load_image,
-    url_bytes,
-)
-from omni_serve.api.media_fetch import RemoteMedia
 from omni_serve.api.protocol import (
     AudioPart,
     AudioUrlPart,
@@ -25,8 +17,16 @@ from omni_serve.api.protocol import (
     TextPart,
     VideoPart,
 )
-from omni_serve.api.video import load_video, load_video_audio
 from omni_serve.config import ApiSettings
+from omni_serve.media.decode import (
+    check_container,
+    input_audio_bytes,
+    load_audio,
+    load_image,
+    url_bytes,
+)
+from omni_serve.media.fetch import RemoteMedia
+from omni_serve.media.video import load_video, load_video_audio
 from omni_serve.models.qwen3_omni.thinker_inputs import (
     audio_frames,
     expand_audio_placeholders,

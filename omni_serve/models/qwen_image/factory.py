@@ -41,8 +41,8 @@ def build(preset: str, directory: Path) -> None:
     )
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from omni_serve.models.common.init import fan_in_init
     from omni_serve.models.common.qwen_tokenizer import build_tokenizer
+    from omni_serve.models.common.random_init import fan_in_init
 
     cfg = preset_config(preset)
     torch.manual_seed(SEED)

@@ -9,7 +9,7 @@ import ray
 import yaml
 
 from omni_serve.config import load_pipeline_config
-from omni_serve.routing.autoscaling import PipelineAutoscalingPolicy
+from omni_serve.scaling.pipeline_policy import PipelineAutoscalingPolicy
 
 REPO = Path(__file__).parents[3]
 MANIFEST = REPO / "configs" / "kuberay" / "qwen3_omni_rayservice.yaml"

@@ -32,11 +32,12 @@ def test_serve_config_is_consistent(path):
 def test_serve_accepts_the_config_and_its_autoscaling_policy(path):
     from ray.serve.schema import ServeDeploySchema
 
-    from omni_serve.routing.autoscaling import PipelineAutoscalingPolicy
+    from omni_serve.scaling.pipeline_policy import PipelineAutoscalingPolicy
 
     schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
     for app in schema.applications:
         if app.autoscaling_policy:
             module, _, name = app.autoscaling_policy["policy_function"].partition(":")
-            assert (module, name) == ("omni_serve.routing.autoscaling", "PipelineAutoscalingPolicy")
+            assert module == "omni_serve.scaling.pipeline_policy"
+            assert name == "PipelineAutoscalingPolicy"
             PipelineAutoscalingPolicy(**app.autoscaling_policy.get("policy_kwargs", {}))

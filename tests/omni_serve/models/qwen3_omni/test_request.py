@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from omni_serve.api.media import MediaError
 from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
+from omni_serve.media.decode import MediaError
 from omni_serve.models.qwen3_omni.request import (
     decode_media,
     has_media_parts,

@@ -1,0 +1,149 @@
+"""The ingress's part of the session KV handover: a session's turn hands the Thinker the prefix
+its last turn exported (through whichever ingress replica it came) and keeps the one this turn
+exports in the app's session store; a turn that fails frees the prefix it was handed; requests
+without a session keep nothing; a store that fails or hangs costs the turn its prefix only."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from deployments import session_store
+from deployments.omni_ingress import OmniIngress
+from deployments.session_store import SessionStore, SessionStoreClient
+from omni_serve.models.qwen3_omni.chat_flow import ChatOptions, collect
+from omni_serve.models.qwen3_omni.messages import ThinkerChunk, ThinkerRequest
+from omni_serve.models.qwen3_omni.request import PreparedPrompt
+from omni_serve.observability.metrics import ApiMetrics
+from omni_serve.testing.local_handle import LocalHandle
+from omni_serve.transport import SharedMemoryChannel
+from omni_serve.transport import shared_memory as shm
+from omni_serve.transport.kv_blocks import KVPrefix
+from omni_serve.transport.session_prefixes import free_prefix
+
+
+class FakeThinker:
+    """Stage clients whose Thinker answers one token and exports a fresh prefix per turn."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.channel = SharedMemoryChannel()
+        self.requests: list[ThinkerRequest] = []
+        self.exported: list[str] = []
+        self.fail = fail
+
+    async def thinker(self, request: ThinkerRequest):
+        self.requests.append(request)
+        if self.fail:
+            raise RuntimeError("thinker replica died")
+        ref = self.channel.put({"layer.0": torch.ones(2, 4)})
+        self.exported.append(KVPrefix(request.prompt_ids, 2, ref).encode())
+        yield ThinkerChunk(
+            [5],
+            "hi",
+            True,
+            "stop",
+            num_prompt_tokens=len(request.prompt_ids),
+            num_cached_tokens=2,
+            session_kv=self.exported[-1] if request.session_id else None,
+        )
+
+
+@pytest.fixture
+def clients():
+    """The fake Thinker; afterwards every prefix it exported is freed (a double free is a
+    no-op), so no segment stays in use for tests that count them later in this process."""
+    fake = FakeThinker()
+    yield fake
+    for encoded in fake.exported:
+        free_prefix(encoded)
+
+
+def _store():
+    return SessionStore.func_or_class(max_bytes=1 << 20, ttl_s=300.0)
+
+
+# The class Serve's ASGI wrapper wraps: the wrapper's async ``__del__`` (the app's lifespan
+# shutdown, for replicas Serve runs) only warns "never awaited" on these hand-built objects.
+IngressClass = next(k for k in OmniIngress.func_or_class.__mro__[1:] if k.__name__ == "OmniIngress")
+
+
+def _ingress(clients: FakeThinker, store=None):
+    ingress = object.__new__(IngressClass)
+    ingress.clients, ingress.metrics = clients, ApiMetrics()
+    ingress.store = store if store is not None else _store()
+    ingress.sessions = SessionStoreClient(LocalHandle(ingress.store))
+    return ingress
+
+
+def _freed(encoded: str) -> bool:
+    ref = KVPrefix.decode(encoded).ref
+    with open(shm.SHM_DIR / ref.key, "rb") as f:
+        generation, state, _ = shm.HEADER.unpack(f.read(shm.HEADER.size))
+    return generation != ref.handle[1] or state == shm.FREE
+
+
+def _turn(ingress, session: str | None, request_id: str):
+    prompt = PreparedPrompt(prompt_ids=[1, 2, 3, 4], multi_modal_data={})
+    options = ChatOptions({"max_tokens": 1}, session_id=session)
+    return collect(ingress._chat(prompt, options, request_id))
+
+
+async def test_a_turn_gets_the_prefix_its_last_turn_exported(clients):
+    ingress = _ingress(clients)
+    first = await _turn(ingress, "s", "t1")
+    assert clients.requests[0].session_kv is None and first.cached_tokens == 2
+    assert len(ingress.store.prefixes) == 1
+    await _turn(ingress, "s", "t2")
+    assert clients.requests[1].session_kv == clients.exported[0]  # handed to the Thinker
+    assert await ingress.sessions.pop("s") == clients.exported[1]
+    assert len(ingress.store.prefixes) == 0
+    counted = ingress.metrics.registry.get_sample_value
+    assert counted("omni_prompt_tokens_total", {"kind": "cached"}) == 4  # 2 per turn
+    assert counted("omni_prompt_tokens_total", {"kind": "computed"}) == 4
+
+
+async def test_a_failed_turn_frees_the_prefix_it_was_handed(clients):
+    ingress = _ingress(clients)
+    await _turn(ingress, "s", "t1")
+    clients.fail = True
+    with pytest.raises(RuntimeError, match="died"):
+        await _turn(ingress, "s", "t2")
+    assert _freed(clients.exported[0]) and len(ingress.store.prefixes) == 0
+
+
+async def test_requests_without_a_session_keep_nothing(clients):
+    ingress = _ingress(clients)
+    await _turn(ingress, None, "t1")
+    assert clients.requests[0].session_kv is None and len(ingress.store.prefixes) == 0
+
+
+async def test_a_turn_through_another_ingress_replica_gets_the_prefix(clients):
+    """Serve's proxy sent turn two to the other ingress replica: the store is the app's."""
+    store = _store()
+    first, second = _ingress(clients, store), _ingress(clients, store)
+    await _turn(first, "s", "t1")
+    await _turn(second, "s", "t2")
+    assert clients.requests[1].session_kv == clients.exported[0]
+    assert await second.sessions.stats() == {"prefixes": 1, "bytes": 2 * 4 * 4}
+
+
+class FailingStore:
+    async def pop(self, session_id):
+        raise RuntimeError("store replica died")
+
+    async def keep(self, session_id, encoded):
+        raise RuntimeError("store replica died")
+
+    async def stats(self):
+        await asyncio.sleep(60)  # hangs (being replaced)
+
+
+async def test_a_failing_store_costs_the_turn_its_prefix_only(clients, monkeypatch):
+    monkeypatch.setattr(session_store, "STORE_TIMEOUT_S", 0.1)
+    ingress = _ingress(clients, FailingStore())
+    result = await _turn(ingress, "s", "t1")
+    assert result.token_ids == [5] and clients.requests[0].session_kv is None
+    assert _freed(clients.exported[0])  # it could not be kept: nobody would free it
+    assert await ingress.sessions.stats() == {"prefixes": 0, "bytes": 0}

@@ -1,0 +1,240 @@
+"""What the chat pipeline sends to its stages: only small plain values and channel refs, since
+every stage call pickles its arguments (a torch tensor ~100 us to pickle and load; an image
+or an audio clip is megabytes)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from omni_serve.models.qwen3_omni.chat_flow import ChatOptions, collect, stream_chat
+from omni_serve.models.qwen3_omni.media_payload import media_from_payload
+from omni_serve.models.qwen3_omni.messages import CodecFrame, SpeakRequest, ThinkerChunk
+from omni_serve.models.qwen3_omni.request import PreparedPrompt
+from omni_serve.models.qwen3_omni.session_rows import digest
+
+
+def heavy_values_in(value: Any) -> list[Any]:
+    """Tensors, arrays and images at any depth of a call's arguments."""
+    if isinstance(value, torch.Tensor | np.ndarray | Image.Image):
+        return [value]
+    if dataclasses.is_dataclass(value):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    elif isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        return [t for item in value for t in heavy_values_in(item)]
+    return []
+
+
+class RecordingClients:
+    """The stages, recording what reaches them; the Talker says one frame and one token."""
+
+    def __init__(self, encoder: bool = True) -> None:
+        self.sent: dict[str, Any] = {}
+        self.encoder = encoder
+        self.put_payloads: list[dict[str, torch.Tensor]] = []
+
+    def thinker(self, request):
+        raise AssertionError("a spoken reply goes through the Talker")
+
+    def speak(self, request: SpeakRequest):
+        self.sent["speak"] = request
+
+        async def events():
+            yield CodecFrame(list(range(16)))
+            yield ThinkerChunk([5], "hi", True, "stop", num_prompt_tokens=3)
+
+        return events()
+
+    async def code2wav(self, jobs):
+        self.sent.setdefault("code2wav", []).append(jobs)
+        return [np.zeros(4 * job.num_frames, np.float32) for job in jobs]
+
+    async def codec_info(self) -> dict[str, Any]:
+        return {
+            "samples_per_frame": 4,
+            "left_context": 0,
+            "first_chunk_frames": 1,
+            "chunk_frames": 2,
+            "chunk_growth": 2.0,
+        }
+
+    async def encode_audio(self, features):
+        raise AssertionError("no audio in this prompt")
+
+    async def encode_images(self, images):
+        self.sent["encode_images"] = images
+        return "image-rows-ref" if self.encoder else None
+
+    async def encode_videos(self, videos):
+        self.sent["encode_videos"] = videos
+        return "video-rows-ref" if self.encoder else None
+
+    def put(self, payload):
+        self.put_payloads.append(payload)
+        return f"ref-{len(self.put_payloads)}"
+
+    def release(self, *refs):
+        self.sent.setdefault("released", []).extend(refs)
+
+
+async def test_a_spoken_image_turn_sends_the_stages_no_torch_tensors():
+    prompt = PreparedPrompt(
+        [1, 2, 3],
+        {"image": ["an image"]},
+        image_grid_thw=torch.tensor([[1, 4, 4]]),
+        audio_seqlens=torch.tensor([7]),
+        counts={"image": 1},
+    )
+    clients = RecordingClients()
+    result = await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    assert result.text == "hi" and len(result.audio) == 4
+    speak = clients.sent["speak"]
+    assert heavy_values_in(speak) == [], speak
+    assert speak.image_grid_thw == [[1, 4, 4]] and speak.audio_seqlens == [7]
+    assert speak.thinker.image_rows == "image-rows-ref"
+    assert clients.sent["encode_images"] == ["an image"]  # as the prompt has them: a list
+    [[job]] = clients.sent["code2wav"]
+    assert torch.equal(job.codes, torch.arange(16)[:, None])  # the frame, as a tensor again
+
+
+async def test_the_thinker_request_carries_what_its_router_keys_on():
+    """The affinity router reads the Thinker request: a session id, or a prompt_cache_key."""
+    clients = RecordingClients()
+    options = ChatOptions({}, want_audio=True, session_id=None, cache_key="tenant-7")
+    await collect(stream_chat(clients, PreparedPrompt([1, 2, 3], {}), options, "r2"))
+    thinker = clients.sent["speak"].thinker
+    assert thinker.cache_key == "tenant-7" and thinker.session_id is None
+
+
+def clip() -> np.ndarray:
+    return np.linspace(-1, 1, 1600, dtype=np.float32)
+
+
+def image() -> Image.Image:
+    return Image.fromarray(np.full((8, 8, 3), 7, np.uint8))
+
+
+@pytest.mark.parametrize(
+    ("media", "encoder"),
+    [
+        ({"audio": (clip(), 16000), "image": image()}, True),  # vLLM encodes a mix itself
+        ({"image": [image(), image()]}, False),  # a graph without an encoder stage
+    ],
+    ids=["audio-with-image", "no-encoder-stage"],
+)
+async def test_media_the_thinker_encodes_goes_on_the_channel(media, encoder):
+    prompt = PreparedPrompt(
+        [1, 2, 3],
+        media,
+        image_grid_thw=torch.tensor([[1, 4, 4]]),
+        audio_seqlens=torch.tensor([7]),
+        counts={"image": 1, "audio": int("audio" in media)},
+    )
+    clients = RecordingClients(encoder=encoder)
+    await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    thinker = clients.sent["speak"].thinker
+    assert heavy_values_in(clients.sent["speak"]) == [], clients.sent["speak"]
+    assert thinker.media.ref == "ref-1"
+    [payload] = clients.put_payloads
+    rebuilt = media_from_payload(payload, thinker.media.layout)
+    assert rebuilt.keys() == media.keys()
+    assert all(digest(rebuilt[kind]) == digest(media[kind]) for kind in media)
+
+
+async def test_no_ref_is_made_before_the_codec_is_known():
+    """A failure before the stage call starts must strand no channel ref: refs are freed when
+    the call carrying them ends, and a call never made never ends."""
+
+    class NoCodec(RecordingClients):
+        async def codec_info(self):
+            raise RuntimeError("code2wav unavailable")
+
+    clients = NoCodec()
+    media = {"audio": (clip(), 16000), "image": image()}
+    prompt = PreparedPrompt([1], media, counts={"audio": 1, "image": 1})
+    with pytest.raises(RuntimeError, match="code2wav"):
+        await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    assert clients.put_payloads == [] and "encode_images" not in clients.sent
+
+
+def frames() -> np.ndarray:
+    return np.zeros((4, 8, 8, 3), np.uint8)
+
+
+def video_prompt(media: dict[str, Any]) -> PreparedPrompt:
+    counts = {"video": 1, "image": int("image" in media), "audio": int("audio" in media)}
+    return PreparedPrompt(
+        [1, 2, 3],
+        media,
+        image_grid_thw=torch.tensor([[1, 4, 4]]) if "image" in media else None,
+        counts=counts,
+        video_grid_thw=torch.tensor([[2, 4, 4]]),
+        video_second_per_grid=[1.0],
+        mm_processor_kwargs={"fps": 2.0},
+    )
+
+
+async def test_images_and_videos_go_to_the_encoder_stage_together():
+    video = frames()
+    clients = RecordingClients()
+    prompt = video_prompt({"image": image(), "video": video})
+    await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    thinker = clients.sent["speak"].thinker
+    assert clients.sent["encode_videos"][0] is video
+    assert [i.size for i in clients.sent["encode_images"]] == [(8, 8)]
+    assert thinker.image_rows == "image-rows-ref" and thinker.image_grid_thw == [[1, 4, 4]]
+    assert thinker.video_rows == "video-rows-ref" and thinker.video_grid_thw == [[2, 4, 4]]
+    assert thinker.video_second_per_grid == [1.0]
+    # nothing raw for vLLM, so none of its processor's video settings either
+    assert thinker.media is None and thinker.mm_processor_kwargs is None
+    assert clients.put_payloads == [] and "released" not in clients.sent
+
+
+async def test_a_video_with_audio_stays_with_the_thinker():
+    clients = RecordingClients()
+    prompt = video_prompt({"audio": (clip(), 16000), "video": frames()})
+    await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    thinker = clients.sent["speak"].thinker
+    assert "encode_videos" not in clients.sent and thinker.video_rows is None
+    assert thinker.mm_processor_kwargs == {"fps": 2.0} and thinker.media.ref == "ref-1"
+
+
+async def test_a_failed_video_encode_frees_the_image_rows_already_made():
+    class VideoFails(RecordingClients):
+        async def encode_videos(self, videos):
+            raise RuntimeError("encoder replica died")
+
+    clients = VideoFails()
+    prompt = video_prompt({"image": image(), "video": frames()})
+    with pytest.raises(RuntimeError, match="encoder replica died"):
+        await collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    assert clients.sent["released"] == ["image-rows-ref"] and "speak" not in clients.sent
+
+
+async def test_a_request_cancelled_mid_encode_frees_the_rows_already_made():
+    video_started = asyncio.Event()
+
+    class VideoHangs(RecordingClients):
+        async def encode_videos(self, videos):
+            video_started.set()
+            await asyncio.Event().wait()  # an encoder that never answers
+
+    clients = VideoHangs()
+    prompt = video_prompt({"image": image(), "video": frames()})
+    chat = asyncio.ensure_future(
+        collect(stream_chat(clients, prompt, ChatOptions({}, want_audio=True), "r1"))
+    )
+    await video_started.wait()
+    await asyncio.sleep(0)  # the image encode has answered by now
+    chat.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await chat
+    assert clients.sent["released"] == ["image-rows-ref"] and "speak" not in clients.sent
