@@ -41,7 +41,6 @@ from omni_serve.api.errors import (
 )
 from omni_serve.api.protocol import (
     ChatCompletionRequest,
-    ChatMessage,
     chat_completion_response,
     model_card,
     model_list,
@@ -53,6 +52,7 @@ from omni_serve.api.sse import DONE, ChunkWriter
 from omni_serve.config import PipelineConfig
 from omni_serve.engines.ar.vllm_engine import DEFAULT_ENGINE_ARGS
 from omni_serve.media.audio_codec import STREAMABLE_FORMATS, encode_audio
+from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.media.decode import MediaError
 from omni_serve.media.proxy import ProxyUnreachable
 from omni_serve.models import resolve_model

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
+from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
 from omni_serve.models.qwen3_omni.request import prepare_prompt
 from omni_serve.models.registry import resolve_model

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
+from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.models.qwen3_omni.request import prepare_prompt
 from omni_serve.models.qwen3_omni.transcribe_prompt import instruction
 from omni_serve.testing.media import wav_b64

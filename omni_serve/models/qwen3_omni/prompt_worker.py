@@ -15,8 +15,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
+from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.media.fetch import FetchPolicy, fetch_media
 from omni_serve.models.qwen3_omni.request import (
     PreparedPrompt,

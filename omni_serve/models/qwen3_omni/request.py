@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_serve.api.protocol import (
+from omni_serve.config import ApiSettings
+from omni_serve.media.chat_parts import (
     AudioPart,
     AudioUrlPart,
     ChatMessage,
@@ -17,7 +18,6 @@ from omni_serve.api.protocol import (
     TextPart,
     VideoPart,
 )
-from omni_serve.config import ApiSettings
 from omni_serve.media.decode import (
     check_container,
     input_audio_bytes,

@@ -6,12 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from omni_serve.api.protocol import (
-    ChatCompletionRequest,
-    ChatMessage,
-    stage_seed,
-)
+from omni_serve.api.protocol import ChatCompletionRequest, stage_seed
 from omni_serve.api.speech import SpeechRequest
+from omni_serve.media.chat_parts import ChatMessage
 
 
 def test_an_earlier_spoken_reply_may_be_named_by_its_audio_id_alone():

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
+from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.media.decode import MediaError
 from omni_serve.models.qwen3_omni import prompt_worker
 from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker

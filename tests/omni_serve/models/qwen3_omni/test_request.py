@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from omni_serve.api.protocol import ChatMessage
 from omni_serve.config import ApiSettings
+from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.media.decode import MediaError
 from omni_serve.models.qwen3_omni.request import (
     decode_media,
