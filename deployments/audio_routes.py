@@ -2,8 +2,8 @@
 translations (speech to text), OpenAI's ``/v1/audio/*``, and the WebSocket for voice chats
 (``/v1/audio/stream``: a voice in as binary frames, text and speech streamed out).
 
-A mixin of ``OmniIngress``: the routes run through its chat path (``_prepare``, ``_chat``,
-``_complete``, ``_sse``), stages and prompt worker, so they only shape requests and answers.
+A mixin of ``OmniIngress``: the routes run through its chat path (``self.chat``, an
+``OmniChat``), so they only shape requests and answers.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from fastapi.responses import Response, StreamingResponse
 
 from deployments import handle_calls
 from deployments.omni_api import app
+from deployments.omni_chat import OmniChat
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within
-from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
+from omni_serve.api.errors import ApiError, check_model, stage_failure
 from omni_serve.api.protocol import ChatCompletionRequest, new_id, reply_usage
 from omni_serve.api.speech import SpeechRequest
 from omni_serve.api.sse import sse
@@ -36,11 +37,13 @@ from omni_serve.api.transcriptions import (
     usage_tokens,
 )
 from omni_serve.api.websocket import IdleTimeout, VoiceSocket, error_event
+from omni_serve.config import PipelineConfig
 from omni_serve.media.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.media.decode import audio_format
-from omni_serve.models.qwen3_omni.chat_flow import ChatEvent, ChatOptions
+from omni_serve.models.qwen3_omni.chat_flow import ChatEvent
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.transcribe_prompt import instruction, unknown_language
+from omni_serve.observability.metrics import ApiMetrics
 
 log = logging.getLogger("ray.serve")
 
@@ -59,10 +62,14 @@ _FORM_FIELDS = {"max_tokens": "max_completion_tokens"}
 
 
 class AudioRoutes:
+    config: PipelineConfig
+    chat: OmniChat
+    metrics: ApiMetrics
+
     @app.post("/v1/audio/speech")
     async def speech(self, body: SpeechRequest) -> Response:
         """Text to speech: the Talker speaks ``input`` as the reply to it."""
-        self._check_speech(body, "model")
+        self.chat.check_speech(body, "model")
         fmt = "pcm16" if body.response_format == "pcm" else body.response_format
         if body.stream_format == "audio" and fmt not in STREAMABLE_FORMATS:
             raise ApiError(400, "streamed audio must be wav or pcm", "response_format")
@@ -70,22 +77,22 @@ class AudioRoutes:
             raise ApiError(400, "speed other than 1.0 is not supported when streaming", "speed")
         media_type = SPEECH_MEDIA_TYPES[body.response_format]
         if body.stream_format == "audio":
-            events = await self._speech_events(body)
+            events = await self.chat.speech_events(body)
             first = await self._until_audio(events)
             return StreamingResponse(self._speech_bytes(first, events, fmt), media_type=media_type)
         if body.stream_format == "sse":
-            events = await self._speech_events(body)
+            events = await self.chat.speech_events(body)
             return StreamingResponse(self._speech_sse(events), media_type="text/event-stream")
 
         async def spoken() -> np.ndarray:
-            async for event in await self._speech_events(body, deadline=False):
+            async for event in await self.chat.speech_events(body, deadline=False):
                 if event.kind == "done":
                     return event.result.audio
             return np.zeros(0, dtype=np.float32)
 
         try:
             audio = await await_within(
-                handle_calls.rerun_after_replica_death(spoken), self._deadline(body)
+                handle_calls.rerun_after_replica_death(spoken), self.chat.deadline(body)
             )
         except RequestTimeout as exc:
             raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
@@ -130,7 +137,7 @@ class AudioRoutes:
             max_tokens=form.max_completion_tokens or self.config.api.max_tokens_limit,
         )
         try:
-            prompt, options = await self._prepare(body)
+            prompt, options = await self.chat.prepare(body)
         except ApiError as exc:  # named as the chat's fields: name the form's instead
             param = exc.param or ""
             field = "file" if param.startswith("messages") else _FORM_FIELDS.get(param)
@@ -141,9 +148,9 @@ class AudioRoutes:
                 exc.status, message, field, exc.type, exc.body["error"]["code"]
             ) from None
         if stream:
-            answer = self._sse(body, prompt, options, uuid.uuid4().hex, TranscriptWriter())
+            answer = self.chat.sse(body, prompt, options, uuid.uuid4().hex, TranscriptWriter())
             return StreamingResponse(answer, media_type="text/event-stream")
-        result = await self._complete(body, prompt, options)
+        result = await self.chat.complete(body, prompt, options)
         self.metrics.observe_result(result.timings, len(result.token_ids), 0.0)
         self.metrics.requests.labels("ok").inc()
         usage = usage_tokens(result.prompt_tokens, len(result.token_ids))
@@ -181,18 +188,18 @@ class AudioRoutes:
         voice = fields.pop("voice", "ethan")
         if message["type"] == "speech":
             body = SpeechRequest.model_validate({**fields, "voice": voice})
-            self._check_speech(body, "type")
-            return await self._speech_events(body)
+            self.chat.check_speech(body, "type")
+            return await self.chat.speech_events(body)
         if said is not None:  # the frames sent before it, as the conversation's last message
             messages = fields.get("messages", [])
             fields["messages"] = [*messages, said] if isinstance(messages, list) else messages
         spoken = {"modalities": ["text", "audio"], "audio": {"voice": voice, "format": "pcm16"}}
-        if "talker" not in self.handles:  # a text-only pipeline: the text streams alone
+        if not self.chat.speaks:  # a text-only pipeline: the text streams alone
             spoken = {"modalities": ["text"]}
         body = ChatCompletionRequest.model_validate({**fields, "stream": True, **spoken})
-        prompt, options = await self._prepare(body)
-        events = self._chat(prompt, options, uuid.uuid4().hex)
-        return iterate_within(events, self._deadline(body))
+        prompt, options = await self.chat.prepare(body)
+        events = self.chat.events(prompt, options, uuid.uuid4().hex)
+        return iterate_within(events, self.chat.deadline(body))
 
     async def _ws_answer(self, socket: VoiceSocket, response_id: str, events) -> None:
         await socket.send({"type": "response.created", "id": response_id})
@@ -226,20 +233,6 @@ class AudioRoutes:
         except Exception as exc:
             log.exception("websocket request failed in a stage")
             await socket.send(error_event(exc))
-
-    async def _speech_events(self, body: SpeechRequest, deadline: bool = True):
-        prompt, reply = await self.prompts.speech(body.input)
-        sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
-        options = ChatOptions(
-            sampling,
-            True,
-            body.voice,
-            body.talker_sampling(body.seed),
-            reply_ids=reply,
-            session_id=body.session_id,
-        )
-        events = self._chat(prompt, options, uuid.uuid4().hex)
-        return iterate_within(events, self._deadline(body)) if deadline else events
 
     async def _until_audio(self, events) -> list[ChatEvent]:
         """The events up to the first audio chunk, before any byte is sent: a deadline or a
@@ -294,20 +287,3 @@ class AudioRoutes:
             log.exception("streamed speech request failed in a stage")
             failure = stage_failure(exc)
             yield sse({"type": "error", "error": failure.body["error"]})
-
-    def _check_speech(self, body: SpeechRequest, param: str) -> None:
-        """A speech request's checks, before anything runs; ``param`` names the field that
-        asked for speech on a text-only deployment."""
-        check_model(body.model, self.config.served_model_name)
-        self._check_speaks(param)
-        refuse_unsupported(body)
-        self._check_voice(body.voice, "voice")
-
-    def _check_voice(self, voice: str, param: str) -> None:
-        if voice.lower() not in self.voices:
-            raise ApiError(400, f"unknown voice {voice!r}; voices: {sorted(self.voices)}", param)
-
-    def _check_speaks(self, param: str) -> None:
-        if "talker" not in self.handles:
-            message = "this deployment answers in text only: its pipeline has no talker stage"
-            raise ApiError(400, message, param)

@@ -92,11 +92,13 @@ def torch_stage(pipeline: dict[str, Any], stage_name: str) -> TorchStage:
 
 
 def ingress_app(title: str):
-    """The FastAPI app of an ingress: OpenAI-shaped errors, the API key check, then the body
-    limit (middleware added last runs first: no body is read for a client without the key).
+    """The FastAPI app of an ingress, with the routes every ingress shares: OpenAI-shaped
+    errors, the API key check, then the body limit (middleware added last runs first: no body
+    is read for a client without the key).
     ``configure_http_guards`` sets their values per replica."""
     from fastapi import FastAPI
 
+    from deployments.shared_routes import add_shared_routes
     from omni_serve.api import playground
     from omni_serve.api.access import ApiKeyMiddleware
     from omni_serve.api.body_limit import BodyLimitMiddleware
@@ -107,6 +109,7 @@ def ingress_app(title: str):
     app.add_middleware(ApiKeyMiddleware)
     install_error_handlers(app)
     playground.add_routes(app)
+    add_shared_routes(app)
     return app
 
 

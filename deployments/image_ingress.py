@@ -8,7 +8,6 @@ import logging
 import time
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -21,16 +20,14 @@ from deployments.common import (
     in_serve_replica,
     ingress_app,
     ingress_stats,
-    serve_problems,
 )
 from omni_serve.api import playground
 from omni_serve.api.deadline import RequestTimeout, await_within, request_deadline
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
 from omni_serve.api.images import ImageGenerationRequest, images_b64, parse_size
-from omni_serve.api.protocol import ChatCompletionRequest, model_card, model_list, new_id
+from omni_serve.api.protocol import ChatCompletionRequest, new_id
 from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen_image.image_flow import ImageOptions, generate_images
-from omni_serve.observability.health import stage_health
 from omni_serve.observability.metrics import ApiMetrics
 from omni_serve.transport import announce, take
 
@@ -108,24 +105,8 @@ class ImageIngress(ReleasesSharedMemory):
             default_steps=api.image_default_steps,
         )
 
-    @app.get("/v1/models")
-    async def models(self) -> dict[str, Any]:
-        return model_list(self.config.served_model_name, self.created)
-
-    @app.get("/v1/models/{model_id:path}")  # an id may hold a slash (org/name)
-    async def model(self, model_id: str) -> dict[str, Any]:
-        check_model(model_id, self.config.served_model_name)
-        return model_card(model_id, self.created)
-
-    @app.get("/health")
-    async def health(self) -> JSONResponse:
-        return await stage_health(self.handles, explain=serve_problems)
-
-    @app.get("/metrics")
-    async def metrics(self) -> Response:
-        await self.metrics.poll_stages(self.handles)
-        self.metrics.observe_channel("ingress", ingress_stats())
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+    async def observe_stores(self) -> None:
+        """It keeps no stores."""
 
     @app.post("/v1/images/generations")
     async def generations(self, body: ImageGenerationRequest) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 (``omni_serve.api.realtime``), each answer through the ingress's chat path.
 
 A mixin of ``OmniIngress``, as ``AudioRoutes`` is: the route maps an answer's ``Ask`` to a chat
-request and hands the session its events, and nothing else.
+request on ``self.chat`` and hands the session its events, and nothing else.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from collections.abc import AsyncIterator
 from fastapi import WebSocket, WebSocketDisconnect
 
 from deployments.omni_api import app
+from deployments.omni_chat import OmniChat
 from omni_serve.api.deadline import iterate_within
 from omni_serve.api.protocol import ChatCompletionRequest, error_body
 from omni_serve.api.realtime.protocol import PCM_RATE, event_id
 from omni_serve.api.realtime.session import RealtimeSession
 from omni_serve.api.realtime.settings import Ask, Limits
 from omni_serve.api.socket_session import IdleTimeout
+from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen3_omni.chat_flow import ChatEvent
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 
@@ -29,6 +31,9 @@ assert SAMPLE_RATE == PCM_RATE, "Realtime audio is 24 kHz PCM16: the model's rat
 
 
 class RealtimeRoutes:
+    config: PipelineConfig
+    chat: OmniChat
+
     @app.websocket("/v1/realtime")
     async def realtime(self, ws: WebSocket, model: str | None = None) -> None:
         """A Realtime session (``?model=`` as OpenAI's clients send it)."""
@@ -46,7 +51,7 @@ class RealtimeRoutes:
         api = self.config.api
         limits = Limits(
             served,
-            frozenset(self.voices),
+            frozenset(self.chat.voices),
             api.max_tokens_limit,
             min(api.default_max_tokens, api.max_tokens_limit),
         )
@@ -87,29 +92,7 @@ class RealtimeRoutes:
             }
         )
         start = time.perf_counter()
-        prompt, options = await self._prepare(body)
+        prompt, options = await self.chat.prepare(body)
         prepare_s = time.perf_counter() - start
-        events = self._chat(prompt, options, uuid.uuid4().hex)
-        return self._observed(iterate_within(events, self._deadline(body)), prepare_s)
-
-    async def _observed(
-        self, events: AsyncIterator[ChatEvent], prepare_s: float
-    ) -> AsyncIterator[ChatEvent]:
-        """An answer counted in /metrics as chat's are: in flight while it runs, then its
-        outcome and timings (with ``prepare_s``: building its prompt, before the stages)."""
-        self.metrics.in_flight.inc()
-        outcome = "cancelled"
-        try:
-            async for event in events:
-                if event.kind == "done":
-                    result, outcome = event.result, "ok"
-                    result.timings["prepare_s"] = prepare_s
-                    audio_s = len(result.audio) / SAMPLE_RATE if result.audio is not None else 0
-                    self.metrics.observe_result(result.timings, len(result.token_ids), audio_s)
-                yield event
-        except Exception:
-            outcome = "error"
-            raise
-        finally:
-            self.metrics.in_flight.dec()
-            self.metrics.requests.labels(outcome).inc()
+        events = self.chat.events(prompt, options, uuid.uuid4().hex)
+        return self.chat.observed(iterate_within(events, self.chat.deadline(body)), prepare_s)

@@ -9,6 +9,7 @@ import types
 import numpy as np
 import pytest
 
+from deployments.omni_chat import OmniChat
 from deployments.omni_ingress import OmniIngress
 from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.api.speech import SpeechRequest
@@ -27,26 +28,34 @@ REPLY = ChatResult(
 
 
 def _ingress() -> object:
+    """An ingress whose chat path answers REPLY to anything."""
     ingress = object.__new__(IngressClass)
     ingress.config = types.SimpleNamespace(
         served_model_name="qwen3-omni", api=ApiSettings(request_timeout_s=30.0)
     )
-    ingress.handles, ingress.voices, ingress.metrics = {"talker": None}, {"ethan"}, ApiMetrics()
+    ingress.metrics = ApiMetrics()
+    ingress.chat = OmniChat(
+        ingress.config,
+        None,
+        None,
+        ingress.metrics,
+        voices={"ethan"},
+        speaks=True,
+        context_tokens=4096,
+        media_limits={},
+    )
 
     async def answered(*args, **kwargs):
         yield ChatEvent(kind="done", result=REPLY)
 
-    ingress._chat = answered
-
     async def speech_events(body, deadline=True):
         return answered()
-
-    ingress._speech_events = speech_events
 
     async def prepared(body):
         return None, ChatOptions({}, want_audio=True)
 
-    ingress._prepare = prepared
+    ingress.chat.events, ingress.chat.speech_events = answered, speech_events
+    ingress.chat.prepare = prepared
     return ingress
 
 

@@ -1,5 +1,5 @@
-"""The ingress's part of the session KV handover: a session's turn hands the Thinker the prefix
-its last turn exported (through whichever ingress replica it came) and keeps the one this turn
+"""The chat's part of the session KV handover: a session's turn hands the Thinker the prefix
+its last turn exported (through whichever chat replica it came) and keeps the one this turn
 exports in the app's session store; a turn that fails frees the prefix it was handed; requests
 without a session keep nothing; a store that fails or hangs costs the turn its prefix only."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from deployments import session_store
-from deployments.omni_ingress import OmniIngress
+from deployments.omni_chat import OmniChat
 from deployments.session_store import SessionStore, SessionStoreClient
 from omni_serve.models.qwen3_omni.chat_flow import ChatOptions, collect
 from omni_serve.models.qwen3_omni.messages import ThinkerChunk, ThinkerRequest
@@ -64,17 +64,23 @@ def _store():
     return SessionStore.func_or_class(max_bytes=1 << 20, ttl_s=300.0)
 
 
-# The class Serve's ASGI wrapper wraps: the wrapper's async ``__del__`` (the app's lifespan
-# shutdown, for replicas Serve runs) only warns "never awaited" on these hand-built objects.
-IngressClass = next(k for k in OmniIngress.func_or_class.__mro__[1:] if k.__name__ == "OmniIngress")
-
-
-def _ingress(clients: FakeThinker, store=None):
-    ingress = object.__new__(IngressClass)
-    ingress.clients, ingress.metrics = clients, ApiMetrics()
-    ingress.store = store if store is not None else _store()
-    ingress.sessions = SessionStoreClient(LocalHandle(ingress.store))
-    return ingress
+def _chat(clients: FakeThinker, store=None) -> OmniChat:
+    """The chat path of a text pipeline over ``clients``, its session store ``store``
+    (a fresh one by default) kept on it as ``chat.store`` for the test to look into."""
+    store = store if store is not None else _store()
+    chat = OmniChat(
+        None,
+        None,
+        clients,
+        ApiMetrics(),
+        voices=set(),
+        speaks=False,
+        context_tokens=4096,
+        media_limits={},
+        sessions=SessionStoreClient(LocalHandle(store)),
+    )
+    chat.store = store
+    return chat
 
 
 def _freed(encoded: str) -> bool:
@@ -84,45 +90,45 @@ def _freed(encoded: str) -> bool:
     return generation != ref.handle[1] or state == shm.FREE
 
 
-def _turn(ingress, session: str | None, request_id: str):
+def _turn(chat, session: str | None, request_id: str):
     prompt = PreparedPrompt(prompt_ids=[1, 2, 3, 4], multi_modal_data={})
     options = ChatOptions({"max_tokens": 1}, session_id=session)
-    return collect(ingress._chat(prompt, options, request_id))
+    return collect(chat.events(prompt, options, request_id))
 
 
 async def test_a_turn_gets_the_prefix_its_last_turn_exported(clients):
-    ingress = _ingress(clients)
-    first = await _turn(ingress, "s", "t1")
+    chat = _chat(clients)
+    first = await _turn(chat, "s", "t1")
     assert clients.requests[0].session_kv is None and first.cached_tokens == 2
-    assert len(ingress.store.prefixes) == 1
-    await _turn(ingress, "s", "t2")
+    assert len(chat.store.prefixes) == 1
+    await _turn(chat, "s", "t2")
     assert clients.requests[1].session_kv == clients.exported[0]  # handed to the Thinker
-    assert await ingress.sessions.pop("s") == clients.exported[1]
-    assert len(ingress.store.prefixes) == 0
-    counted = ingress.metrics.registry.get_sample_value
+    assert await chat.sessions.pop("s") == clients.exported[1]
+    assert len(chat.store.prefixes) == 0
+    counted = chat.metrics.registry.get_sample_value
     assert counted("omni_prompt_tokens_total", {"kind": "cached"}) == 4  # 2 per turn
     assert counted("omni_prompt_tokens_total", {"kind": "computed"}) == 4
 
 
 async def test_a_failed_turn_frees_the_prefix_it_was_handed(clients):
-    ingress = _ingress(clients)
-    await _turn(ingress, "s", "t1")
+    chat = _chat(clients)
+    await _turn(chat, "s", "t1")
     clients.fail = True
     with pytest.raises(RuntimeError, match="died"):
-        await _turn(ingress, "s", "t2")
-    assert _freed(clients.exported[0]) and len(ingress.store.prefixes) == 0
+        await _turn(chat, "s", "t2")
+    assert _freed(clients.exported[0]) and len(chat.store.prefixes) == 0
 
 
 async def test_requests_without_a_session_keep_nothing(clients):
-    ingress = _ingress(clients)
-    await _turn(ingress, None, "t1")
-    assert clients.requests[0].session_kv is None and len(ingress.store.prefixes) == 0
+    chat = _chat(clients)
+    await _turn(chat, None, "t1")
+    assert clients.requests[0].session_kv is None and len(chat.store.prefixes) == 0
 
 
 async def test_a_turn_through_another_ingress_replica_gets_the_prefix(clients):
-    """Serve's proxy sent turn two to the other ingress replica: the store is the app's."""
+    """Serve's proxy sent turn two to the other chat replica: the store is the app's."""
     store = _store()
-    first, second = _ingress(clients, store), _ingress(clients, store)
+    first, second = _chat(clients, store), _chat(clients, store)
     await _turn(first, "s", "t1")
     await _turn(second, "s", "t2")
     assert clients.requests[1].session_kv == clients.exported[0]
@@ -142,8 +148,8 @@ class FailingStore:
 
 async def test_a_failing_store_costs_the_turn_its_prefix_only(clients, monkeypatch):
     monkeypatch.setattr(session_store, "STORE_TIMEOUT_S", 0.1)
-    ingress = _ingress(clients, FailingStore())
-    result = await _turn(ingress, "s", "t1")
+    chat = _chat(clients, FailingStore())
+    result = await _turn(chat, "s", "t1")
     assert result.token_ids == [5] and clients.requests[0].session_kv is None
     assert _freed(clients.exported[0])  # it could not be kept: nobody would free it
-    assert await ingress.sessions.stats() == {"prefixes": 0, "bytes": 0}
+    assert await chat.sessions.stats() == {"prefixes": 0, "bytes": 0}

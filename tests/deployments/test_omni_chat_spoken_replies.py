@@ -1,5 +1,5 @@
-"""OpenAI's multi-turn audio through the ingress: a spoken reply's transcript is kept under its
-audio id (through whichever ingress replica), a later turn naming the reply by that id hears
+"""OpenAI's multi-turn audio through the chat: a spoken reply's transcript is kept under its
+audio id (through whichever chat replica), a later turn naming the reply by that id hears
 the same prompt as one sending the transcript, and a reply not kept is a 400 naming the id,
 a store that does not answer a 503, never a turn that silently drops the reply."""
 
@@ -8,16 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deployments import spoken_reply_store
+from deployments import omni_chat, spoken_reply_store
 from deployments.spoken_reply_store import SpokenReplyClient, SpokenReplyStore
 from omni_serve.api.errors import ApiError
 from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.chat_flow import ChatEvent, ChatOptions, ChatResult, collect
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
-from omni_serve.observability.metrics import ApiMetrics
 from omni_serve.testing.local_handle import LocalHandle
-from tests.deployments.test_omni_ingress_prompts import IngressClass, make_ingress
+from tests.deployments.test_omni_chat_prompts import make_chat
 
 
 def _store():
@@ -25,10 +24,10 @@ def _store():
 
 
 @pytest.fixture
-def ingress(omni_processor):
-    found = make_ingress(omni_processor, ApiSettings())
-    found.sessions, found.metrics, found.clients = None, ApiMetrics(), None
-    found.replies = SpokenReplyClient(LocalHandle(_store()))
+def chat(omni_processor):
+    found = make_chat(
+        omni_processor, ApiSettings(), replies=SpokenReplyClient(LocalHandle(_store()))
+    )
     yield found
     found.prompts.close()
 
@@ -55,50 +54,47 @@ NEXT = {"role": "user", "content": "Again, slower."}
 
 
 async def test_a_spoken_reply_is_kept_and_a_later_turn_hears_its_transcript(
-    ingress, omni_processor, monkeypatch
+    chat, omni_processor, monkeypatch
 ):
-    monkeypatch.setitem(IngressClass._chat.__globals__, "stream_chat", _answering("Hi!", True))
+    monkeypatch.setattr(omni_chat, "stream_chat", _answering("Hi!", True))
     prompt = PreparedPrompt(prompt_ids=[1, 2, 3], multi_modal_data={})
-    await collect(ingress._chat(prompt, ChatOptions({}, want_audio=True), "r1", "audio-1"))
-    # the next turn reaches another ingress replica: the store is the app's
-    other = make_ingress(omni_processor, ApiSettings())
-    other.replies = ingress.replies
+    await collect(chat.events(prompt, ChatOptions({}, want_audio=True), "r1", "audio-1"))
+    # the next turn reaches another chat replica: the store is the app's
+    other = make_chat(omni_processor, ApiSettings(), replies=chat.replies)
     try:
-        by_id, _ = await other._prepare(
+        by_id, _ = await other.prepare(
             _chat(USER, {"role": "assistant", "audio": {"id": "audio-1"}}, NEXT)
         )
-        by_text, _ = await other._prepare(
-            _chat(USER, {"role": "assistant", "content": "Hi!"}, NEXT)
-        )
+        by_text, _ = await other.prepare(_chat(USER, {"role": "assistant", "content": "Hi!"}, NEXT))
     finally:
         other.prompts.close()
     assert by_id.prompt_ids == by_text.prompt_ids
-    assert await ingress.replies.stats() == {"replies": 1, "bytes": len("Hi!") + 64}
+    assert await chat.replies.stats() == {"replies": 1, "bytes": len("Hi!") + 64}
 
 
-async def test_a_text_reply_keeps_nothing(ingress, monkeypatch):
-    monkeypatch.setitem(IngressClass._chat.__globals__, "stream_chat", _answering("Hi!", False))
+async def test_a_text_reply_keeps_nothing(chat, monkeypatch):
+    monkeypatch.setattr(omni_chat, "stream_chat", _answering("Hi!", False))
     prompt = PreparedPrompt(prompt_ids=[1, 2, 3], multi_modal_data={})
-    await collect(ingress._chat(prompt, ChatOptions({}), "r1", "audio-1"))
-    assert (await ingress.replies.stats())["replies"] == 0
+    await collect(chat.events(prompt, ChatOptions({}), "r1", "audio-1"))
+    assert (await chat.replies.stats())["replies"] == 0
 
 
-async def test_a_reply_not_kept_is_a_400_naming_its_id(ingress):
+async def test_a_reply_not_kept_is_a_400_naming_its_id(chat):
     named = {"role": "assistant", "audio": {"id": "audio-gone"}}
     with pytest.raises(ApiError) as caught:
-        await ingress._prepare(_chat(USER, named, NEXT))
+        await chat.prepare(_chat(USER, named, NEXT))
     assert caught.value.status == 400 and caught.value.param == "messages[1].audio.id"
     assert "'audio-gone'" in caught.value.message and "expires_at" in caught.value.message
 
 
-async def test_without_a_store_the_400_says_why(ingress):
-    ingress.replies = None
+async def test_without_a_store_the_400_says_why(chat):
+    chat.replies = None
     named = {"role": "assistant", "audio": {"id": "audio-1"}}
     with pytest.raises(ApiError, match=r"spoken_reply_ttl_s is 0"):
-        await ingress._prepare(_chat(USER, named, NEXT))
-    ingress.handles = {"thinker": object()}  # a text-only deployment
+        await chat.prepare(_chat(USER, named, NEXT))
+    chat.speaks = False  # a text-only deployment
     with pytest.raises(ApiError, match="makes no spoken replies") as caught:
-        await ingress._prepare(_chat(USER, named, NEXT))
+        await chat.prepare(_chat(USER, named, NEXT))
     assert caught.value.param == "messages[1].audio.id"
 
 
@@ -113,13 +109,13 @@ class FailingStore:
         raise RuntimeError("store replica died")
 
 
-async def test_a_failing_store_fails_no_reply_and_a_lookup_is_a_503(ingress, monkeypatch):
-    monkeypatch.setitem(IngressClass._chat.__globals__, "stream_chat", _answering("Hi!", True))
+async def test_a_failing_store_fails_no_reply_and_a_lookup_is_a_503(chat, monkeypatch):
+    monkeypatch.setattr(omni_chat, "stream_chat", _answering("Hi!", True))
     monkeypatch.setattr(spoken_reply_store, "KEEP_TIMEOUT_S", 0.1)
-    ingress.replies = SpokenReplyClient(LocalHandle(FailingStore()))
+    chat.replies = SpokenReplyClient(LocalHandle(FailingStore()))
     prompt = PreparedPrompt(prompt_ids=[1, 2, 3], multi_modal_data={})
-    result = await collect(ingress._chat(prompt, ChatOptions({}, want_audio=True), "r1", "a-1"))
+    result = await collect(chat.events(prompt, ChatOptions({}, want_audio=True), "r1", "a-1"))
     assert result.text == "Hi!"
     with pytest.raises(ApiError) as caught:
-        await ingress._prepare(_chat(USER, {"role": "assistant", "audio": {"id": "a-1"}}, NEXT))
+        await chat.prepare(_chat(USER, {"role": "assistant", "audio": {"id": "a-1"}}, NEXT))
     assert caught.value.status == 503 and caught.value.headers == {"Retry-After": "5"}
