@@ -192,8 +192,8 @@ async def test_auto_sends_what_a_full_shared_memory_cannot_take_through_the_obje
 ):
     """A request is answered when /dev/shm is full, and the log (and /metrics, through the
     producer's ``overflowed`` count) says why it got slower."""
-    import omni_serve.transport as transport
     from omni_serve.transport import ChannelFull, channel_stats, shared_memory, take
+    from omni_serve.transport import channels as transport
 
     def full(size, pooled):
         raise ChannelFull("no room for a segment in /dev/shm")

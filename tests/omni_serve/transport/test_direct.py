@@ -230,7 +230,7 @@ def test_over_tcp_the_owner_drives_the_transfer():
 def test_auto_picks_shared_memory_lent_to_nixl_across_hosts_and_plain_on_one(monkeypatch):
     """Across hosts the consumer may be on either: one put serves both (a reader here maps
     the segment, one elsewhere reads it over NIXL: test_shared_memory_direct.py)."""
-    import omni_serve.transport as transport
+    from omni_serve.transport import channels as transport
 
     monkeypatch.setattr(transport, "cluster_is_one_host", lambda: False)
     ref = AutoChannel(inline_max_bytes=16).put(torch.zeros(64))
@@ -248,7 +248,7 @@ def test_auto_sends_gpu_payloads_direct_even_on_one_host(monkeypatch):
     """Shared memory would take a GPU payload through host memory twice (device to host, then
     host to device in the consumer); direct reads it GPU to GPU. The GPU round trip itself is
     in test_direct_gpu.py."""
-    import omni_serve.transport as transport
+    from omni_serve.transport import channels as transport
 
     monkeypatch.setattr(transport, "cluster_is_one_host", lambda: True)
     auto, gpu, big = AutoChannel(inline_max_bytes=16), torch.device("cuda", 0), 64 << 20
@@ -262,7 +262,7 @@ def test_auto_sends_gpu_payloads_direct_even_on_one_host(monkeypatch):
 
 
 def test_for_a_consumer_without_a_gpu_gpu_payloads_go_through_host_memory(monkeypatch):
-    import omni_serve.transport as transport
+    from omni_serve.transport import channels as transport
 
     monkeypatch.setattr(transport, "cluster_is_one_host", lambda: True)
     auto = AutoChannel(inline_max_bytes=16, gpu_consumer=False)

@@ -214,7 +214,7 @@ async def test_a_gpu_payload_read_in_its_own_process_is_a_copy_on_the_gpu():
 async def test_auto_sends_a_large_gpu_payload_direct_and_smaller_ones_through_the_host(
     monkeypatch,
 ):
-    import omni_serve.transport as transport
+    from omni_serve.transport import channels as transport
 
     monkeypatch.setattr(transport, "cluster_is_one_host", lambda: True)  # no Ray cluster here
     auto, large = AutoChannel(inline_max_bytes=64 * 1024), torch.ones(1 << 21, device="cuda")

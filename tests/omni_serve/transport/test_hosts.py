@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from omni_serve.transport import ChannelFull, SharedMemoryChannel, hosts, make_channel, take
-from omni_serve.transport import _overflow as overflow
+from omni_serve.transport.channels import _overflow as overflow
 from omni_serve.transport.hosts import (
     cluster_is_one_host,
     describe_host,
@@ -125,7 +125,7 @@ def test_auto_looks_again_soon_while_a_node_has_not_said_and_keeps_off_plain_sha
     monkeypatch,
 ):
     """Unknown counts as more than one host, checked again after a second, not a minute."""
-    import omni_serve.transport as transport
+    from omni_serve.transport import channels as transport
 
     verdicts = iter([None, True])
     checks: list[int] = []
