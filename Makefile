@@ -42,18 +42,19 @@ run-image: setup
 	$(PY) -m omni_serve.models build tiny-qwen-image
 	RAY_ADDRESS=local $(VENV)/bin/serve run graphs.qwen_image:app
 
-# Unit tier first (fast, no Ray/vLLM), then the integration tier (starts vLLM and Serve).
-# pytest exits 5 when a tier collects no tests; that is not a failure of the other tier.
+# Unit tier first (fast, no Ray/vLLM), then the integration tier (starts vLLM and Serve),
+# which lists its slowest tests (where CI's time goes). pytest exits 5 when a tier collects
+# no tests; that is not a failure of the other tier.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider
 test: setup
 	$(PYTEST) -m "not integration" || [ $$? -eq 5 ]
-	$(PYTEST) -m integration || [ $$? -eq 5 ]
+	$(PYTEST) -m integration --durations=20 || [ $$? -eq 5 ]
 
 test-unit: setup
 	$(PYTEST) -m "not integration" || [ $$? -eq 5 ]
 
 test-integration: setup
-	$(PYTEST) -m integration || [ $$? -eq 5 ]
+	$(PYTEST) -m integration --durations=20 || [ $$? -eq 5 ]
 
 lint: setup
 	$(VENV)/bin/ruff check .
