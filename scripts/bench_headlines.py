@@ -284,11 +284,38 @@ def render_gpu_stages(summary: dict) -> list[str]:
     return lines
 
 
+def render_stage_messages(summary: dict) -> list[str]:
+    """The typed stage messages against the dicts they replaced. The issue's bar: no slower
+    per handle call (within 5%)."""
+    figures = summary["figures"]
+    dicts, typed = figures["dict"], figures["typed"]
+    lines = [
+        "### Stage messages: typed dataclasses against the dicts they replaced",
+        "",
+        f"Ray's cloudpickle round trip of each message, and a streaming handle call (a request "
+        f"in, 8 chunks back). {provenance(summary)}",
+        "",
+        "| message | dict | typed |",
+        "|---|---|---|",
+    ]
+    for key in dicts:
+        name = key.removesuffix("_pickle_us").removesuffix("_ms")
+        unit = "us" if key.endswith("_us") else "ms"
+        lines.append(f"| {name} ({unit}) | {cell(dicts[key])} | {cell(typed[key])} |")
+    ratio = figures["typed_over_dict_handle_call"]
+    lines += [
+        "",
+        f"- Typed over dict per handle call: {ratio:.3f}, {verdict(ratio, 1.05, below=True)}.",
+    ]
+    return lines
+
+
 RENDERERS = {
     "speech": render_speech,
     "channel": render_channel,
     "realtime": render_realtime,
     "gpu_stages": render_gpu_stages,
+    "stage_messages": render_stage_messages,
 }
 
 

@@ -128,3 +128,20 @@ def test_the_gpu_stages_table_reads_a_missed_target_as_missed():
     assert "a step at batch 64: 12.0 ms, met (<= 15)" in text
     assert "same run: 5.0x (against its fastest run, 5.0x), **not met** (>= 10)" in text
     assert "bf16 no slower than fp32 (graphed step): **not met** at batch [1]" in text
+
+
+def test_the_stage_messages_table_reads_a_slower_handle_call_as_missed():
+    row = {"thinker_request_pickle_us": fig(14.0), "handle_call_ms": fig(7.5)}
+    summary = {
+        "name": "stage_messages",
+        "command": "python load_tests/bench_stage_messages.py",
+        "commit": "abc",
+        "repeats": 1,
+        "machine": {"cores": 2, "cpu": "x"},
+        "figures": {"dict": row, "typed": row, "typed_over_dict_handle_call": 1.2},
+        "sides": {},
+    }
+    text = "\n".join(headlines.render_stage_messages(summary))
+    assert "| thinker_request (us) | 14.00 | 14.00 |" in text
+    assert "| handle_call (ms) | 7.50 | 7.50 |" in text
+    assert "Typed over dict per handle call: 1.200, **not met** (<= 1.05)" in text
