@@ -20,7 +20,7 @@ from deployments.session_store import SessionStore
 from deployments.spoken_reply_store import SpokenReplyStore
 from deployments.talker import TalkerDeployment
 from deployments.thinker import ThinkerDeployment
-from graphs.common import REPO, pipeline_path
+from graphs.pipeline_paths import REPO, pipeline_path
 from omni_serve.config import PipelineConfig, load_pipeline_config
 
 DEFAULT_PIPELINE = REPO / "configs" / "pipelines" / "qwen3_omni_tiny.yaml"

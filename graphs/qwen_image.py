@@ -14,7 +14,7 @@ from deployments.dit import DiTDeployment
 from deployments.image_ingress import ImageIngress
 from deployments.text_encoder import TextEncoderDeployment
 from deployments.vae import VAEDeployment
-from graphs.common import REPO, pipeline_path
+from graphs.pipeline_paths import REPO, pipeline_path
 from omni_serve.config import PipelineConfig, load_pipeline_config
 
 DEFAULT_PIPELINE = REPO / "configs" / "pipelines" / "qwen_image_tiny.yaml"
