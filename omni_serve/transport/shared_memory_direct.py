@@ -21,7 +21,8 @@ import torch
 
 from omni_serve.transport import shared_memory
 from omni_serve.transport.base import ALIGN, Payload, Reservation, TensorRef
-from omni_serve.transport.direct import DirectChannel, endpoint
+from omni_serve.transport.direct import DirectChannel
+from omni_serve.transport.direct_endpoint import endpoint
 from omni_serve.transport.hosts import host_id
 from omni_serve.transport.shared_memory import SharedMemoryChannel
 

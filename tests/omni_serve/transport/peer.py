@@ -80,7 +80,7 @@ def channel_ops(channel: Any) -> dict[str, Callable[[Any], Any]]:
 
 def buffers_in_use(_: Any = None) -> int:
     """How many of this process's direct-backend buffers are in use (not yet handed back)."""
-    from omni_serve.transport import direct
+    from omni_serve.transport import direct_endpoint as direct
 
     owner = direct.endpoint()
     return sum(buffer.state == direct.IN_USE for buffer in owner.buffers.values())

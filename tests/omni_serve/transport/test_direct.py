@@ -10,8 +10,14 @@ import time
 import pytest
 import torch
 
-from omni_serve.transport import AutoChannel, ChannelError, DirectChannel, make_channel, take
-from omni_serve.transport import direct as direct_module
+from omni_serve.transport import (
+    AutoChannel,
+    ChannelError,
+    DirectChannel,
+    direct_endpoint,
+    make_channel,
+    take,
+)
 from tests.omni_serve.transport.peer import (
     Peer,
     assert_same_payload,
@@ -40,14 +46,14 @@ def _peer_main(conn, env: dict[str, str]) -> None:
 
 def _pause_owner_loop(_=None) -> None:
     """Stop this process's owner loop: nothing here progresses UCX until it resumes."""
-    owner = direct_module.endpoint()
+    owner = direct_endpoint.endpoint()
     owner.stopping = True
     owner.wake.set()
     owner.thread.join(5)
 
 
 def _resume_owner_loop(_=None) -> None:
-    owner = direct_module.endpoint()
+    owner = direct_endpoint.endpoint()
     owner.stopping, owner.thread = False, None
     owner._serve()
 
@@ -72,9 +78,9 @@ async def test_a_payload_from_here_is_read_by_another_process_and_handed_back(pe
     channel = DirectChannel()
     ref = channel.put(mixed_payload())
     assert_same_payload(peer("take", ref), mixed_payload())
-    owner = direct_module.endpoint()
+    owner = direct_endpoint.endpoint()
     deadline = time.monotonic() + 3
-    while owner.buffers[ref.handle.buffer].state != direct_module.FREE:
+    while owner.buffers[ref.handle.buffer].state != direct_endpoint.FREE:
         assert time.monotonic() < deadline, "the consumer's free never arrived"
         await asyncio.sleep(0.02)
 
@@ -107,7 +113,7 @@ async def test_a_stale_ref_reads_as_freed_never_as_the_next_payload(peer):
 
 async def test_a_stray_notification_does_not_stop_the_owner_freeing(peer):
     ref = peer("put", torch.ones(1 << 18))
-    here = direct_module.endpoint()
+    here = direct_endpoint.endpoint()
     with here.lock:
         here._load(ref.handle)
         here.agent.send_notif(ref.handle.agent, b"not:a-number:x")
@@ -122,7 +128,7 @@ async def test_reads_after_a_free_do_not_wait_for_the_owner_loop(peer, monkeypat
     await take(peer("put", torch.ones(1 << 10)))  # connected (its first read needs the owner)
     refs = [peer("put", torch.full((1 << 10,), float(i))) for i in range(3)]
     peer("pause")
-    monkeypatch.setattr(direct_module, "TRANSFER_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(direct_endpoint, "TRANSFER_TIMEOUT_S", 3.0)
     for i, ref in enumerate(refs):  # each take frees its ref before the next read
         assert torch.equal(await take(ref), torch.full((1 << 10,), float(i)))
     peer("resume")
@@ -149,18 +155,18 @@ async def test_a_dead_producer_fails_the_read_instead_of_hanging(peer, connected
 
 
 def test_a_buffer_whose_consumer_died_is_reused_after_the_lease(monkeypatch):
-    monkeypatch.setattr(direct_module, "_endpoint", None)  # an agent with no buffers yet
+    monkeypatch.setattr(direct_endpoint, "_endpoint", None)  # an agent with no buffers yet
     channel = DirectChannel()
     ref = channel.put(torch.ones(1 << 18))
     assert channel.put(torch.ones(1 << 18)).handle.buffer != ref.handle.buffer
-    monkeypatch.setattr(direct_module, "LEASE_S", 0.0)
+    monkeypatch.setattr(direct_endpoint, "LEASE_S", 0.0)
     time.sleep(0.01)
     assert channel.put(torch.ones(1 << 18)).handle.buffer == ref.handle.buffer
 
 
 async def test_payloads_beyond_the_pool_budget_get_a_buffer_of_their_own(monkeypatch):
-    owner = direct_module.endpoint()
-    monkeypatch.setattr(direct_module, "POOL_BYTES", owner.pooled_bytes)
+    owner = direct_endpoint.endpoint()
+    monkeypatch.setattr(direct_endpoint, "POOL_BYTES", owner.pooled_bytes)
     channel = DirectChannel()
     ref = channel.put(torch.arange(1 << 20))  # no pooled buffer this size is free
     assert not owner.buffers[ref.handle.buffer].pooled
@@ -171,19 +177,19 @@ async def test_payloads_beyond_the_pool_budget_get_a_buffer_of_their_own(monkeyp
 async def test_a_new_size_over_the_budget_evicts_free_pooled_buffers_not_used_ones(
     peer, monkeypatch
 ):
-    monkeypatch.setattr(direct_module, "_endpoint", None)  # an agent with no buffers yet
-    monkeypatch.setattr(direct_module, "POOL_BYTES", 6 << 20)
-    owner, channel = direct_module.endpoint(), DirectChannel()
+    monkeypatch.setattr(direct_endpoint, "_endpoint", None)  # an agent with no buffers yet
+    monkeypatch.setattr(direct_endpoint, "POOL_BYTES", 6 << 20)
+    owner, channel = direct_endpoint.endpoint(), DirectChannel()
     kept = channel.put(torch.zeros(1 << 18))  # a 2 MB buffer (1 MB + header), left in use
     old = channel.put(torch.zeros(1 << 18))  # another 2 MB buffer, read and freed below
     assert torch.equal(peer("take", old), torch.zeros(1 << 18))
     deadline = time.monotonic() + 3
-    while owner.buffers[old.handle.buffer].state != direct_module.FREE:
+    while owner.buffers[old.handle.buffer].state != direct_endpoint.FREE:
         assert time.monotonic() < deadline, "the reader's free never arrived"
         await asyncio.sleep(0.02)
     grown = channel.put(torch.ones(1 << 19))  # 2 MB + header: a 4 MB buffer, over the budget
     assert old.handle.buffer not in owner.buffers  # the free one made room
-    assert owner.buffers[kept.handle.buffer].state == direct_module.IN_USE  # never the used one
+    assert owner.buffers[kept.handle.buffer].state == direct_endpoint.IN_USE  # never the used one
     assert owner.buffers[grown.handle.buffer].pooled and owner.pooled_bytes == 6 << 20
     assert grown.handle.dropped == old.handle.dropped + 1
     assert torch.equal(peer("take", grown), torch.ones(1 << 19))  # the reader reloads
@@ -191,9 +197,9 @@ async def test_a_new_size_over_the_budget_evicts_free_pooled_buffers_not_used_on
 
 
 async def test_a_reader_over_its_landing_budget_evicts_idle_landings(peer, monkeypatch):
-    monkeypatch.setattr(direct_module, "_endpoint", None)  # a reader with no landings yet
-    monkeypatch.setattr(direct_module, "POOL_BYTES", 4 << 20)
-    landings = direct_module.endpoint().landings
+    monkeypatch.setattr(direct_endpoint, "_endpoint", None)  # a reader with no landings yet
+    monkeypatch.setattr(direct_endpoint, "POOL_BYTES", 4 << 20)
+    landings = direct_endpoint.endpoint().landings
     small = await take(peer("put", torch.zeros(1 << 18)))  # lands in a 2 MB landing
     assert torch.equal(small, torch.zeros(1 << 18)) and landings.pooled_bytes == 2 << 20
     del small  # the landing is idle again once the read's worker thread has let go of it
@@ -286,7 +292,7 @@ async def test_a_gpu_ref_in_a_process_without_a_gpu_fails_with_a_reason(monkeypa
 def test_the_owner_loop_polls_fast_right_after_a_put_then_at_its_busy_pace(monkeypatch):
     """Readers over TCP move only as fast as the owner progresses UCX, and they come right
     after a put: the loop keeps a fast pace for a while after each put, then slows down."""
-    monkeypatch.setattr(direct_module, "_endpoint", None)  # a fresh owner and loop
+    monkeypatch.setattr(direct_endpoint, "_endpoint", None)  # a fresh owner and loop
     paces = []
 
     class Recorded(threading.Event):
@@ -294,15 +300,15 @@ def test_the_owner_loop_polls_fast_right_after_a_put_then_at_its_busy_pace(monke
             paces.append(timeout)
             return super().wait(timeout)
 
-    owner = direct_module.endpoint()
+    owner = direct_endpoint.endpoint()
     owner.wake = Recorded()
     ref = DirectChannel().put(torch.ones(1 << 10))
     time.sleep(0.05)
-    assert direct_module.POLL_FAST_S in paces
-    monkeypatch.setattr(direct_module, "FAST_S", 0.0)  # "a while" is over
+    assert direct_endpoint.POLL_FAST_S in paces
+    monkeypatch.setattr(direct_endpoint, "FAST_S", 0.0)  # "a while" is over
     paces.clear()
     time.sleep(0.05)
-    assert paces and set(paces) == {direct_module.POLL_BUSY_S}  # the payload is still out
+    assert paces and set(paces) == {direct_endpoint.POLL_BUSY_S}  # the payload is still out
     owner._stop()
     DirectChannel().free(ref)
 
@@ -312,7 +318,7 @@ def test_a_gpu_ref_leaves_put_and_commit_only_once_the_device_is_done(monkeypatc
     reader in another process reads the memory regardless of this process's streams, so the
     producer waits for its device first (the GPU run of this is in test_direct_gpu.py)."""
     waited = []
-    monkeypatch.setattr(direct_module, "nixl_mem_type", lambda device: ("VRAM", 3))  # host memory
+    monkeypatch.setattr(direct_endpoint, "nixl_mem_type", lambda device: ("VRAM", 3))  # host memory
     monkeypatch.setattr(torch.cuda, "synchronize", waited.append)  # as if it were on GPU 3
     channel = DirectChannel()
     ref = channel.put(torch.ones(1 << 10))
@@ -326,15 +332,15 @@ def test_a_gpu_ref_leaves_put_and_commit_only_once_the_device_is_done(monkeypatc
 
 
 async def test_a_reservation_written_in_place_is_read_by_another_process(peer, monkeypatch):
-    monkeypatch.setattr(direct_module, "_endpoint", None)  # an agent with no buffers yet
+    monkeypatch.setattr(direct_endpoint, "_endpoint", None)  # an agent with no buffers yet
     channel = DirectChannel()
     like = {
         k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in mixed_payload().items()
     }
     channel.reserve(like).cancel()
-    owner = direct_module.endpoint()
+    owner = direct_endpoint.endpoint()
     (cancelled,) = owner.buffers.values()
-    assert cancelled.state == direct_module.FREE  # given back at once
+    assert cancelled.state == direct_endpoint.FREE  # given back at once
     reservation = channel.reserve(like)
     for key, t in mixed_payload().items():
         reservation.tensors[key].copy_(t)
@@ -344,9 +350,9 @@ async def test_a_reservation_written_in_place_is_read_by_another_process(peer, m
 
 
 async def test_a_stale_ref_to_a_dropped_buffer_never_reads_the_next_payload(peer, monkeypatch):
-    monkeypatch.setattr(direct_module, "_endpoint", None)  # an agent with no buffers yet
-    monkeypatch.setattr(direct_module, "POOL_BYTES", 0)  # every buffer is a one-read buffer
-    owner, channel = direct_module.endpoint(), DirectChannel()
+    monkeypatch.setattr(direct_endpoint, "_endpoint", None)  # an agent with no buffers yet
+    monkeypatch.setattr(direct_endpoint, "POOL_BYTES", 0)  # every buffer is a one-read buffer
+    owner, channel = direct_endpoint.endpoint(), DirectChannel()
     stale = channel.put(torch.zeros(1 << 18))
     assert torch.equal(peer("take", stale), torch.zeros(1 << 18))
     deadline = time.monotonic() + 3
@@ -379,7 +385,7 @@ async def test_after_the_owner_drops_a_buffer_a_reader_reloads_it_once_its_reads
         assert owner.wait_in_use(0) == 0  # read, freed and dropped by the owner
         second = owner("put", mixed_payload())
         assert second.handle.dropped == first.handle.dropped + 1
-        reader = direct_module.endpoint()
+        reader = direct_endpoint.endpoint()
         reloads = reader.reloads
         with reader.lock:
             reader.reading[second.handle.agent] = 1  # another read from it is under way
@@ -405,12 +411,12 @@ async def test_past_max_owners_the_least_recent_is_forgotten_and_loaded_again_wh
     agent and its notifier), and an owner it forgot is read and freed as before."""
     from omni_serve.transport import direct_notes
 
-    monkeypatch.setattr(direct_module, "MAX_OWNERS", 1)
+    monkeypatch.setattr(direct_endpoint, "MAX_OWNERS", 1)
     monkeypatch.setattr(direct_notes, "MAX_OWNERS", 1)
     monkeypatch.setattr(direct_notes, "QUIET_S", 0.2)
     other = Peer(_peer_main)
     try:
-        reader = direct_module.endpoint()
+        reader = direct_endpoint.endpoint()
         first = peer("put", mixed_payload())
         assert_same_payload(await take(first), mixed_payload())
         assert peer.wait_in_use(0) == 0
@@ -438,7 +444,7 @@ async def test_reads_that_start_while_a_reload_waits_let_it_go_first():
         assert torch.equal(await take(read), torch.ones(1 << 16))  # loads both buffers here
         assert owner.wait_in_use(1) == 1  # ``read`` freed and dropped; ``older`` still out
         newer = owner("put", torch.full((1 << 16,), 2.0))  # after a drop: a reload
-        reader, agent = direct_module.endpoint(), newer.handle.agent
+        reader, agent = direct_endpoint.endpoint(), newer.handle.agent
         reloads = reader.reloads
         with reader.lock:
             reader.reading[agent] = 1  # a read from it is under way
@@ -461,9 +467,9 @@ def test_the_owner_loop_stops_at_exit_before_the_interpreter_finalizes(monkeypat
     """A daemon thread still inside a NIXL call when the interpreter finalizes aborts the
     process (exit status 134 after every test of a run had passed)."""
     registered = []
-    monkeypatch.setattr(direct_module.atexit, "register", registered.append)
-    monkeypatch.setattr(direct_module, "_endpoint", None)
-    owner = direct_module.endpoint()
+    monkeypatch.setattr(direct_endpoint.atexit, "register", registered.append)
+    monkeypatch.setattr(direct_endpoint, "_endpoint", None)
+    owner = direct_endpoint.endpoint()
     DirectChannel().free(DirectChannel().put(torch.zeros(16)))  # starts the owner's loop
     assert registered == [owner._stop] and owner.thread.is_alive()
     owner._stop()

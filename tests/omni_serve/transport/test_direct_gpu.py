@@ -11,8 +11,14 @@ import time
 import pytest
 import torch
 
-from omni_serve.transport import AutoChannel, ChannelError, DirectChannel, make_channel, take
-from omni_serve.transport import direct as direct_module
+from omni_serve.transport import (
+    AutoChannel,
+    ChannelError,
+    DirectChannel,
+    direct_endpoint,
+    make_channel,
+    take,
+)
 from omni_serve.transport.kv_blocks import KVPrefix, put_prefix, scatter
 from tests.omni_serve.transport.peer import Peer, buffers_in_use, serve_ops
 
@@ -48,7 +54,7 @@ def _buffers_in_torch_allocator(_=None) -> int:
     segments = [
         (s["address"], s["address"] + s["total_size"]) for s in torch.cuda.memory_snapshot()
     ]
-    owner = direct_module.endpoint()
+    owner = direct_endpoint.endpoint()
     return sum(
         any(a <= b.memory.data_ptr() < z for a, z in segments)
         for b in owner.buffers.values()
@@ -101,8 +107,8 @@ def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
 
 
 def _wait_all_free(timeout: float = 3.0) -> int:
-    owner, deadline = direct_module.endpoint(), time.monotonic() + timeout
-    while (busy := sum(b.state == direct_module.IN_USE for b in owner.buffers.values())) and (
+    owner, deadline = direct_endpoint.endpoint(), time.monotonic() + timeout
+    while (busy := sum(b.state == direct_endpoint.IN_USE for b in owner.buffers.values())) and (
         time.monotonic() < deadline
     ):
         time.sleep(0.02)
@@ -234,9 +240,9 @@ def test_one_read_gpu_buffers_at_a_reused_address_are_read_by_the_same_consumer(
     """Over the pool budget each payload gets a buffer of its own, dropped after its read; the
     CUDA caching allocator gives the next one the same block, which NIXL 1.5.1 refuses to
     re-key for a reader that knew the old one (the reader then reloads the producer)."""
-    monkeypatch.setattr(direct_module, "_endpoint", None)
-    monkeypatch.setattr(direct_module, "POOL_BYTES", 0)
-    owner, channel, addresses = direct_module.endpoint(), DirectChannel(), []
+    monkeypatch.setattr(direct_endpoint, "_endpoint", None)
+    monkeypatch.setattr(direct_endpoint, "POOL_BYTES", 0)
+    owner, channel, addresses = direct_endpoint.endpoint(), DirectChannel(), []
     for i in range(3):
         ref = channel.put(torch.full((1 << 22,), float(i), device="cuda"))
         addresses.append(ref.handle.address)

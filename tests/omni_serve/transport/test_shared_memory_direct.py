@@ -15,11 +15,11 @@ from omni_serve.transport import (
     ChannelError,
     ChannelFull,
     SharedMemoryDirectChannel,
+    direct_endpoint,
     hosts,
     shared_memory,
     take,
 )
-from omni_serve.transport import direct as direct_module
 from tests.omni_serve.transport.peer import (
     Peer,
     assert_same_payload,
@@ -68,9 +68,9 @@ async def test_a_reader_on_another_host_reads_over_nixl_and_hands_the_segment_ba
     # Its host cannot map this /dev/shm: NIXL or nothing.
     assert_same_payload(elsewhere("take", ref), mixed_payload(256))
     assert _wait_state(ref, shared_memory.FREE) == shared_memory.FREE, "the free never came"
-    registered = direct_module.endpoint().registered
+    registered = direct_endpoint.endpoint().registered
     again = channel.put(mixed_payload(256, 2.0))
-    assert again.key == ref.key and direct_module.endpoint().registered == registered
+    assert again.key == ref.key and direct_endpoint.endpoint().registered == registered
     # The reused segment, lent once.
     assert_same_payload(elsewhere("take", again), mixed_payload(256, 2.0))
 
@@ -110,7 +110,7 @@ async def test_a_segment_the_pool_unlinks_is_no_longer_lent(elsewhere, monkeypat
     channel = SharedMemoryDirectChannel()
     old = channel.put(torch.zeros(1 << 16))
     await take(old)  # free, so the pool may evict it
-    owner = direct_module.endpoint()
+    owner = direct_endpoint.endpoint()
     index = old.handle[1].buffer
     assert index in owner.lent
     pool = shared_memory._pool.segments.values()
@@ -160,7 +160,7 @@ async def test_the_owner_loop_keeps_its_busy_pace_only_while_a_payload_is_unread
     say) needs nothing of it."""
     channel = SharedMemoryDirectChannel()
     ref = channel.put(torch.ones(1 << 16))
-    lent = direct_module.endpoint().lent[ref.handle[1].buffer]
+    lent = direct_endpoint.endpoint().lent[ref.handle[1].buffer]
     assert lent.in_use()
     got = await channel.get(ref)
     assert not lent.in_use()
