@@ -23,6 +23,7 @@ from deployments.common import (
 from deployments.dit_workers import DenoiseWorkerGroup
 from omni_serve.engines.diffusion.step_batching import StepBatcher
 from omni_serve.models.qwen_image.denoise import DenoiseCancelled, DenoiseState, ImageJob
+from omni_serve.models.qwen_image.messages import DenoiseRequest
 from omni_serve.models.qwen_image.parallel import load_parallel_denoiser
 from omni_serve.models.qwen_image.stages import load_denoiser
 from omni_serve.transport import TensorRef, channel_stats, take
@@ -60,21 +61,21 @@ class DiTDeployment(ReleasesSharedMemory):
         self.running = 0
         self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
-    async def denoise(self, request: dict[str, Any]) -> list[TensorRef]:
+    async def denoise(self, request: DenoiseRequest) -> list[TensorRef]:
         """Packed latents, one ref per seed of the request."""
-        prompt = await take(request["prompt"])
-        negative = await take(request["negative"]) if request["negative"] is not None else None
+        prompt = await take(request.prompt)
+        negative = await take(request.negative) if request.negative is not None else None
         jobs = [
             ImageJob(
                 prompt,
-                request["height"],
-                request["width"],
-                request["steps"],
+                request.height,
+                request.width,
+                request.steps,
                 seed,
                 negative_embeds=negative,
-                true_cfg_scale=request["true_cfg_scale"],
+                true_cfg_scale=request.true_cfg_scale,
             )
-            for seed in request["seeds"]
+            for seed in request.seeds
         ]
         # The request's n images join the same batch (and other requests' images with them).
         denoise = self.denoise_batched if self.steps is None else self._denoise_stepped

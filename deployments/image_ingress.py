@@ -28,6 +28,7 @@ from omni_serve.api.images import ImageGenerationRequest, images_b64, parse_size
 from omni_serve.api.protocol import ChatCompletionRequest, new_id
 from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen_image.image_flow import ImageOptions, generate_images
+from omni_serve.models.qwen_image.messages import DenoiseRequest
 from omni_serve.observability.metrics import ApiMetrics
 from omni_serve.transport import announce, take
 
@@ -44,7 +45,7 @@ class _HandleClients:
     async def encode(self, prompts: list[str]) -> list[Any]:
         return await handle_calls.call(self.handles["text_encoder"].encode, prompts)
 
-    async def denoise(self, request: dict[str, Any]) -> list[Any]:
+    async def denoise(self, request: DenoiseRequest) -> list[Any]:
         return await handle_calls.call(self.handles["dit"].denoise, request)
 
     async def decode(self, latents: Any, height: int, width: int) -> Any:

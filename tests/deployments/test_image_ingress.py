@@ -30,7 +30,7 @@ class FakeClients:
         return ["rows"] * len(prompts)
 
     async def denoise(self, request):
-        return ["latents"] * len(request["seeds"])
+        return ["latents"] * len(request.seeds)
 
     async def decode(self, latents, height, width):
         if self.deaths:

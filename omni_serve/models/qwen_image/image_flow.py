@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from omni_serve.models.qwen_image.messages import DenoiseRequest
+
 
 @dataclass
 class ImageOptions:
@@ -39,7 +41,7 @@ class ImageClients(Protocol):
     async def encode(self, prompts: list[str]) -> list[Any]:
         """One channel ref of conditioning rows per prompt."""
 
-    async def denoise(self, request: dict[str, Any]) -> list[Any]:
+    async def denoise(self, request: DenoiseRequest) -> list[Any]:
         """One channel ref of packed latents per seed of the request."""
 
     async def decode(self, latents: Any, height: int, width: int) -> Any:
@@ -59,15 +61,15 @@ async def generate_images(clients: ImageClients, options: ImageOptions) -> Image
     base = options.seed if options.seed is not None else random.randrange(2**62)
     seeds = [base + i for i in range(options.n)]
     latents = await clients.denoise(
-        {
-            "prompt": refs[0],
-            "negative": refs[1] if negative is not None else None,
-            "height": options.height,
-            "width": options.width,
-            "steps": options.steps,
-            "true_cfg_scale": options.true_cfg_scale,
-            "seeds": seeds,
-        }
+        DenoiseRequest(
+            refs[0],
+            refs[1] if negative is not None else None,
+            options.height,
+            options.width,
+            options.steps,
+            options.true_cfg_scale,
+            seeds,
+        )
     )
     timings["dit_s"] = time.perf_counter() - start
     images = await asyncio.gather(
