@@ -12,7 +12,7 @@ import torch
 from ray import serve
 
 from deployments.common import ReleasesSharedMemory, edge_channel, export_stage_metrics, torch_stage
-from omni_serve.engines.codec.chunked import DecodeJob
+from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 from omni_serve.transport import TensorRef, channel_stats
 
@@ -32,22 +32,20 @@ class Code2WavDeployment(ReleasesSharedMemory):
         self.channel = edge_channel(setup.config, stage_name)
         # Streaming chunk plan (engine args): small first chunk, growing to the steady size.
         args = stage.engine.args
-        self.chunking = {
-            "first_chunk_frames": int(args.get("first_chunk_frames", 2)),
-            "chunk_frames": int(args.get("chunk_frames", 25)),
-            "chunk_growth": float(args.get("chunk_growth", 2.0)),
-        }
+        self.info = CodecInfo(
+            self.codec.samples_per_frame,
+            self.left_context,
+            first_chunk_frames=int(args.get("first_chunk_frames", 2)),
+            chunk_frames=int(args.get("chunk_frames", 25)),
+            chunk_growth=float(args.get("chunk_growth", 2.0)),
+        )
         self.batches = 0
         self.max_batch = 0
         self.decode_s = 0.0  # time spent decoding (the rest of the replica's CPU is overhead)
         self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
-    def codec_info(self) -> dict[str, Any]:
-        return {
-            "samples_per_frame": self.codec.samples_per_frame,
-            "left_context": self.left_context,
-            **self.chunking,
-        }
+    def codec_info(self) -> CodecInfo:
+        return self.info
 
     async def decode(self, jobs: list[DecodeJob]) -> list[TensorRef]:
         """One channel ref per job: its float32 PCM."""

@@ -12,7 +12,7 @@ import torch
 from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
-from omni_serve.engines.codec.chunked import DecodeJob
+from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
 from omni_serve.models.qwen3_omni.media_payload import media_payload
 from omni_serve.transport import Channel, release, take
 from omni_serve.transport.base import cat_into, put_in_place
@@ -33,7 +33,7 @@ class HandleStageClients:
         self._code2wav = handles.get("code2wav")
         self._encoder = handles.get("encoder")
         self._to_encoder, self._to_thinker = to_encoder, to_thinker
-        self._codec_info: dict[str, Any] | None = None
+        self._codec_info: CodecInfo | None = None
 
     def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return handle_calls.stream(self._thinker.generate, request)
@@ -83,7 +83,7 @@ class HandleStageClients:
     def release(self, *refs: Any) -> None:
         release(*refs)
 
-    async def codec_info(self) -> dict[str, Any]:
+    async def codec_info(self) -> CodecInfo:
         if self._codec_info is None:
             self._codec_info = await self._code2wav.codec_info.remote()
         return self._codec_info

@@ -48,6 +48,29 @@ class DecodeJob:
         self.__dict__.update(state, codes=torch.from_numpy(state["codes"].copy()))  # writable
 
 
+@dataclass(frozen=True)
+class CodecInfo:
+    """What a streaming caller needs to know of a codec stage: its frame size, the left context
+    a chunk decodes with, and the chunk plan (a small first chunk, then chunks growing by
+    ``chunk_growth`` up to ``chunk_frames``)."""
+
+    samples_per_frame: int
+    left_context: int
+    first_chunk_frames: int = 2
+    chunk_frames: int = 25
+    chunk_growth: float = 2.0
+
+    def planner(self, stream_id: str) -> ChunkPlanner:
+        return ChunkPlanner(
+            self.samples_per_frame,
+            first_chunk=self.first_chunk_frames,
+            chunk=self.chunk_frames,
+            growth=self.chunk_growth,
+            left_context=self.left_context,
+            stream_id=stream_id,
+        )
+
+
 class ChunkPlanner:
     """Per-stream bookkeeping: which frames are decoded, and with what context."""
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from omni_serve.engines.ar.base import SamplingConfig
-from omni_serve.engines.codec.chunked import ChunkPlanner, DecodeJob
+from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.media_payload import media_payload
 from omni_serve.models.qwen3_omni.messages import (
@@ -45,9 +45,8 @@ class StageClients(Protocol):
 
     async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]: ...
 
-    async def codec_info(self) -> dict[str, Any]:
-        """``samples_per_frame`` and ``left_context`` of the codec, and the streaming chunk
-        plan: ``first_chunk_frames``, ``chunk_frames``, ``chunk_growth``."""
+    async def codec_info(self) -> CodecInfo:
+        """The codec's frame size and left context, and its streaming chunk plan."""
 
     async def encode_audio(self, clips: list[np.ndarray]) -> Any | None:
         """A channel ref to the audio tower's rows for these clips (16 kHz float32 samples),
@@ -161,7 +160,7 @@ async def stream_chat(
     start = time.perf_counter()
     # First, before any channel ref exists: refs are freed when the call carrying them ends,
     # and a failure between making one and starting that call would strand it.
-    info = await clients.codec_info() if options.want_audio else {}
+    info = await clients.codec_info() if options.want_audio else None
     thinker_request = ThinkerRequest(
         request_id,
         prompt.prompt_ids,
@@ -216,14 +215,7 @@ async def stream_chat(
                 reply_ids=options.reply_ids,
             )
         )
-        planner = ChunkPlanner(
-            info["samples_per_frame"],
-            first_chunk=info["first_chunk_frames"],
-            chunk=info["chunk_frames"],
-            growth=info["chunk_growth"],
-            left_context=info["left_context"],
-            stream_id=uuid.uuid4().hex,  # new per attempt
-        )
+        planner = info.planner(stream_id=uuid.uuid4().hex)  # new per attempt
     else:
         events = clients.thinker(thinker_request)
     audio: list[np.ndarray] = []

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from omni_serve.engines.codec.chunked import CodecInfo
 from omni_serve.models.qwen3_omni.chat_flow import ChatOptions, collect, stream_chat
 from omni_serve.models.qwen3_omni.media_payload import media_from_payload
 from omni_serve.models.qwen3_omni.messages import CodecFrame, SpeakRequest, ThinkerChunk
@@ -57,14 +58,8 @@ class RecordingClients:
         self.sent.setdefault("code2wav", []).append(jobs)
         return [np.zeros(4 * job.num_frames, np.float32) for job in jobs]
 
-    async def codec_info(self) -> dict[str, Any]:
-        return {
-            "samples_per_frame": 4,
-            "left_context": 0,
-            "first_chunk_frames": 1,
-            "chunk_frames": 2,
-            "chunk_growth": 2.0,
-        }
+    async def codec_info(self) -> CodecInfo:
+        return CodecInfo(4, 0, first_chunk_frames=1, chunk_frames=2, chunk_growth=2.0)
 
     async def encode_audio(self, features):
         raise AssertionError("no audio in this prompt")
