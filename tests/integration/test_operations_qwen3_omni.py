@@ -4,7 +4,7 @@ a hang, while Serve replaces the replica and the app serves on without a restart
 leaves no shared memory behind.
 
 One app (the tiny graph from tests/integration/pipelines/qwen3_omni_ops.yaml) serves every test
-here. The Code2wav kill is in test_served_qwen3_omni.py.
+here. The Code2wav kill is in served_qwen3_omni/test_replica_death.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The batch job against a fake HTTP backend: files, manifest, retries, resume, bad lines.
 
-The fake answers like the ingress does (same response shapes); the served app is exercised
-by tests/integration/test_served_qwen3_omni.py::test_batch_job_*.
+The fake answers like the ingress does (same response shapes); the served app runs a batch job
+in tests/integration/test_operations.py.
 """
 
 from __future__ import annotations
