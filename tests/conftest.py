@@ -37,6 +37,13 @@ def tiny_omni_path():
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_5_omni_path():
+    from omni_serve.models import ensure_model
+
+    return ensure_model("tiny-qwen2-5-omni")
+
+
+@pytest.fixture(scope="session")
 def tiny_image_path():
     from omni_serve.models import ensure_model
 

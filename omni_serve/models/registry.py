@@ -9,10 +9,11 @@ from omni_serve.models.cache import build_atomically
 
 
 def _families() -> list[ModuleType]:
+    from omni_serve.models.qwen2_5_omni import factory as qwen2_5_omni
     from omni_serve.models.qwen3_omni import factory as qwen3_omni
     from omni_serve.models.qwen_image import factory as qwen_image
 
-    return [qwen3_omni, qwen_image]
+    return [qwen3_omni, qwen2_5_omni, qwen_image]
 
 
 def presets() -> list[str]:

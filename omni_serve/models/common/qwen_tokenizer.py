@@ -2,9 +2,12 @@
 
 Real Qwen checkpoints ship a 151k-token vocabulary; tiny models cannot afford that embedding
 table and nothing may be downloaded. This tokenizer keeps what the serving code depends on:
-byte-level coverage of any text, Qwen's special tokens (same order, shifted to
-``SPECIAL_BASE + (real_id - 151643)``) and the three chat roles as single tokens, because
-transformers' Qwen3-Omni ``generate`` finds roles by token id.
+byte-level coverage of any text, a family's special tokens (in the family's real order,
+shifted to ``SPECIAL_BASE + (real_id - 151643)``) and the three chat roles as single tokens,
+because transformers' Qwen3-Omni ``generate`` finds roles by token id. A family names its
+media tokens (``SpecialTokens.named``: what Qwen's processors read off a tokenizer); the chat
+template is built from them. The defaults are Qwen3's (Qwen3-Omni, and Qwen-Image's Qwen2.5-VL
+text encoder, whose prompts use none of the media tokens).
 """
 
 from __future__ import annotations
@@ -111,28 +114,53 @@ _SPLIT_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'text' %}{{ part['text'] }}"
-    "{% elif part['type'] in ('audio', 'input_audio') %}<|audio_start|><|audio_pad|><|audio_end|>"
-    "{% elif part['type'] in ('image', 'image_url') %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# What Qwen's multimodal processors read off the tokenizer, for Qwen3's layout.
+QWEN3_NAMED_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "video_token": "<|video_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
 
 
-def special_token_id(token: str) -> int:
+def chat_template(named: dict[str, str]) -> str:
+    """A chat template with one placeholder per media part, spelled with ``named`` tokens."""
+    audio = named["audio_bos_token"] + named["audio_token"] + named["audio_eos_token"]
+    image = named["vision_bos_token"] + named["image_token"] + named["vision_eos_token"]
+    video = named["vision_bos_token"] + named["video_token"] + named["vision_eos_token"]
+    return (
+        "{% for message in messages %}"
+        "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for part in message['content'] %}"
+        "{% if part['type'] == 'text' %}{{ part['text'] }}"
+        f"{{% elif part['type'] in ('audio', 'input_audio') %}}{audio}"
+        f"{{% elif part['type'] in ('image', 'image_url') %}}{image}"
+        f"{{% elif part['type'] == 'video' %}}{video}"
+        "{% endif %}{% endfor %}{% endif %}"
+        "<|im_end|>\n"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
+CHAT_TEMPLATE = chat_template(QWEN3_NAMED_TOKENS)
+
+
+def special_token_id(token: str, special_tokens: list[str] = QWEN_SPECIAL_TOKENS) -> int:
     """The id of a Qwen special token in this tokenizer's layout."""
-    return SPECIAL_BASE + QWEN_SPECIAL_TOKENS.index(token)
+    return SPECIAL_BASE + special_tokens.index(token)
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    special_tokens: list[str] = QWEN_SPECIAL_TOKENS,
+    named: dict[str, str] = QWEN3_NAMED_TOKENS,
+) -> PreTrainedTokenizerFast:
+    """``special_tokens``: a family's special tokens in its real order (from 151643);
+    ``named``: its media tokens by the names Qwen's processors read."""
     byte_chars = sorted(ByteLevel.alphabet(), key=_byte_value)
     vocab = {ch: i for i, ch in enumerate(byte_chars)}
     merges = _ROLE_MERGES + _FILLER_MERGES
@@ -149,8 +177,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    extra = [f"<|extra_{i}|>" for i in range(VOCAB_SIZE - SPECIAL_BASE - len(QWEN_SPECIAL_TOKENS))]
-    tok.add_special_tokens(QWEN_SPECIAL_TOKENS + extra)
+    extra = [f"<|extra_{i}|>" for i in range(VOCAB_SIZE - SPECIAL_BASE - len(special_tokens))]
+    tok.add_special_tokens(special_tokens + extra)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=None,
@@ -159,18 +187,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         unk_token=None,
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
-        # Named tokens that Qwen's multimodal processors read off the tokenizer.
-        extra_special_tokens={
-            "image_token": "<|image_pad|>",
-            "audio_token": "<|audio_pad|>",
-            "video_token": "<|video_pad|>",
-            "vision_bos_token": "<|vision_start|>",
-            "vision_eos_token": "<|vision_end|>",
-            "audio_bos_token": "<|audio_start|>",
-            "audio_eos_token": "<|audio_end|>",
-        },
+        extra_special_tokens=dict(named),
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template(named)
     for role, want in (("user", 258), ("assistant", 266), ("system", 271)):
         got = fast.convert_tokens_to_ids(role)
         assert got == want, f"role {role!r} got id {got}, want {want}"

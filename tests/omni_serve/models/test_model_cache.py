@@ -85,6 +85,7 @@ def test_presets_and_resolution(tmp_path):
     assert set(presets()) == {
         "tiny-qwen3-omni",
         "small-qwen3-omni",
+        "tiny-qwen2-5-omni",
         "tiny-qwen-image",
         "small-qwen-image",
     }
