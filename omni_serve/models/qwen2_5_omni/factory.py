@@ -1,6 +1,7 @@
 """Random-weight Qwen2.5-Omni checkpoints of the real architecture, built offline.
 
-The preset JSONs are ``Qwen2_5OmniConfig`` kwargs (tiny: ~0.8 M params, for tests). A
+The preset JSONs are ``Qwen2_5OmniConfig`` kwargs (tiny: ~0.8 M params, for tests; small: ~38 M,
+for benchmarks). A
 checkpoint directory holds what a real one holds: the weights, the processor, and
 ``spk_dict.pt``, each voice's speaker conditioning for Token2Wav (``cond``: the speaker
 embedding, ``ref_mel``: a reference mel spectrogram) and the text token the Talker starts its
@@ -15,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-PRESETS = {"tiny-qwen2-5-omni": "tiny.json"}
+PRESETS = {"tiny-qwen2-5-omni": "tiny.json", "small-qwen2-5-omni": "small.json"}
 VOICES = ("Chelsie", "Ethan")
 SEED = 0
 FACTORY_VERSION = 1  # bump when the bytes a preset builds change

@@ -86,6 +86,7 @@ def test_presets_and_resolution(tmp_path):
         "tiny-qwen3-omni",
         "small-qwen3-omni",
         "tiny-qwen2-5-omni",
+        "small-qwen2-5-omni",
         "tiny-qwen-image",
         "small-qwen-image",
     }
