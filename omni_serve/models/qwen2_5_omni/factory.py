@@ -1,12 +1,11 @@
 """Random-weight Qwen2.5-Omni checkpoints of the real architecture, built offline.
 
-The preset JSONs are ``Qwen2_5OmniConfig`` kwargs (tiny: ~0.8 M params, for tests; small: ~38 M,
-for benchmarks). A
-checkpoint directory holds what a real one holds: the weights, the processor, and
-``spk_dict.pt``, each voice's speaker conditioning for Token2Wav (``cond``: the speaker
-embedding, ``ref_mel``: a reference mel spectrogram) and the text token the Talker starts its
-reply with (``bos_token``). Here those are seeded random tensors, one set per voice of the real
-checkpoint.
+The preset JSONs are ``Qwen2_5OmniConfig`` kwargs (tiny: ~0.8 M params, for tests; small:
+~38 M, for benchmarks). A checkpoint directory holds what a real one holds: the weights, the
+processor, and ``spk_dict.pt``, each voice's speaker conditioning for Token2Wav (``cond``: the
+speaker embedding, ``ref_mel``: a reference mel spectrogram) and the text token the Talker
+starts its reply with (``bos_token``). Here those are seeded random tensors, one set per voice
+of the real checkpoint.
 """
 
 from __future__ import annotations
