@@ -103,44 +103,27 @@ def kept(rows):
 )
 async def test_codes_match_transformers(talker_parts, reference_runs, kind, sizes, empty_final):
     run = reference_runs[kind]
-    engine = new_engine(talker_parts)
-    await engine.start()
-    events = [
-        e
-        async for e in speak(
-            thinker_stream(run, sizes, delay=0.002, empty_final=empty_final),
-            engine,
-            talker_parts[1],
-            session_request(run),
-            greedy,
-            identity,
-            drop_rows=kept,
-        )
-    ]
-    await engine.shutdown()
+    chunks = thinker_stream(run, sizes, delay=0.002, empty_final=empty_final)
+    events = await spoken_events(talker_parts, chunks, run)
     codes = spoken_codes(events)
     assert torch.equal(codes, run.codes)
     text_tokens = text_tokens_of(events)
     assert text_tokens == run.generated
 
 
-async def codes_spoken(talker_parts, chunks, run, drop_rows=kept) -> torch.Tensor:
+async def spoken_events(talker_parts, chunks, run, resolve=identity, drop_rows=kept) -> list:
+    """``speak``'s events for the Thinker ``chunks`` of ``run``, on an engine of its own."""
     engine = new_engine(talker_parts)
     await engine.start()
-    events = [
-        e
-        async for e in speak(
-            chunks,
-            engine,
-            talker_parts[1],
-            session_request(run),
-            greedy,
-            identity,
-            drop_rows=drop_rows,
-        )
-    ]
+    request = session_request(run)
+    stream = speak(chunks, engine, talker_parts[1], request, greedy, resolve, drop_rows)
+    events = [e async for e in stream]
     await engine.shutdown()
-    return spoken_codes(events)
+    return events
+
+
+async def codes_spoken(talker_parts, chunks, run, drop_rows=kept) -> torch.Tensor:
+    return spoken_codes(await spoken_events(talker_parts, chunks, run, drop_rows=drop_rows))
 
 
 async def with_doubts(chunks, in_doubt):
@@ -193,42 +176,15 @@ async def test_a_prompt_without_media_speaks_from_the_token_embeddings(
     """The Thinker captures nothing for a text prompt; the Talker still gives transformers'
     codes, from its own embedding table."""
     run = reference_runs["text"]
-    engine = new_engine(talker_parts)
-    await engine.start()
-    events = [
-        e
-        async for e in speak(
-            thinker_stream(run, [2] * 64, rows=TOKEN_EMBEDDINGS),
-            engine,
-            talker_parts[1],
-            session_request(run),
-            greedy,
-            unresolvable,
-            drop_rows=kept,
-        )
-    ]
-    await engine.shutdown()
-    codes = spoken_codes(events)
+    chunks = thinker_stream(run, [2] * 64, rows=TOKEN_EMBEDDINGS)
+    codes = spoken_codes(await spoken_events(talker_parts, chunks, run, resolve=unresolvable))
     assert torch.equal(codes, run.codes)
 
 
 async def test_talker_starts_before_the_thinker_finishes(talker_parts, reference_runs):
     run = reference_runs["text"]
-    engine = new_engine(talker_parts)
-    await engine.start()
-    kinds = [
-        "codes" if isinstance(e, CodecFrame) else "text"
-        async for e in speak(
-            thinker_stream(run, [1] * 64, delay=0.05),
-            engine,
-            talker_parts[1],
-            session_request(run),
-            greedy,
-            identity,
-            drop_rows=kept,
-        )
-    ]
-    await engine.shutdown()
+    events = await spoken_events(talker_parts, thinker_stream(run, [1] * 64, delay=0.05), run)
+    kinds = ["codes" if isinstance(e, CodecFrame) else "text" for e in events]
     last_text = max(i for i, k in enumerate(kinds) if k == "text")
     first_codes = kinds.index("codes")
     assert first_codes < last_text  # audio frames were made while text was still coming
@@ -317,23 +273,8 @@ async def test_given_reply_speaks_exactly_those_tokens(talker_parts, reference_r
     from omni_serve.models.qwen3_omni.speech_session import given_reply
 
     run = reference_runs["text"]
-    engine = new_engine(talker_parts)
-    await engine.start()
     prefill_only = thinker_stream(run, [1])  # the Thinker's first chunk: rows + one token
-    events = [
-        e
-        async for e in speak(
-            given_reply(prefill_only, run.generated),
-            engine,
-            talker_parts[1],
-            session_request(run),
-            greedy,
-            identity,
-            drop_rows=kept,
-        )
-    ]
-    await engine.shutdown()
-    codes = spoken_codes(events)
+    codes = await codes_spoken(talker_parts, given_reply(prefill_only, run.generated), run)
     assert torch.equal(codes, run.codes)
 
 
