@@ -14,6 +14,13 @@ from ray.serve.handle import DeploymentHandle
 from deployments import handle_calls
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
 from omni_serve.models.qwen3_omni.media_payload import media_payload
+from omni_serve.models.qwen3_omni.messages import (
+    SpeakEvent,
+    SpeakRequest,
+    ThinkerChunk,
+    ThinkerRequest,
+    decoded,
+)
 from omni_serve.transport import Channel, release, take
 from omni_serve.transport.base import cat_into, put_in_place
 
@@ -35,11 +42,11 @@ class HandleStageClients:
         self._to_encoder, self._to_thinker = to_encoder, to_thinker
         self._codec_info: CodecInfo | None = None
 
-    def thinker(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return handle_calls.stream(self._thinker.generate, request)
+    def thinker(self, request: ThinkerRequest) -> AsyncIterator[ThinkerChunk]:
+        return decoded(handle_calls.stream(self._thinker.generate, request))
 
-    def speak(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return handle_calls.stream(self._talker.speak, request)
+    def speak(self, request: SpeakRequest) -> AsyncIterator[SpeakEvent]:
+        return decoded(handle_calls.stream(self._talker.speak, request))
 
     async def code2wav(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
         refs = await handle_calls.call(self._code2wav.decode, jobs)

@@ -17,7 +17,7 @@ from deployments.common import ReleasesSharedMemory, export_stage_metrics, torch
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
-from omni_serve.models.qwen3_omni.messages import SpeakEvent, SpeakRequest
+from omni_serve.models.qwen3_omni.messages import SpeakRequest, decoded, to_wire
 from omni_serve.models.qwen3_omni.speech_session import given_reply, speak
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_static_runner import talker_runner
@@ -46,7 +46,8 @@ class TalkerDeployment(ReleasesSharedMemory):
         self.thinker = thinker.options(stream=True)
         self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
-    async def speak(self, request: SpeakRequest) -> AsyncIterator[SpeakEvent]:
+    async def speak(self, request: SpeakRequest) -> AsyncIterator[list[Any]]:
+        """The reply's ``SpeakEvent``s in their wire form (``messages.to_wire``)."""
         wanted = {**TALKER_DEFAULTS, **(request.sampling or {})}
 
         def sampling(prompt_len: int) -> SamplingConfig:
@@ -56,12 +57,12 @@ class TalkerDeployment(ReleasesSharedMemory):
             cap = min(wanted.get("max_tokens") or self.max_tokens, self.max_tokens, budget)
             return SamplingConfig(**{**wanted, "max_tokens": cap})
 
-        chunks = self.thinker.generate.remote(request.thinker)
+        chunks = decoded(self.thinker.generate.remote(request.thinker))
         if request.reply_ids:
             chunks = given_reply(chunks, request.reply_ids)
         events = speak(chunks, self.engine, self.builder, request, sampling, take, release)
         async for event in events:
-            yield event
+            yield to_wire(event)
 
     async def ready(self) -> bool:
         return True

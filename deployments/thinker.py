@@ -26,7 +26,7 @@ from omni_serve.api.errors import StageRejectedInput
 from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
 from omni_serve.engines.ar.vllm_engine import VLLMEngine, channel_kv_transfer_config
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
-from omni_serve.models.qwen3_omni.messages import ThinkerChunk, ThinkerRequest
+from omni_serve.models.qwen3_omni.messages import ThinkerChunk, ThinkerRequest, to_wire
 from omni_serve.models.qwen3_omni.talker_inputs import (
     TOKEN_EMBEDDINGS,
     media_token_ids,
@@ -77,7 +77,8 @@ class ThinkerDeployment(ReleasesSharedMemory):
         self._watchdog = asyncio.get_running_loop().create_task(self._exit_when_engine_dies())
         self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
-    async def generate(self, request: ThinkerRequest) -> AsyncIterator[ThinkerChunk]:
+    async def generate(self, request: ThinkerRequest) -> AsyncIterator[list[Any]]:
+        """``ThinkerChunk``s in their wire form (``messages.to_wire``)."""
         sampling = dataclasses.replace(request.sampling)
         if not sampling.ignore_eos:  # vLLM's ignore_eos passes over stop_token_ids' too
             sampling.stop_token_ids = [self.eos]
@@ -105,7 +106,7 @@ class ThinkerDeployment(ReleasesSharedMemory):
                 read_cache=True if reuse else None,
             )
             async for out in self._generate(ar, request, layers, turn):
-                yield out
+                yield to_wire(out)
         except PromptRejected as exc:  # a 400 for the client, not a stage failure
             raise StageRejectedInput(str(exc)) from None
         except Exception:

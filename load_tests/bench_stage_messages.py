@@ -6,7 +6,7 @@ Two measures, both forms in the same run and on the same cores, back to back in 
 (which goes first alternates), with their per-repeat ratio as the verdict:
 - serialization: Ray's cloudpickle dumps + loads of one Thinker request (a 200-token prompt,
   encoder rows as a channel ref), one Talker request (carrying it), one Thinker chunk and one
-  codec frame, in microseconds;
+  codec frame (those two in their wire form, ``messages.to_wire``), in microseconds;
 - a streaming Serve handle call: an echo deployment takes the request and streams back 8
   chunks, as the Thinker stage does; milliseconds per call, calls made one after another.
 
@@ -36,6 +36,8 @@ from omni_serve.models.qwen3_omni.messages import (  # noqa: E402
     SpeakRequest,
     ThinkerChunk,
     ThinkerRequest,
+    from_wire,
+    to_wire,
 )
 from omni_serve.transport.base import TensorRef  # noqa: E402
 
@@ -62,8 +64,9 @@ def typed_messages() -> dict[str, Any]:
         "speak_request": SpeakRequest(
             "chatcmpl-0123456789abcdef", thinker, PROMPT, "ethan", {}, audio_seqlens=[80]
         ),
-        "thinker_chunk": ThinkerChunk([1234], " word", False, num_prompt_tokens=200),
-        "codec_frame": CodecFrame(list(range(16))),
+        # Streamed items cross in their wire form (messages.to_wire), as the stages send them.
+        "thinker_chunk": to_wire(ThinkerChunk([1234], " word", False, num_prompt_tokens=200)),
+        "codec_frame": to_wire(CodecFrame(list(range(16)))),
     }
 
 
@@ -142,11 +145,14 @@ class Echo:
 
 
 async def call_ms(handle: Any, request: Any, chunk: Any, calls: int) -> float:
+    """Per call; a wire-form chunk is read back into its message, as the stages do."""
     stream = handle.options(stream=True)
+    read = from_wire if isinstance(chunk, list) else None
     began = time.perf_counter()
     for _ in range(calls):
-        async for _ in stream.generate.remote(request, chunk):
-            pass
+        async for item in stream.generate.remote(request, chunk):
+            if read is not None:
+                read(item)
     return (time.perf_counter() - began) / calls * 1e3
 
 

@@ -12,7 +12,7 @@ import torch
 from deployments.thinker import ThinkerDeployment
 from omni_serve.config.loading import load_pipeline_config
 from omni_serve.engines.ar.base import SamplingConfig
-from omni_serve.models.qwen3_omni.messages import ThinkerRequest
+from omni_serve.models.qwen3_omni.messages import ThinkerRequest, from_wire
 from omni_serve.testing.abuse import wait_for
 from omni_serve.testing.leaks import shm_usage
 from omni_serve.transport import make_channel, release, take
@@ -55,7 +55,7 @@ async def _turn(
     request = ThinkerRequest(
         request_id, prompt, GREEDY, session_id="s-1", session_kv=session_kv, **extra
     )
-    chunks = [chunk async for chunk in replica.generate(request)]
+    chunks = [from_wire(chunk) async for chunk in replica.generate(request)]
     tokens = [t for c in chunks for t in c.token_ids]
     return tokens, chunks[0].num_cached_tokens, chunks[-1].session_kv
 
@@ -73,7 +73,7 @@ async def _spoken_turn(
         session_kv=session_kv,
         audio_rows=make_channel("inline").put(clips.clone()),
     )
-    chunks = [chunk async for chunk in replica.generate(request)]
+    chunks = [from_wire(chunk) async for chunk in replica.generate(request)]
     (rows,) = [await take(c.prompt_rows) for c in chunks if c.prompt_rows is not None]
     tokens = [t for c in chunks for t in c.token_ids]
     return tokens, chunks[0].num_cached_tokens, chunks[-1].session_kv, rows

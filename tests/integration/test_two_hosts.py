@@ -238,13 +238,13 @@ def thinkers(ray_on_two_hosts, tiny_omni_path):
 
         async def turn(self, request_id: str, prompt: list[int], session_kv: str | None = None):
             from omni_serve.engines.ar.base import SamplingConfig
-            from omni_serve.models.qwen3_omni.messages import ThinkerRequest
+            from omni_serve.models.qwen3_omni.messages import ThinkerRequest, from_wire
 
             greedy = SamplingConfig(max_tokens=4, temperature=0.0)
             request = ThinkerRequest(
                 request_id, prompt, greedy, session_id="s-hosts", session_kv=session_kv
             )
-            chunks = [chunk async for chunk in self.replica.generate(request)]
+            chunks = [from_wire(c) async for c in self.replica.generate(request)]
             tokens = [t for c in chunks for t in c.token_ids]
             return tokens, chunks[0].num_cached_tokens, chunks[-1].session_kv
 

@@ -1,14 +1,20 @@
 """What Qwen3-Omni's stages send each other over Serve handles.
 
-Plain dataclasses, so that a reader sees every field a stage may get, a type checker follows
-them across the handle, and they pickle as cheaply as the dicts they replace (the benchmark is
-``load_tests/bench_stage_messages.py``). Small tensors (grids, lengths) ride as lists: a torch
-tensor costs ~100 us to pickle and load, a short list a few. Heavy tensors never ride here:
-only their channel references do (``TensorRef``).
+Plain dataclasses, so that a reader sees every field a stage may get and a type checker follows
+them across the handle. Small tensors (grids, lengths) ride as lists: a torch tensor costs
+~100 us to pickle and load, a short list a few. Heavy tensors never ride here: only their
+channel references do (``TensorRef``).
+
+The items a stage streams (a ``ThinkerChunk`` per token, a ``CodecFrame`` per frame) cross the
+handle in their wire form (``to_wire``: a list of plain values, read back by ``from_wire``):
+Ray packs plain values with msgpack, but any other object through pickle, which costs a Serve
+stream ~0.1 ms more per item (load_tests/bench_stage_messages.py). Requests, one per reply,
+cross as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +66,7 @@ class ThinkerRequest(_Message):
 
 
 @dataclass(slots=True)
-class ThinkerChunk(_Message):
+class ThinkerChunk(_Message):  # streamed: ``to_wire`` / ``from_wire`` across a handle
     """A piece of the Thinker's reply. ``prompt_rows`` comes once, on a spoken reply's chunk
     where the prompt's rows are complete (a channel ref, or ``TOKEN_EMBEDDINGS`` for a prompt
     without media); ``session_kv`` on the last chunk of a session's turn."""
@@ -97,10 +103,28 @@ class SpeakRequest(_Message):
 
 
 @dataclass(slots=True)
-class CodecFrame(_Message):
+class CodecFrame(_Message):  # streamed: ``to_wire`` / ``from_wire`` across a handle
     """One frame of the Talker's codec codes (one per codebook, as ints)."""
 
     codes: list[int]
 
 
 SpeakEvent = ThinkerChunk | CodecFrame
+_WIRE_TAGS = {ThinkerChunk: "t", CodecFrame: "c"}
+_BY_TAG = {tag: cls for cls, tag in _WIRE_TAGS.items()}
+
+
+def to_wire(item: SpeakEvent) -> list[Any]:
+    """A streamed item as plain values: its kind's tag, then its fields in order."""
+    return [_WIRE_TAGS[type(item)], *(getattr(item, name) for name in item.__slots__)]
+
+
+def from_wire(wire: list[Any]) -> SpeakEvent:
+    """The item ``to_wire`` made."""
+    return _BY_TAG[wire[0]](*wire[1:])
+
+
+async def decoded(stream: AsyncIterator[list[Any]]) -> AsyncIterator[SpeakEvent]:
+    """A handle's stream of wire items as messages."""
+    async for wire in stream:
+        yield from_wire(wire)
