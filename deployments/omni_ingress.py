@@ -1,8 +1,8 @@
 """The Qwen3-Omni ingress: the OpenAI-compatible HTTP API over the stage deployments.
 
-Its routes are split by API (chat here, ``AudioRoutes``, ``RealtimeRoutes``), all over one
-chat path (``OmniChat``); ``/v1/models``, ``/health`` and ``/metrics`` are every ingress's
-(``shared_routes``).
+Its routes are split by API (chat here, ``AudioRoutes``, ``VoiceSocketRoutes``,
+``RealtimeRoutes``), all over one chat path (``OmniChat``); ``/v1/models``, ``/health`` and
+``/metrics`` are every ingress's (``shared_routes``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from deployments.omni_stage_clients import HandleStageClients
 from deployments.realtime_routes import RealtimeRoutes
 from deployments.session_store import SessionStoreClient
 from deployments.spoken_reply_store import SpokenReplyClient
+from deployments.voice_socket_routes import VoiceSocketRoutes
 from omni_serve.api import playground
 from omni_serve.api.protocol import (
     ChatCompletionRequest,
@@ -56,7 +57,7 @@ log = logging.getLogger("ray.serve")
 # decorator runs, so a global defined below it is missing in the replica (NameError).
 @serve.deployment
 @serve.ingress(app)
-class OmniIngress(AudioRoutes, RealtimeRoutes, ReleasesSharedMemory):
+class OmniIngress(AudioRoutes, VoiceSocketRoutes, RealtimeRoutes, ReleasesSharedMemory):
     def __init__(
         self,
         pipeline: dict[str, Any],
