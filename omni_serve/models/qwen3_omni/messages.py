@@ -125,6 +125,12 @@ def from_wire(wire: list[Any]) -> SpeakEvent:
 
 
 async def decoded(stream: AsyncIterator[list[Any]]) -> AsyncIterator[SpeakEvent]:
-    """A handle's stream of wire items as messages."""
-    async for wire in stream:
-        yield from_wire(wire)
+    """A handle's stream of wire items as messages. Closing this closes ``stream`` at once:
+    a reply its client cancelled stops its stages now, not when ``stream`` is collected."""
+    try:
+        async for wire in stream:
+            yield from_wire(wire)
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()

@@ -13,6 +13,7 @@ from omni_serve.models.qwen3_omni.messages import (
     SpeakRequest,
     ThinkerChunk,
     ThinkerRequest,
+    decoded,
     from_wire,
     to_wire,
 )
@@ -29,3 +30,21 @@ def test_a_request_pickles_back_equal():
     thinker = ThinkerRequest("r", [1, 2], SamplingConfig(seed=3), capture=True, session_id="s")
     request = SpeakRequest("r", thinker, [1, 2], "ethan", {"temperature": 0.5}, reply_ids=[7])
     assert cloudpickle.loads(cloudpickle.dumps(request)) == request
+
+
+async def test_closing_the_decoded_stream_closes_its_source_at_once():
+    """A cancelled reply must stop its stages now: the source's cleanup (handle_calls.stream
+    cancels the stage call there) runs when the decoded stream is closed, not at collection."""
+    closed = []
+
+    async def source():
+        try:
+            for i in range(10):
+                yield to_wire(CodecFrame([i]))
+        finally:
+            closed.append(True)
+
+    stream = decoded(source())
+    assert await stream.__anext__() == CodecFrame([0])
+    await stream.aclose()
+    assert closed == [True]
