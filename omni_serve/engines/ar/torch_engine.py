@@ -26,6 +26,10 @@ from omni_serve.engines.ar.sampling import sample_one
 
 log = logging.getLogger(__name__)
 
+# ``ARRequest.extra`` key: ids the repetition penalty counts as seen before the first token
+# (transformers' generate counts its input ids: a Talker prompt's codec ids, say).
+PENALTY_HISTORY = "penalty_history"
+
 
 @dataclass
 class StepOutput:
@@ -85,6 +89,7 @@ class _Sequence:
     state: Any
     queue: asyncio.Queue
     generated: list[int] = field(default_factory=list)
+    history: list[int] = field(default_factory=list)  # seen before the first token
     prefilled: bool = False
     done: bool = False
     generator: torch.Generator | None = None
@@ -123,6 +128,7 @@ class TorchAREngine:
                 "which the torch engine (it makes no text) does not take"
             )
         seq = _Sequence(request, self.runner.new_state(request), asyncio.Queue())
+        seq.history = list(request.extra.get(PENALTY_HISTORY, ()))
         if request.sampling.seed is not None:
             seq.generator = torch.Generator().manual_seed(request.sampling.seed)
         self._sequences[request.request_id] = seq
@@ -241,7 +247,8 @@ class TorchAREngine:
         token = out.token
         if token is None:
             suppress = self.runner.suppress_tokens(seq.state)
-            token = sample_one(out.logits, sampling, seq.generated, suppress, seq.generator)
+            seen = seq.history + seq.generated if seq.history else seq.generated
+            token = sample_one(out.logits, sampling, seen, suppress, seq.generator)
         seq.generated.append(token)
         stop_ids = self.stop_token_ids | set(sampling.stop_token_ids)
         reason = None
