@@ -14,6 +14,10 @@ Each chunk is decoded with ``left_context`` earlier frames and ``lookahead`` lat
 frames, and exactly ``len(chunk) * samples_per_frame`` samples are kept, so the chunks
 concatenate to the full decode. The last chunk has no look-ahead and keeps everything up to
 the full decode's end (a causal codec's transposed convs drop a fixed tail of samples).
+
+A codec that works in blocks of frames (Qwen2.5-Omni's Token2Wav DiT attends within blocks
+counted from its input's start) asks for ``align``: every chunk size and the left context are
+then whole blocks, so each job's codes start on a block boundary of the stream.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class DecodeJob:
     num_frames: int  # frames the chunk covers
     context_start: int = 0  # index in the stream of ``codes``' first frame
     stream_id: str | None = None  # lets a stateful decoder carry work over from earlier chunks
+    voice: str | None = None  # for a codec conditioned on the speaker (Token2Wav)
 
     @property
     def last(self) -> bool:
@@ -52,22 +57,28 @@ class DecodeJob:
 class CodecInfo:
     """What a streaming caller needs to know of a codec stage: its frame size, the left context
     a chunk decodes with, and the chunk plan (a small first chunk, then chunks growing by
-    ``chunk_growth`` up to ``chunk_frames``)."""
+    ``chunk_growth`` up to ``chunk_frames``, ``lookahead`` frames after each, sizes in
+    multiples of ``align``)."""
 
     samples_per_frame: int
     left_context: int
     first_chunk_frames: int = 2
     chunk_frames: int = 25
     chunk_growth: float = 2.0
+    lookahead: int = 1
+    align: int = 1
 
-    def planner(self, stream_id: str) -> ChunkPlanner:
+    def planner(self, stream_id: str, voice: str | None = None) -> ChunkPlanner:
         return ChunkPlanner(
             self.samples_per_frame,
             first_chunk=self.first_chunk_frames,
             chunk=self.chunk_frames,
             growth=self.chunk_growth,
             left_context=self.left_context,
+            lookahead=self.lookahead,
             stream_id=stream_id,
+            align=self.align,
+            voice=voice,
         )
 
 
@@ -83,9 +94,15 @@ class ChunkPlanner:
         lookahead: int = 1,
         growth: float = 2.0,
         stream_id: str | None = None,
+        align: int = 1,
+        voice: str | None = None,
     ) -> None:
         if first_chunk < 1 or chunk < 1 or left_context < 0 or lookahead < 0 or growth < 1:
             raise ValueError("chunk sizes must be >= 1, context/look-ahead >= 0, growth >= 1")
+        if align < 1 or left_context % align:
+            raise ValueError("align must be >= 1 and divide the left context")
+        self.align = align
+        self.voice = voice
         self.samples_per_frame = samples_per_frame
         self.first_chunk = first_chunk
         self.chunk = chunk
@@ -116,6 +133,7 @@ class ChunkPlanner:
             num_frames=end - start,
             context_start=ctx_start,
             stream_id=self.stream_id,
+            voice=self.voice,
         )
         self._emitted = end
         return job
@@ -138,11 +156,14 @@ class ChunkPlanner:
 
     def _next_size(self) -> int:
         if self._size == 0:
-            return self.first_chunk
+            return self._aligned(self.first_chunk)
         grown = round(self._size * self.growth)
         if self.growth > 1:  # a slow ramp still grows: round(2 * 1.25) is 2
             grown = max(grown, self._size + 1)
-        return min(self.chunk, max(self._size, grown))
+        return self._aligned(min(self.chunk, max(self._size, grown)))
+
+    def _aligned(self, frames: int) -> int:
+        return -(-frames // self.align) * self.align
 
     def finish(self) -> DecodeJob | None:
         """The final job (everything not yet decoded), or None if nothing is left."""

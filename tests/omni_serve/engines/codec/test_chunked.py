@@ -117,3 +117,14 @@ def test_a_job_pickles_its_codes_as_numpy_not_as_a_torch_tensor():
     back = pickle.loads(data)
     assert torch.equal(back.codes, job.codes) and back.codes.dtype == torch.int64
     assert (back.skip_samples, back.keep_samples, back.stream_id) == (0, 100, "s")
+
+
+def test_aligned_plan_keeps_whole_blocks():
+    """A block codec's jobs: every size and context a multiple of the block, growth kept."""
+    planner = ChunkPlanner(480, first_chunk=1, chunk=40, left_context=24, lookahead=12, align=12)
+    jobs = planner.push(torch.zeros(1, 200, dtype=torch.long))
+    assert [j.num_frames for j in jobs] == [12, 24, 48, 48, 48]  # the cap of 40 rounds up
+    assert all(j.context_start % 12 == 0 for j in jobs)
+    assert jobs[-1].first_frame + jobs[-1].num_frames + 12 <= 200
+    with pytest.raises(ValueError, match="align"):
+        ChunkPlanner(480, left_context=10, align=12)

@@ -1,0 +1,155 @@
+"""Qwen2.5-Omni's Token2Wav as a streaming codec: codec tokens → mel (a flow-matching DiT) →
+24 kHz waveform (BigVGAN), decoded chunk by chunk as the Talker makes the tokens.
+
+The DiT attends within blocks of ``block_size`` mel frames counted from its input's start
+(some layers one block back or ahead), so a chunk is decoded in a window of whole blocks:
+``left_blocks`` before it and ``right_blocks`` after it (the chunk planner aligns every job to
+blocks and holds a chunk back until its right context exists). The ODE spreads each block's
+dependence one block further per solver step, so a window cannot equal the one-shot decode
+bit for bit; the bound by context is measured in ``load_tests/token2wav_chunk_bound.py`` and
+held by a test. BigVGAN then runs over the window's whole mel, so the chunk's samples see
+mel context on both sides, and only the chunk's samples are kept.
+
+Noise is a function of position: one seeded table per decoder (extended in order as longer
+streams need it), so a job decodes the same whatever replica runs it, a reply reproduces,
+and the one-shot decode of a stream draws exactly what ``torch.manual_seed(noise_seed)``
+followed by transformers' ``Token2Wav`` forward draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
+
+SAMPLE_RATE = 24_000
+NOISE_GROWTH_FRAMES = 4096  # the noise table grows by this many mel frames at a time
+
+
+@dataclass(frozen=True)
+class Token2WavSettings:
+    """The ODE solver, guidance and streaming context (a pipeline's ``engine.args``)."""
+
+    num_steps: int = 10  # transformers' default
+    guidance_scale: float = 0.5
+    sway_coefficient: float = -1.0
+    left_blocks: int = 4
+    right_blocks: int = 2
+    first_chunk_blocks: int = 1
+    chunk_blocks: int = 8
+    chunk_growth: float = 2.0
+    noise_seed: int = 0
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> Token2WavSettings:
+        known = cls.__dataclass_fields__
+        unknown = sorted(set(args) - set(known))
+        if unknown:
+            raise ValueError(f"unknown Token2Wav settings {unknown}; known: {sorted(known)}")
+        return cls(**args)
+
+
+class Token2WavDecoder:
+    """Decodes ``DecodeJob``s of one stream's codes ([1, n] each) to waveforms."""
+
+    def __init__(self, token2wav: Any, speakers: dict[str, dict], settings: Token2WavSettings):
+        self.dit = token2wav.code2wav_dit_model.eval()
+        self.vocoder = token2wav.code2wav_bigvgan_model.eval()
+        self.speakers = speakers
+        self.settings = settings
+        self.codes_per_block = self.dit.block_size // self.dit.repeats
+        self.samples_per_frame = self._samples_per_mel_frame() * self.dit.repeats  # per code
+        self.streams = None  # stateless: every job decodes from its own window
+        self._noise = torch.empty(1, 0, self.dit.mel_dim)
+        self._generator = torch.Generator().manual_seed(settings.noise_seed)
+
+    def codec_info(self) -> CodecInfo:
+        s, block = self.settings, self.codes_per_block
+        return CodecInfo(
+            self.samples_per_frame,
+            left_context=s.left_blocks * block,
+            first_chunk_frames=s.first_chunk_blocks * block,
+            chunk_frames=s.chunk_blocks * block,
+            chunk_growth=s.chunk_growth,
+            lookahead=s.right_blocks * block,
+            align=block,
+        )
+
+    def _samples_per_mel_frame(self) -> int:
+        rates = self.vocoder.config.upsample_rates
+        out = 1
+        for rate in rates:
+            out *= rate
+        return out
+
+    def noise(self, start: int, end: int) -> torch.Tensor:
+        """The initial ODE state of mel frames [start, end)."""
+        while self._noise.shape[1] < end:
+            more = torch.randn(1, NOISE_GROWTH_FRAMES, self.dit.mel_dim, generator=self._generator)
+            self._noise = torch.cat([self._noise, more], dim=1)
+        return self._noise[:, start:end]
+
+    @torch.no_grad()
+    def mel(self, codes: torch.Tensor, voice: str, first_frame: int = 0) -> torch.Tensor:
+        """transformers' ``Qwen2_5OmniToken2WavDiTModel.sample`` over codes [1, n] whose first
+        mel frame is ``first_frame`` of the stream, with that position's noise: [1, mel, T]."""
+        speaker = self._speaker(voice)
+        dit, s = self.dit, self.settings
+        frames = codes.shape[1] * dit.repeats
+        if frames > dit.config.max_position_embeddings:
+            raise ValueError(f"{frames} mel frames exceed the DiT's maximum positions")
+        cond = speaker["cond"].float().unsqueeze(1).repeat(1, frames, 1)
+        reference = speaker["ref_mel"].float()
+
+        def velocity(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            kwargs = dict(
+                hidden_states=x,
+                speaker_embedding=cond,
+                condition_vector=reference,
+                quantized_code=codes,
+                time_step=t,
+            )
+            if s.guidance_scale < 1e-5:
+                return dit(**kwargs, apply_cfg=False)
+            guided, null = torch.chunk(dit(**kwargs, apply_cfg=True), 2, dim=0)
+            return guided + (guided - null) * s.guidance_scale
+
+        times = torch.linspace(0, 1, s.num_steps, dtype=cond.dtype)
+        if s.sway_coefficient is not None:
+            times += s.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
+        start = self.noise(first_frame, first_frame + frames).clone()
+        solution = RungeKutta4ODESolver(velocity, start).integrate(times)
+        return solution[-1].permute(0, 2, 1)
+
+    @torch.no_grad()
+    def waveform(self, mel: torch.Tensor) -> torch.Tensor:
+        return self.vocoder(mel).reshape(-1).float()
+
+    def decode(self, codes: torch.Tensor, voice: str) -> torch.Tensor:
+        """The one-shot decode of a whole stream [1, n]: what transformers' Token2Wav gives
+        after ``torch.manual_seed(noise_seed)``."""
+        return self.waveform(self.mel(codes, voice))
+
+    def run(self, jobs: list[DecodeJob]) -> list[torch.Tensor]:
+        """Each job alone (windows differ in length, and the DiT has no padding mask)."""
+        out = []
+        for job in jobs:
+            if job.voice is None:
+                raise ValueError("Token2Wav jobs need a voice (plan them with one)")
+            if job.context_start % self.codes_per_block:
+                raise ValueError("Token2Wav jobs must start on a DiT block (plan with align)")
+            first_frame = job.context_start * self.dit.repeats
+            wav = self.waveform(self.mel(job.codes[:1], job.voice, first_frame))
+            end = None if job.keep_samples is None else job.skip_samples + job.keep_samples
+            out.append(wav[job.skip_samples : end])
+        return out
+
+    def _speaker(self, voice: str) -> dict:
+        for name, params in self.speakers.items():
+            if name.lower() == voice.lower():
+                return params
+        raise ValueError(f"unknown voice {voice!r}; voices: {sorted(self.speakers)}")

@@ -1,0 +1,103 @@
+"""Token2Wav as a streaming codec: one-shot it equals transformers bit for bit (the whole
+``generate``'s audio included); chunked it stays within the bound its block context gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
+from tests.omni_serve.models.qwen2_5_omni.conftest import KINDS
+from tests.reference_qwen2_5_omni import NOISE_SEED, SPEAKER
+
+# Largest |chunked - one-shot| sample with 4 blocks of left and 2 of right context: measured
+# 1.0e-4 on tiny and 9.5e-5 on small (audio RMS ~0.15); without left context it is ~0.4.
+CHUNKED_BOUND = 5e-4
+
+
+def decoder(model, **settings) -> Token2WavDecoder:
+    return Token2WavDecoder(model.token2wav, model.speaker_map, Token2WavSettings(**settings))
+
+
+def random_codes(n: int) -> torch.Tensor:
+    return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(3))
+
+
+def streamed(dec: Token2WavDecoder, codes: torch.Tensor, piece: int) -> tuple[torch.Tensor, list]:
+    """Codes pushed ``piece`` at a time as a Talker makes them; the chunks concatenated."""
+    planner = dec.codec_info().planner("stream", SPEAKER)
+    jobs = []
+    for i in range(0, codes.shape[1], piece):
+        jobs += planner.push(codes[:, i : i + piece])
+    last = planner.finish()
+    jobs += [last] if last is not None else []
+    return torch.cat(dec.run(jobs)), jobs
+
+
+def test_one_shot_equals_transformers_token2wav(tiny_model):
+    codes = random_codes(50)
+    speaker = tiny_model.speaker_map[SPEAKER]
+    torch.manual_seed(5)
+    with torch.no_grad():
+        theirs = tiny_model.token2wav(
+            codes, conditioning=speaker["cond"], reference_mel=speaker["ref_mel"]
+        ).reshape(-1)
+    assert torch.equal(decoder(tiny_model, noise_seed=5).decode(codes, SPEAKER), theirs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_audio_of_the_whole_generate(tiny_model, reference_runs, kind):
+    """transformers' generate decodes the Talker's codes (which the Talker golden tests
+    reproduce) with the first noise after its seed: the decoder gives the same waveform."""
+    run = reference_runs[kind]
+    wav = decoder(tiny_model, noise_seed=NOISE_SEED).decode(run.codes[None], SPEAKER)
+    assert torch.equal(wav, run.waveform)
+
+
+def test_chunked_stays_within_the_bound_of_its_context(tiny_model):
+    codes = random_codes(150)
+    dec = decoder(tiny_model, left_blocks=4, right_blocks=2)
+    one_shot = dec.decode(codes, SPEAKER)
+    wav, jobs = streamed(dec, codes, piece=7)
+    assert len(jobs) > 2 and len(wav) == len(one_shot) == 150 * dec.samples_per_frame
+    assert (wav - one_shot).abs().max() < CHUNKED_BOUND
+    blind = decoder(tiny_model, left_blocks=0, right_blocks=2)  # the bound is context's doing
+    assert (streamed(blind, codes, piece=7)[0] - one_shot).abs().max() > 10 * CHUNKED_BOUND
+
+
+def test_jobs_start_on_blocks_and_wait_for_their_right_context(tiny_model):
+    dec = decoder(tiny_model, left_blocks=2, right_blocks=1, first_chunk_blocks=1)
+    block = dec.codes_per_block
+    planner = dec.codec_info().planner("s", SPEAKER)
+    assert planner.push(random_codes(2 * block - 1)) == []  # a block, but not its look-ahead
+    (job,) = planner.push(random_codes(1))
+    assert (job.first_frame, job.num_frames, job.codes.shape[1]) == (0, block, 2 * block)
+    jobs = planner.push(random_codes(6 * block))
+    assert all(j.context_start % block == 0 and j.num_frames % block == 0 for j in jobs)
+    assert all(j.voice == SPEAKER for j in jobs)
+
+
+def test_a_job_without_a_voice_or_off_its_blocks_is_refused(tiny_model):
+    dec = decoder(tiny_model)
+    planner = dec.codec_info().planner("s")  # no voice
+    planner.push(random_codes(100))
+    with pytest.raises(ValueError, match="voice"):
+        dec.run([planner.finish()])
+    with pytest.raises(ValueError, match="unknown voice"):
+        dec.decode(random_codes(12), "Nobody")
+
+
+def test_settings_come_from_engine_args_and_refuse_unknown_keys():
+    settings = Token2WavSettings.from_args({"num_steps": 4, "guidance_scale": 0.0})
+    assert (settings.num_steps, settings.guidance_scale) == (4, 0.0)
+    with pytest.raises(ValueError, match="num_step"):
+        Token2WavSettings.from_args({"num_step": 4})
+
+
+def test_fewer_ode_steps_change_the_audio(tiny_model):
+    """The pipeline's solver settings reach the ODE (not a silently fixed default)."""
+    codes = random_codes(24)
+    ten = decoder(tiny_model).decode(codes, SPEAKER)
+    four = decoder(tiny_model, num_steps=4).decode(codes, SPEAKER)
+    unguided = decoder(tiny_model, guidance_scale=0.0).decode(codes, SPEAKER)
+    assert not torch.equal(ten, four) and not torch.equal(ten, unguided)
