@@ -14,7 +14,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments import handle_calls
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
 from omni_serve.models.qwen3_omni.media_payload import media_payload
-from omni_serve.models.qwen3_omni.messages import (
+from omni_serve.models.thinker_talker.messages import (
     SpeakEvent,
     SpeakRequest,
     ThinkerChunk,

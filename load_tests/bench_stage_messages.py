@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from summary import spread, write_summary  # noqa: E402
 
 from omni_serve.engines.ar.base import SamplingConfig  # noqa: E402
-from omni_serve.models.qwen3_omni.messages import (  # noqa: E402
+from omni_serve.models.thinker_talker.messages import (  # noqa: E402
     CodecFrame,
     SpeakRequest,
     ThinkerChunk,

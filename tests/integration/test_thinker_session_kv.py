@@ -12,7 +12,7 @@ import torch
 from deployments.thinker import ThinkerDeployment
 from omni_serve.config.loading import load_pipeline_config
 from omni_serve.engines.ar.base import SamplingConfig
-from omni_serve.models.qwen3_omni.messages import ThinkerRequest, from_wire
+from omni_serve.models.thinker_talker.messages import ThinkerRequest, from_wire
 from omni_serve.testing.abuse import wait_for
 from omni_serve.testing.leaks import shm_usage
 from omni_serve.transport import make_channel, release, take

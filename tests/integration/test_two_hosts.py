@@ -238,7 +238,7 @@ def thinkers(ray_on_two_hosts, tiny_omni_path):
 
         async def turn(self, request_id: str, prompt: list[int], session_kv: str | None = None):
             from omni_serve.engines.ar.base import SamplingConfig
-            from omni_serve.models.qwen3_omni.messages import ThinkerRequest, from_wire
+            from omni_serve.models.thinker_talker.messages import ThinkerRequest, from_wire
 
             greedy = SamplingConfig(max_tokens=4, temperature=0.0)
             request = ThinkerRequest(

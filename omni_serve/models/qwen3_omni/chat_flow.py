@@ -24,7 +24,8 @@ from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.media_payload import media_payload
-from omni_serve.models.qwen3_omni.messages import (
+from omni_serve.models.qwen3_omni.request import PreparedPrompt
+from omni_serve.models.thinker_talker.messages import (
     CodecFrame,
     ShippedMedia,
     SpeakEvent,
@@ -32,7 +33,6 @@ from omni_serve.models.qwen3_omni.messages import (
     ThinkerChunk,
     ThinkerRequest,
 )
-from omni_serve.models.qwen3_omni.request import PreparedPrompt
 
 
 class StageClients(Protocol):

@@ -23,13 +23,13 @@ import torch
 
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
-from omni_serve.models.qwen3_omni.messages import (
+from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS, TalkerInputBuilder
+from omni_serve.models.thinker_talker.messages import (
     CodecFrame,
     SpeakEvent,
     SpeakRequest,
     ThinkerChunk,
 )
-from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS, TalkerInputBuilder
 
 _END = object()
 

@@ -18,8 +18,8 @@ from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
 )
 
 from omni_serve.models.qwen3_omni.media_payload import media_from_payload
-from omni_serve.models.qwen3_omni.messages import ThinkerRequest
 from omni_serve.models.qwen3_omni.session_rows import digest, media_digests
+from omni_serve.models.thinker_talker.messages import ThinkerRequest
 from omni_serve.transport import take
 
 

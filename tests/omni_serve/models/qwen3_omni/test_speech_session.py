@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from omni_serve.engines.ar.base import SamplingConfig
-from omni_serve.models.qwen3_omni.messages import (
+from omni_serve.models.qwen3_omni.speech_session import speak
+from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS
+from omni_serve.models.thinker_talker.messages import (
     CodecFrame,
     SpeakRequest,
     ThinkerChunk,
     ThinkerRequest,
 )
-from omni_serve.models.qwen3_omni.speech_session import speak
-from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS
 from tests.omni_serve.models.qwen3_omni.conftest import new_engine
 from tests.reference import SPEAKER, TALKER_MAX_TOKENS
 

@@ -1,4 +1,4 @@
-"""What Qwen3-Omni's stages send each other over Serve handles.
+"""What a Thinker-Talker family's stages send each other over Serve handles.
 
 Plain dataclasses, so that a reader sees every field a stage may get and a type checker follows
 them across the handle. Small tensors (grids, lengths) ride as lists: a torch tensor costs

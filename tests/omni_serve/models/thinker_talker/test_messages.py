@@ -8,7 +8,7 @@ import msgpack
 from ray import cloudpickle
 
 from omni_serve.engines.ar.base import SamplingConfig
-from omni_serve.models.qwen3_omni.messages import (
+from omni_serve.models.thinker_talker.messages import (
     CodecFrame,
     SpeakRequest,
     ThinkerChunk,
