@@ -8,6 +8,7 @@ a dtype that never reaches vLLM) is how a GPU profile ends up loading a 30B mode
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -121,6 +122,24 @@ STAGE_ENGINES: dict[str, StageEngine] = {
     "vae": StageEngine(("diffusers",)),
 }
 
+# A codec stage's args by family, where the family's codec is not Qwen3-Omni's Code2wav:
+# Qwen2.5-Omni's Token2Wav (a DiT and a vocoder) takes its ODE, guidance and block context.
+FAMILY_STAGE_ARGS: dict[tuple[str, str], frozenset[str]] = {
+    ("qwen2_5_omni", "code2wav"): frozenset(
+        {
+            "num_steps",
+            "guidance_scale",
+            "sway_coefficient",
+            "left_blocks",
+            "right_blocks",
+            "first_chunk_blocks",
+            "chunk_blocks",
+            "chunk_growth",
+            "noise_seed",
+        }
+    ),
+}
+
 # vLLM args that have a field of their own: one place to set each.
 VLLM_DEDICATED_ARGS = {
     "dtype": "dtype",
@@ -130,11 +149,13 @@ VLLM_DEDICATED_ARGS = {
 
 
 def check_stage_engine(
-    name: str, kind: str, engine: EngineSettings | None, num_gpus: float
+    name: str, kind: str, engine: EngineSettings | None, num_gpus: float, family: str = ""
 ) -> None:
     """Raise ValueError naming the stage and the field when ``engine`` asks for something the
     stage would not do."""
     spec = STAGE_ENGINES[kind]
+    if (family, kind) in FAMILY_STAGE_ARGS:
+        spec = dataclasses.replace(spec, args=FAMILY_STAGE_ARGS[family, kind])
     a_stage = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} stage"
 
     def refuse(field: str, why: str) -> None:

@@ -239,7 +239,7 @@ class ApiSettings(_Strict):
 
 class PipelineConfig(_Strict):
     name: str = Field(description="Pipeline (and default served model) name.")
-    family: Literal["qwen3_omni", "qwen_image"] = Field(
+    family: Literal["qwen3_omni", "qwen2_5_omni", "qwen_image"] = Field(
         description="Model family; names the glue code in omni_serve/models/<family>/."
     )
     model: str = Field(
@@ -265,7 +265,7 @@ class PipelineConfig(_Strict):
                     )
         for stage in self.stages:
             gpus = stage.deployment.ray_actor_options.num_gpus
-            check_stage_engine(stage.name, stage.kind, stage.engine, gpus)
+            check_stage_engine(stage.name, stage.kind, stage.engine, gpus, self.family)
         return self
 
     def stage(self, name: str) -> StageConfig:

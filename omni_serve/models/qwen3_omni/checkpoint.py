@@ -1,52 +1,22 @@
-"""Load one Qwen3-Omni sub-model (talker, code2wav, ...) from a checkpoint without the rest.
-
-A stage only needs its own weights: the Talker stage of the real 30B model must not load the
-thinker's. Reads only the tensors under the sub-model's prefix, from a single or sharded
-safetensors checkpoint, exactly as ``from_pretrained`` lays them out.
-"""
+"""Load one Qwen3-Omni sub-model (talker, code2wav, ...) from a checkpoint without the rest
+(``models/common/checkpoint_parts``), its MoE experts fused as transformers 5 holds them."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
+
+from omni_serve.models.common import checkpoint_parts
+from omni_serve.models.common.checkpoint_parts import load_tensors
 
 
 def load_config(checkpoint: str | Path):
     from transformers import Qwen3OmniMoeConfig
 
     return Qwen3OmniMoeConfig.from_pretrained(checkpoint)
-
-
-def _shards(checkpoint: Path, prefix: str) -> dict[Path, list[str]]:
-    index = checkpoint / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        by_file: dict[Path, list[str]] = {}
-        for name, file in weight_map.items():
-            if name.startswith(prefix):
-                by_file.setdefault(checkpoint / file, []).append(name)
-        return by_file
-    single = checkpoint / "model.safetensors"
-    with safe_open(single, "pt") as f:
-        names = [k for k in f.keys() if k.startswith(prefix)]  # noqa: SIM118 (no __iter__)
-        return {single: names}
-
-
-def load_tensors(checkpoint: str | Path, prefix: str) -> dict[str, torch.Tensor]:
-    """Tensors whose names start with ``prefix``, with the prefix stripped."""
-    tensors = {}
-    for file, names in _shards(Path(checkpoint), prefix).items():
-        with safe_open(file, "pt") as f:
-            for name in names:
-                tensors[name[len(prefix) :]] = f.get_tensor(name)
-    if not tensors:
-        raise KeyError(f"no tensors under {prefix!r} in {checkpoint}")
-    return tensors
 
 
 _EXPERT_KEY = re.compile(
@@ -83,18 +53,7 @@ def fuse_experts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def load_submodule(module: nn.Module, checkpoint: str | Path, prefix: str) -> nn.Module:
-    state = fuse_experts(load_tensors(checkpoint, prefix))
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    # Tied weights are stored once; anything else missing is a real error.
-    missing = [m for m in missing if not _is_tied(module, m)]
-    if missing or unexpected:
-        raise RuntimeError(f"{prefix}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return module.eval()
-
-
-def _is_tied(module: nn.Module, name: str) -> bool:
-    tied = getattr(module, "_tied_weights_keys", None) or {}
-    return name in tied
+    return checkpoint_parts.load_submodule(module, checkpoint, prefix, fuse_experts)
 
 
 def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
