@@ -1,4 +1,5 @@
-"""Code2wav stage: batched codec decode of chunk jobs to 24 kHz PCM. Each chunk goes back on
+"""Codec stage: batched decode of chunk jobs to 24 kHz PCM, with the family's codec (Qwen3-Omni's
+Code2wav, Qwen2.5-Omni's Token2Wav). Each chunk goes back on
 the tensor channel: a steady 2 s chunk is 188 KB, past what Ray returns inline, so as a
 pickled return value it went through the object store (a call returning one, two-actor probe,
 medians of 55: 2.5-3.6 ms pickled, 2.1-2.2 ms as a channel ref taken and copied out)."""
@@ -13,7 +14,7 @@ from ray import serve
 
 from deployments.common import ReleasesSharedMemory, edge_channel, export_stage_metrics, torch_stage
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
-from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
+from omni_serve.models.registry import thinker_talker_family
 from omni_serve.transport import TensorRef, channel_stats
 
 
@@ -22,23 +23,12 @@ class Code2WavDeployment(ReleasesSharedMemory):
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "code2wav") -> None:
         setup = torch_stage(pipeline, stage_name)
         stage = setup.stage
-        self.codec, self.left_context = load_code2wav_decoder(
-            setup.model_path,
-            setup.dtype,
-            max_batch=stage.engine.max_batch_size,
-            device=setup.device,
+        family = thinker_talker_family(setup.config.family)
+        self.codec, self.info = family.load_codec(
+            setup.model_path, setup.dtype, setup.device, stage.engine
         )
         self.decode_batched.set_max_batch_size(stage.engine.max_batch_size)
         self.channel = edge_channel(setup.config, stage_name)
-        # Streaming chunk plan (engine args): small first chunk, growing to the steady size.
-        args = stage.engine.args
-        self.info = CodecInfo(
-            self.codec.samples_per_frame,
-            self.left_context,
-            first_chunk_frames=int(args.get("first_chunk_frames", 2)),
-            chunk_frames=int(args.get("chunk_frames", 25)),
-            chunk_growth=float(args.get("chunk_growth", 2.0)),
-        )
         self.batches = 0
         self.max_batch = 0
         self.decode_s = 0.0  # time spent decoding (the rest of the replica's CPU is overhead)

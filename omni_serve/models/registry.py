@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from omni_serve.models.cache import build_atomically
+
+if TYPE_CHECKING:
+    from omni_serve.models.thinker_talker.family import ThinkerTalkerFamily
 
 
 def _families() -> list[ModuleType]:
@@ -14,6 +18,17 @@ def _families() -> list[ModuleType]:
     from omni_serve.models.qwen_image import factory as qwen_image
 
     return [qwen3_omni, qwen2_5_omni, qwen_image]
+
+
+def thinker_talker_family(name: str) -> ThinkerTalkerFamily:
+    """The stage-side glue of a Thinker-Talker family, by a pipeline config's ``family``."""
+    if name == "qwen3_omni":
+        from omni_serve.models.qwen3_omni.family import FAMILY
+    elif name == "qwen2_5_omni":
+        from omni_serve.models.qwen2_5_omni.family import FAMILY
+    else:
+        raise KeyError(f"{name!r} is not a Thinker-Talker family (qwen3_omni, qwen2_5_omni)")
+    return FAMILY
 
 
 def presets() -> list[str]:
