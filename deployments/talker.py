@@ -17,10 +17,10 @@ from deployments.common import ReleasesSharedMemory, export_stage_metrics, torch
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
-from omni_serve.models.qwen3_omni.speech_session import given_reply, speak
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_static_runner import talker_runner
 from omni_serve.models.thinker_talker.messages import SpeakRequest, decoded, to_wire
+from omni_serve.models.thinker_talker.speech_session import given_reply, speak
 from omni_serve.transport import channel_stats, release, take
 
 # transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).

@@ -26,14 +26,15 @@ from omni_serve.api.errors import StageRejectedInput
 from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
 from omni_serve.engines.ar.vllm_engine import VLLMEngine, channel_kv_transfer_config
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
-from omni_serve.models.qwen3_omni.talker_inputs import (
-    TOKEN_EMBEDDINGS,
-    media_token_ids,
-    needs_captured_rows,
-)
+from omni_serve.models.qwen3_omni.talker_inputs import media_token_ids, needs_captured_rows
 from omni_serve.models.qwen3_omni.thinker_inputs import engine_inputs
 from omni_serve.models.qwen3_omni.thinker_turns import ThinkerTurns, Turn
-from omni_serve.models.thinker_talker.messages import ThinkerChunk, ThinkerRequest, to_wire
+from omni_serve.models.thinker_talker.messages import (
+    TOKEN_EMBEDDINGS,
+    ThinkerChunk,
+    ThinkerRequest,
+    to_wire,
+)
 from omni_serve.transport import channel_stats, release
 from omni_serve.transport.kv_blocks import PREFIX_KEY
 from omni_serve.transport.stats import merged

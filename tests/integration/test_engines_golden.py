@@ -86,7 +86,9 @@ async def test_thinker_talker_code2wav_chain_equals_transformers_audio(
     builder = TalkerInputBuilder(talker, config, load_thinker_embeddings(tiny_omni_path))
     n = len(ids)
     prompt = builder.build_prompt(ids, hidden[0][:n], hidden[1][:n], tokens[0], SPEAKER)
-    trailing = [builder.trailing_row(t, i == len(tokens) - 1) for i, t in enumerate(tokens) if i]
+    trailing = [
+        builder.trailing_row(t, None, i == len(tokens) - 1) for i, t in enumerate(tokens) if i
+    ]
     runner = TalkerRunner(talker, builder.tts_pad, max_batch_size=2, max_len=1024)
     engine = TorchAREngine(runner, stop_token_ids=(runner.codec_eos_token_id,))
     await engine.start()

@@ -24,6 +24,9 @@ from typing import Any
 
 import torch
 
+from omni_serve.engines.ar.torch_engine import PENALTY_HISTORY
+from omni_serve.models.thinker_talker.messages import SpeakRequest
+
 
 @dataclass
 class TalkerPrompt:
@@ -42,12 +45,23 @@ def media_token_ids(config: Any) -> tuple[int, int, int]:
 
 
 class TalkerInputBuilder:
-    def __init__(self, talker: Any, config: Any, thinker_embed_tokens: torch.Tensor) -> None:
+    # The session feeds each reply token's Thinker row (thinker_talker.speech_session).
+    reads_reply_rows = True
+
+    def __init__(
+        self,
+        talker: Any,
+        config: Any,
+        thinker_embed_tokens: torch.Tensor,
+        speakers: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         """``talker``: ``Qwen2_5OmniTalkerForConditionalGeneration``; ``config``: the whole
-        model's ``Qwen2_5OmniConfig``; ``thinker_embed_tokens``: the Thinker's [V, H] table."""
+        model's ``Qwen2_5OmniConfig``; ``thinker_embed_tokens``: the Thinker's [V, H] table;
+        ``speakers``: ``spk_dict.pt`` (each voice's first text token)."""
         self.talker = talker
         self.config = config
         self.embed = thinker_embed_tokens
+        self.speakers = {name.lower(): v for name, v in (speakers or {}).items()}
         talker_cfg = config.talker_config
         self.eos_row = self.embed[talker_cfg.tts_text_end_token_id]
         self.pad_row = self.embed[talker_cfg.tts_text_pad_token_id]
@@ -109,6 +123,43 @@ class TalkerInputBuilder:
         )
         history = [self.codec_mask] * len(prompt_ids) + [self.codec_pad, self.codec_bos]
         return TalkerPrompt(rows, positions[:, 0], int(delta.flatten()[0]), history)
+
+    def prompt(
+        self,
+        request: SpeakRequest,
+        prompt_ids: list[int],
+        rows: dict[int, torch.Tensor] | None,
+        first_token: int,
+        first_reply_row: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The session's feed (``TalkerFeed``): ``rows`` holds the Thinker's last layer at the
+        prompt positions, ``first_reply_row`` its row of the first reply token."""
+        speaker = self.speakers.get(request.voice.lower())
+        if speaker is None:
+            raise ValueError(f"unknown voice {request.voice!r}; voices: {sorted(self.speakers)}")
+        if rows is None or first_reply_row is None:
+            raise ValueError("the Qwen2.5-Omni Talker needs the Thinker's last-layer rows")
+        prompt = self.build_prompt(
+            prompt_ids,
+            rows[max(rows)],
+            first_token,
+            first_reply_row,
+            int(speaker["bos_token"]),
+            image_grid_thw=_tensor(request.image_grid_thw),
+            video_grid_thw=_tensor(request.video_grid_thw),
+            audio_seqlens=_tensor(request.audio_seqlens),
+            video_second_per_grid=_tensor(request.video_second_per_grid),
+        )
+        extra = {
+            "position_ids": prompt.position_ids,
+            "rope_delta": prompt.rope_delta,
+            PENALTY_HISTORY: prompt.codec_history,
+        }
+        return prompt.embeds, extra
+
+
+def _tensor(small: Any) -> torch.Tensor | None:
+    return None if small is None else torch.as_tensor(small)
 
 
 def _device(module: torch.nn.Module) -> torch.device:

@@ -19,10 +19,16 @@ stay on the CPU (the runner moves them).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-TOKEN_EMBEDDINGS = "token_embeddings"  # prompt_rows of a prompt without media
+from omni_serve.models.thinker_talker.messages import SpeakRequest
+
+
+def _tensor(small: Any) -> torch.Tensor | None:
+    """A request's grid or lengths (lists on the wire) as the tensor the builder takes."""
+    return None if small is None else torch.as_tensor(small)
 
 
 def media_token_ids(config) -> tuple[int, int, int]:
@@ -68,11 +74,45 @@ class TalkerInputBuilder:
         return self.talker.codec_head.weight.dtype
 
     @torch.no_grad()
-    def trailing_row(self, token_id: int, is_last: bool) -> torch.Tensor:
-        """The row one later Thinker token contributes to one Talker step."""
+    def trailing_row(
+        self, token_id: int, reply_row: torch.Tensor | None, is_last: bool
+    ) -> torch.Tensor:
+        """The row one later Thinker token contributes to one Talker step (``reply_row``: not
+        read, this Talker needs only the token)."""
         if is_last:
             return self.tts_eos
         return self._text_rows(torch.tensor([token_id]))[0]
+
+    # -- the session's feed (thinker_talker.speech_session.TalkerFeed) ----------------------
+
+    reads_reply_rows = False
+
+    def prompt(
+        self,
+        request: SpeakRequest,
+        prompt_ids: list[int],
+        rows: dict[int, torch.Tensor] | None,
+        first_token: int,
+        first_reply_row: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``rows``: layer 0 and the accept layer's rows of the prompt; None without media (the
+        builder looks the token embeddings up)."""
+        embed_rows = accept_rows = None
+        if rows is not None:
+            layers = sorted(rows)
+            embed_rows, accept_rows = rows[layers[0]], rows[layers[-1]]
+        prompt = self.build_prompt(
+            prompt_ids,
+            embed_rows,
+            accept_rows,
+            first_token,
+            request.voice,
+            image_grid_thw=_tensor(request.image_grid_thw),
+            video_grid_thw=_tensor(request.video_grid_thw),
+            video_second_per_grid=_tensor(request.video_second_per_grid),
+            audio_seqlens=_tensor(request.audio_seqlens),
+        )
+        return prompt.embeds, {"position_ids": prompt.position_ids, "rope_delta": prompt.rope_delta}
 
     # -- prompt ----------------------------------------------------------------------------
 

@@ -18,8 +18,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.transport.base import TensorRef
+
+# ``ThinkerChunk.prompt_rows`` of a prompt whose Talker needs no captured rows (Qwen3-Omni's
+# without media: the Talker looks the token embeddings up itself).
+TOKEN_EMBEDDINGS = "token_embeddings"
 
 
 class _Message:
@@ -81,6 +87,9 @@ class ThinkerChunk(_Message):  # streamed: ``to_wire`` / ``from_wire`` across a 
     prompt_token_ids: list[int] | None = None  # as the engine ran it (None: the caller's ids)
     prompt_rows: TensorRef | str | None = None
     session_kv: str | None = None
+    # Rows of the Thinker's ``reply_layer`` for reply tokens, in order from the first (a family
+    # whose Talker reads each reply token's hidden state: Qwen2.5-Omni), ``pack_rows``' form.
+    reply_rows: list[Any] | None = None
 
 
 @dataclass(slots=True)
@@ -107,6 +116,19 @@ class CodecFrame(_Message):  # streamed: ``to_wire`` / ``from_wire`` across a ha
     """One frame of the Talker's codec codes (one per codebook, as ints)."""
 
     codes: list[int]
+
+
+def pack_rows(rows: torch.Tensor) -> list[Any]:
+    """[k, H] rows as plain values (raw bytes, shape, dtype): they cross in a streamed item's
+    wire form, where a tensor would take the item through pickle."""
+    rows = rows.contiguous()
+    blob = rows.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return [blob, list(rows.shape), str(rows.dtype).removeprefix("torch.")]
+
+
+def unpack_rows(packed: list[Any]) -> torch.Tensor:
+    blob, shape, dtype = packed
+    return torch.frombuffer(bytearray(blob), dtype=getattr(torch, dtype)).reshape(shape)
 
 
 SpeakEvent = ThinkerChunk | CodecFrame

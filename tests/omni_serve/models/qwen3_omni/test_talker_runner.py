@@ -32,7 +32,9 @@ def talker_request(builder, run, request_id: str, stream: bool = False) -> tuple
         video_second_per_grid=run.inputs.get("video_second_per_grid"),
     )
     last = len(run.generated) - 1
-    trailing = [builder.trailing_row(t, i == last) for i, t in enumerate(run.generated) if i > 0]
+    trailing = [
+        builder.trailing_row(t, None, i == last) for i, t in enumerate(run.generated) if i > 0
+    ]
     extra = {"position_ids": prompt.position_ids, "rope_delta": prompt.rope_delta}
     if not stream:
         extra.update(trailing=trailing, text_done=True)

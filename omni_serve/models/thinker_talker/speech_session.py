@@ -1,7 +1,8 @@
 """One spoken reply: the Talker follows a Thinker that is still generating.
 
 Consumes the Thinker's chunk stream, builds the Talker prompt as soon as the prompt rows and
-the first token exist, feeds each later token as one trailing row, and merges the Thinker's
+the first token exist (and, for a family whose Talker reads each reply token's hidden row,
+that token's row), feeds each later token as one trailing row, and merges the Thinker's
 text and the Talker's codec frames into one event stream. A token is fed one step late, so
 that the last token can be replaced by ``tts_eos`` even if the Thinker reports "finished" in
 a chunk of its own. With stop strings, the Talker waits on the tokens a stop string may still
@@ -17,32 +18,52 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
-from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS, TalkerInputBuilder
 from omni_serve.models.thinker_talker.messages import (
+    TOKEN_EMBEDDINGS,
     CodecFrame,
     SpeakEvent,
     SpeakRequest,
     ThinkerChunk,
+    unpack_rows,
 )
 
 _END = object()
 
 
-def _tensor(small: Any) -> torch.Tensor | None:
-    """A request's grid or lengths (lists on the wire) as the tensor the builder takes."""
-    return None if small is None else torch.as_tensor(small)
+class TalkerFeed(Protocol):
+    """A family's Talker inputs, as one spoken reply builds them."""
+
+    # Whether each reply token's Thinker row (``ThinkerChunk.reply_rows``) goes into its
+    # trailing row (and the first's into the prompt).
+    reads_reply_rows: bool
+
+    def prompt(
+        self,
+        request: SpeakRequest,
+        prompt_ids: list[int],
+        rows: dict[int, torch.Tensor] | None,
+        first_token: int,
+        first_reply_row: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The Talker's prompt embeddings and its request ``extra`` (positions and the like).
+        ``rows``: the Thinker's prompt rows by layer, None for ``TOKEN_EMBEDDINGS``."""
+
+    def trailing_row(
+        self, token: int, reply_row: torch.Tensor | None, is_last: bool
+    ) -> torch.Tensor:
+        """The row one later reply token adds to one Talker step."""
 
 
 async def speak(
     thinker_chunks: AsyncIterator[ThinkerChunk],
     engine: TorchAREngine,
-    builder: TalkerInputBuilder,
+    feed_rows: TalkerFeed,
     request: SpeakRequest,
     sampling: Callable[[int], SamplingConfig],
     resolve_rows: Callable[[Any], Awaitable[dict[int, torch.Tensor]]],
@@ -64,8 +85,13 @@ async def speak(
     async def run_talker(stream: AsyncIterator) -> None:
         try:
             async for chunk in stream:
-                if "codes" in chunk.outputs:
+                if "codes" in chunk.outputs:  # a frame of several codebooks (Qwen3-Omni)
                     await out.put(CodecFrame(chunk.outputs["codes"].tolist()))
+                    continue
+                # One codebook: the sampled token is the frame; a stop code is none.
+                spoken = chunk.token_ids[:-1] if chunk.finish_reason == "stop" else chunk.token_ids
+                for code in spoken:
+                    await out.put(CodecFrame([code]))
         except Exception as exc:
             await out.put(exc)
         finally:
@@ -76,19 +102,29 @@ async def speak(
         prompt_ids, rows, pending = request.prompt_ids, None, None
         heard: list[int] = []  # the Thinker's tokens
         tokens: list[int] = []  # those the Talker follows: all but the held back or taken back
+        reply_rows: list[torch.Tensor] = []  # the reply tokens' Thinker rows, where read
         handed = False
         talking = True  # False once the Talker ended on its own (max_tokens, end of speech)
 
-        def feed(token: int, is_last: bool) -> None:
+        def feed(index: int, is_last: bool) -> None:
             nonlocal talking
             if talking:  # the reply's text goes on without it
-                talking = engine.feed(request_id, builder.trailing_row(token, is_last))
+                row = reply_rows[index] if index < len(reply_rows) else None
+                talking = engine.feed(
+                    request_id, feed_rows.trailing_row(tokens[index], row, is_last)
+                )
+
+        def can_start() -> bool:
+            rows_ready = reply_rows or not feed_rows.reads_reply_rows
+            return talker_task is None and bool(tokens) and rows is not None and bool(rows_ready)
 
         try:
             async for chunk in thinker_chunks:
                 await out.put(chunk)
                 prompt_ids = chunk.prompt_token_ids or prompt_ids
                 rows = chunk.prompt_rows or rows
+                if chunk.reply_rows is not None:
+                    reply_rows.extend(unpack_rows(chunk.reply_rows).unbind(0))
                 heard += chunk.token_ids
                 end = max(len(heard) - chunk.stop_tokens, 0)
                 for token in heard[len(tokens) : end]:
@@ -97,14 +133,14 @@ async def speak(
                         continue  # the first token goes into the Talker prompt
                     if pending is not None:
                         feed(pending, is_last=False)
-                    pending = token
-                if talker_task is None and tokens and rows is not None:
+                    pending = len(tokens) - 1
+                if can_start():
                     handed = True
-                    talker_task = await _start_talker(prompt_ids, rows, tokens)
-                    for token in tokens[1:]:  # tokens that arrived with the first chunk
+                    talker_task = await _start_talker(prompt_ids, rows, tokens, reply_rows)
+                    for index in range(1, len(tokens)):  # tokens that came before the start
                         if pending is not None:
                             feed(pending, is_last=False)
-                        pending = token
+                        pending = index
         except Exception as exc:
             await out.put(exc)
         finally:
@@ -121,28 +157,12 @@ async def speak(
             finally:  # whatever failed above, the stream must end, not wait forever
                 await out.put(_END)
 
-    async def _start_talker(prompt_ids, rows_ref, tokens) -> asyncio.Task:
-        embed_rows = accept_rows = None  # TOKEN_EMBEDDINGS: the builder looks them up
-        if rows_ref != TOKEN_EMBEDDINGS:
-            rows = await resolve_rows(rows_ref)
-            layers = sorted(rows)
-            embed_rows, accept_rows = rows[layers[0]], rows[layers[-1]]
-        prompt = builder.build_prompt(
-            prompt_ids,
-            embed_rows,
-            accept_rows,
-            tokens[0],
-            request.voice,
-            image_grid_thw=_tensor(request.image_grid_thw),
-            video_grid_thw=_tensor(request.video_grid_thw),
-            video_second_per_grid=_tensor(request.video_second_per_grid),
-            audio_seqlens=_tensor(request.audio_seqlens),
-        )
+    async def _start_talker(prompt_ids, rows_ref, tokens, reply_rows) -> asyncio.Task:
+        rows = None if rows_ref == TOKEN_EMBEDDINGS else await resolve_rows(rows_ref)
+        first_row = reply_rows[0] if reply_rows else None
+        embeds, extra = feed_rows.prompt(request, prompt_ids, rows, tokens[0], first_row)
         ar = ARRequest(
-            request_id,
-            prompt_embeds=prompt.embeds,
-            sampling=sampling(len(prompt.embeds)),
-            extra={"position_ids": prompt.position_ids, "rope_delta": prompt.rope_delta},
+            request_id, prompt_embeds=embeds, sampling=sampling(len(embeds)), extra=extra
         )
         stream = engine.generate(ar)  # registered now: feed() is valid from here on
         return asyncio.get_running_loop().create_task(run_talker(stream))

@@ -1,4 +1,5 @@
-"""The Talker following a still-running Thinker gives exactly transformers' codes."""
+"""The Talker following a still-running Thinker gives exactly transformers' codes (Qwen3-Omni's
+Talker; Qwen2.5-Omni's runs the same session in tests/omni_serve/models/qwen2_5_omni)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ import pytest
 import torch
 
 from omni_serve.engines.ar.base import SamplingConfig
-from omni_serve.models.qwen3_omni.speech_session import speak
-from omni_serve.models.qwen3_omni.talker_inputs import TOKEN_EMBEDDINGS
 from omni_serve.models.thinker_talker.messages import (
+    TOKEN_EMBEDDINGS,
     CodecFrame,
     SpeakRequest,
     ThinkerChunk,
     ThinkerRequest,
 )
-from tests.omni_serve.models.qwen3_omni.conftest import new_engine
+from omni_serve.models.thinker_talker.speech_session import speak
+from tests.omni_serve.models.qwen3_omni.conftest import new_engine, talker_parts  # noqa: F401
 from tests.reference import SPEAKER, TALKER_MAX_TOKENS
 
 
@@ -270,7 +271,7 @@ async def test_closing_the_stream_cancels_both_sides(talker_parts, reference_run
 
 async def test_given_reply_speaks_exactly_those_tokens(talker_parts, reference_runs):
     """TTS: a 1-token Thinker prefill plus the reply as given == speaking that reply."""
-    from omni_serve.models.qwen3_omni.speech_session import given_reply
+    from omni_serve.models.thinker_talker.speech_session import given_reply
 
     run = reference_runs["text"]
     prefill_only = thinker_stream(run, [1])  # the Thinker's first chunk: rows + one token

@@ -1,0 +1,110 @@
+"""The shared spoken-reply session drives Qwen2.5-Omni's Talker as the Thinker streams: each
+reply token's last-layer row rides the Thinker's chunks, and the codes equal transformers'."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omni_serve.engines.ar.base import SamplingConfig
+from omni_serve.models.qwen2_5_omni.talker_inputs import TalkerInputBuilder
+from omni_serve.models.thinker_talker.messages import (
+    CodecFrame,
+    SpeakRequest,
+    ThinkerChunk,
+    ThinkerRequest,
+    pack_rows,
+)
+from omni_serve.models.thinker_talker.speech_session import speak
+from tests.omni_serve.models.qwen2_5_omni.conftest import KINDS
+from tests.omni_serve.models.qwen2_5_omni.test_talker_runner import new_engine
+from tests.reference_qwen2_5_omni import SPEAKER, TALKER_MAX_TOKENS
+
+
+@pytest.fixture(scope="module")
+def builder(tiny_model):
+    embed = tiny_model.thinker.get_input_embeddings().weight.detach()
+    return TalkerInputBuilder(tiny_model.talker, tiny_model.config, embed, tiny_model.speaker_map)
+
+
+async def thinker_stream(run, layer: int, rows_early: int):
+    """The reference run as the Thinker stage streams it, a token a chunk: token k's row
+    arrives with token k+1 (``rows_early`` chunks sooner, as vLLM's capture may run ahead)."""
+    n, tokens = len(run.prompt_ids), run.generated
+    reply = run.last_hidden[n:]  # rows of tokens 0 .. len-2
+    sent = 0
+    for i, token in enumerate(tokens):
+        upto = min(len(reply), max(i + rows_early, 0))
+        rows = pack_rows(reply[sent:upto]) if upto > sent else None
+        sent = max(sent, upto)
+        yield ThinkerChunk(
+            [token],
+            "",
+            i == len(tokens) - 1,
+            num_prompt_tokens=n,
+            prompt_token_ids=run.prompt_ids if i == 0 else None,
+            prompt_rows={layer: run.last_hidden[:n]} if i == 0 else None,
+            reply_rows=rows,
+        )
+
+
+def speak_request(run) -> SpeakRequest:
+    thinker = ThinkerRequest("s", run.prompt_ids, SamplingConfig(), capture=True)
+    mask = run.inputs.get("feature_attention_mask")
+    grid = run.inputs.get("image_grid_thw")
+    return SpeakRequest(
+        "s",
+        thinker,
+        run.prompt_ids,
+        SPEAKER.lower(),
+        {},
+        image_grid_thw=None if grid is None else grid.tolist(),
+        audio_seqlens=None if mask is None else mask.sum(-1).tolist(),
+    )
+
+
+async def resolve(rows):
+    return rows
+
+
+def greedy(prompt_len: int) -> SamplingConfig:
+    return SamplingConfig(max_tokens=TALKER_MAX_TOKENS, repetition_penalty=1.05)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows_early", [0, 1])
+async def test_streamed_reply_speaks_transformers_codes(
+    tiny_model, builder, reference_runs, kind, rows_early
+):
+    run = reference_runs[kind]
+    engine = new_engine(tiny_model, builder)
+    await engine.start()
+    layer = tiny_model.config.thinker_config.text_config.num_hidden_layers
+    chunks = thinker_stream(run, layer, rows_early)
+    events = [
+        e
+        async for e in speak(
+            chunks, engine, builder, speak_request(run), greedy, resolve, lambda _: None
+        )
+    ]
+    await engine.shutdown()
+    codes = [e.codes[0] for e in events if isinstance(e, CodecFrame)]
+    stops = engine.runner.stop_token_ids
+    assert torch.equal(torch.tensor([c for c in codes if c not in stops]), run.codes)
+    text = [t for e in events if isinstance(e, ThinkerChunk) for t in e.token_ids]
+    assert text == run.generated
+
+
+async def test_an_unknown_voice_fails_the_reply(tiny_model, builder, reference_runs):
+    run = reference_runs["text"]
+    engine = new_engine(tiny_model, builder)
+    await engine.start()
+    request = speak_request(run)
+    request.voice = "nobody"
+    layer = tiny_model.config.thinker_config.text_config.num_hidden_layers
+    stream = speak(
+        thinker_stream(run, layer, 0), engine, builder, request, greedy, resolve, lambda _: None
+    )
+    with pytest.raises(ValueError, match="unknown voice"):
+        _ = [e async for e in stream]
+    await engine.shutdown()
