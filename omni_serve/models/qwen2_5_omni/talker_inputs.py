@@ -47,6 +47,7 @@ def media_token_ids(config: Any) -> tuple[int, int, int]:
 class TalkerInputBuilder:
     # The session feeds each reply token's Thinker row (thinker_talker.speech_session).
     reads_reply_rows = True
+    tokens_are_frames = True  # one codebook: each code the Talker samples is a frame
 
     def __init__(
         self,

@@ -86,6 +86,7 @@ class TalkerInputBuilder:
     # -- the session's feed (thinker_talker.speech_session.TalkerFeed) ----------------------
 
     reads_reply_rows = False
+    tokens_are_frames = False
 
     def prompt(
         self,

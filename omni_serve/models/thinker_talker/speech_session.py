@@ -42,6 +42,9 @@ class TalkerFeed(Protocol):
     # Whether each reply token's Thinker row (``ThinkerChunk.reply_rows``) goes into its
     # trailing row (and the first's into the prompt).
     reads_reply_rows: bool
+    # Whether each sampled Talker token is a frame of one codebook (else the runner hands
+    # whole frames out in its step outputs' ``codes``, as Qwen3-Omni's code predictor does).
+    tokens_are_frames: bool
 
     def prompt(
         self,
@@ -85,12 +88,12 @@ async def speak(
     async def run_talker(stream: AsyncIterator) -> None:
         try:
             async for chunk in stream:
-                if "codes" in chunk.outputs:  # a frame of several codebooks (Qwen3-Omni)
-                    await out.put(CodecFrame(chunk.outputs["codes"].tolist()))
+                if not feed_rows.tokens_are_frames:  # frames come from the runner's outputs
+                    if "codes" in chunk.outputs:
+                        await out.put(CodecFrame(chunk.outputs["codes"].tolist()))
                     continue
-                # One codebook: the sampled token is the frame; a stop code is none.
-                spoken = chunk.token_ids[:-1] if chunk.finish_reason == "stop" else chunk.token_ids
-                for code in spoken:
+                stop = chunk.finish_reason == "stop"  # the end code is no frame
+                for code in chunk.token_ids[:-1] if stop else chunk.token_ids:
                     await out.put(CodecFrame([code]))
         except Exception as exc:
             await out.put(exc)

@@ -18,7 +18,7 @@ from omni_serve.models.thinker_talker.messages import (
     ThinkerRequest,
 )
 from omni_serve.models.thinker_talker.speech_session import speak
-from tests.omni_serve.models.qwen3_omni.conftest import new_engine, talker_parts  # noqa: F401
+from tests.omni_serve.models.qwen3_omni.conftest import new_engine
 from tests.reference import SPEAKER, TALKER_MAX_TOKENS
 
 
