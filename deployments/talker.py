@@ -16,16 +16,12 @@ from ray.serve.handle import DeploymentHandle
 from deployments.common import ReleasesSharedMemory, export_stage_metrics, torch_stage
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.ar.torch_engine import TorchAREngine
-from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
-from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
-from omni_serve.models.qwen3_omni.talker_static_runner import talker_runner
+from omni_serve.models.registry import thinker_talker_family
 from omni_serve.models.thinker_talker.messages import SpeakRequest, decoded, to_wire
 from omni_serve.models.thinker_talker.speech_session import given_reply, speak
 from omni_serve.transport import channel_stats, release, take
 
-# transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
-TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
-TALKER_MAX_TOKENS = 4096  # codec frames (12.5 per second of audio); engine args may lower it
+TALKER_MAX_TOKENS = 4096  # codec frames; engine args may lower it
 
 
 @serve.deployment
@@ -35,20 +31,20 @@ class TalkerDeployment(ReleasesSharedMemory):
     ) -> None:
         setup = torch_stage(pipeline, stage_name)
         stage, model_path, device = setup.stage, setup.model_path, setup.device
-        talker, config = load_talker(model_path, dtype=setup.dtype, device=device)
-        self.builder = TalkerInputBuilder(talker, config, load_thinker_embeddings(model_path))
         args = stage.engine.args
         self.max_tokens = int(args.get("max_new_tokens", TALKER_MAX_TOKENS))
         self.max_len = int(args.get("max_model_len", 8192))
-        runner = talker_runner(talker, self.builder.tts_pad, stage.engine, self.max_len)
-        self.engine = TorchAREngine(runner, stop_token_ids=(runner.codec_eos_token_id,))
+        family = thinker_talker_family(setup.config.family)
+        parts = family.load_talker(model_path, setup.dtype, device, stage.engine, self.max_len)
+        self.feed, self.defaults = parts.feed, parts.sampling_defaults
+        self.engine = TorchAREngine(parts.runner, stop_token_ids=parts.stop_token_ids)
         await self.engine.start()
         self.thinker = thinker.options(stream=True)
         self.metrics_export = export_stage_metrics(stage_name, self.stats)
 
     async def speak(self, request: SpeakRequest) -> AsyncIterator[list[Any]]:
         """The reply's ``SpeakEvent``s in their wire form (``messages.to_wire``)."""
-        wanted = {**TALKER_DEFAULTS, **(request.sampling or {})}
+        wanted = {**self.defaults, **(request.sampling or {})}
 
         def sampling(prompt_len: int) -> SamplingConfig:
             budget = self.max_len - prompt_len
@@ -60,7 +56,7 @@ class TalkerDeployment(ReleasesSharedMemory):
         chunks = decoded(self.thinker.generate.remote(request.thinker))
         if request.reply_ids:
             chunks = given_reply(chunks, request.reply_ids)
-        events = speak(chunks, self.engine, self.builder, request, sampling, take, release)
+        events = speak(chunks, self.engine, self.feed, request, sampling, take, release)
         async for event in events:
             yield to_wire(event)
 

@@ -8,13 +8,39 @@ import torch
 
 from omni_serve.config import EngineSettings
 from omni_serve.engines.codec.chunked import CodecInfo
-from omni_serve.models.qwen2_5_omni.checkpoint import load_speakers, load_token2wav
+from omni_serve.models.qwen2_5_omni.checkpoint import (
+    load_speakers,
+    load_talker,
+    load_thinker_embeddings,
+    load_token2wav,
+)
+from omni_serve.models.qwen2_5_omni.talker_inputs import TalkerInputBuilder
+from omni_serve.models.qwen2_5_omni.talker_runner import TalkerRunner
 from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
-from omni_serve.models.thinker_talker.family import CodecDecoder
+from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts
+
+# transformers' Qwen2.5-Omni generate() defaults for the Talker (it samples by default).
+TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05}
 
 
 class Qwen25OmniFamily:
     name = "qwen2_5_omni"
+
+    def load_talker(
+        self,
+        model_path: Path,
+        dtype: torch.dtype,
+        device: str,
+        engine: EngineSettings,
+        max_len: int,
+    ) -> TalkerParts:
+        if engine.cuda_graphs:
+            raise ValueError("the Qwen2.5-Omni Talker has no graphed step yet: cuda_graphs off")
+        talker, config = load_talker(model_path, dtype=dtype, device=device)
+        embed = load_thinker_embeddings(model_path)
+        builder = TalkerInputBuilder(talker, config, embed, load_speakers(model_path))
+        runner = TalkerRunner(talker, builder.pad_row, engine.max_batch_size, max_len)
+        return TalkerParts(runner, builder, TALKER_DEFAULTS, runner.stop_token_ids)
 
     def load_codec(
         self, model_path: Path, dtype: torch.dtype, device: str, engine: EngineSettings

@@ -8,12 +8,32 @@ import torch
 
 from omni_serve.config import EngineSettings
 from omni_serve.engines.codec.chunked import CodecInfo
+from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
-from omni_serve.models.thinker_talker.family import CodecDecoder
+from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
+from omni_serve.models.qwen3_omni.talker_static_runner import talker_runner
+from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts
+
+# transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
+TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
 
 
 class Qwen3OmniFamily:
     name = "qwen3_omni"
+
+    def load_talker(
+        self,
+        model_path: Path,
+        dtype: torch.dtype,
+        device: str,
+        engine: EngineSettings,
+        max_len: int,
+    ) -> TalkerParts:
+        """The Talker and its code predictor (``talker_runner``: CUDA graphs where asked)."""
+        talker, config = load_talker(model_path, dtype=dtype, device=device)
+        builder = TalkerInputBuilder(talker, config, load_thinker_embeddings(model_path))
+        runner = talker_runner(talker, builder.tts_pad, engine, max_len)
+        return TalkerParts(runner, builder, TALKER_DEFAULTS, (runner.codec_eos_token_id,))
 
     def load_codec(
         self, model_path: Path, dtype: torch.dtype, device: str, engine: EngineSettings

@@ -9,13 +9,16 @@ finds it by the pipeline config's ``family``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from omni_serve.config import EngineSettings
+from omni_serve.engines.ar.torch_engine import StepRunner
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
+from omni_serve.models.thinker_talker.speech_session import TalkerFeed
 
 
 class CodecDecoder(Protocol):
@@ -27,8 +30,29 @@ class CodecDecoder(Protocol):
     def run(self, jobs: list[DecodeJob]) -> list[torch.Tensor]: ...
 
 
+@dataclass
+class TalkerParts:
+    """What the Talker stage runs: the step runner its torch engine drives, the feed that
+    builds the runner's inputs from the Thinker's stream, and the family's sampling."""
+
+    runner: StepRunner
+    feed: TalkerFeed
+    sampling_defaults: dict[str, Any]  # transformers' generate() defaults for the Talker
+    stop_token_ids: tuple[int, ...]
+
+
 class ThinkerTalkerFamily(Protocol):
     name: str
+
+    def load_talker(
+        self,
+        model_path: Path,
+        dtype: torch.dtype,
+        device: str,
+        engine: EngineSettings,
+        max_len: int,
+    ) -> TalkerParts:
+        """The Talker with its runner sized by ``engine`` (batch, CUDA graphs) and ``max_len``."""
 
     def load_codec(
         self, model_path: Path, dtype: torch.dtype, device: str, engine: EngineSettings

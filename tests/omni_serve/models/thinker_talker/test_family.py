@@ -1,0 +1,45 @@
+"""Each Thinker-Talker family loads its Talker and codec behind one interface, as the stage
+deployments ask for them (by the pipeline config's ``family``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphs.pipeline_paths import REPO
+from omni_serve.config import load_pipeline_config
+from omni_serve.models import resolve_model
+from omni_serve.models.registry import thinker_talker_family
+
+PIPELINES = {"qwen3_omni": "qwen3_omni_tiny.yaml", "qwen2_5_omni": "qwen2_5_omni_tiny.yaml"}
+
+
+def pipeline(family: str):
+    config = load_pipeline_config(REPO / "configs" / "pipelines" / PIPELINES[family])
+    return config, resolve_model(config.model)
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_talker_and_codec_load_through_the_family(name):
+    config, path = pipeline(name)
+    family = thinker_talker_family(config.family)
+    talker = family.load_talker(
+        path, torch.float32, "cpu", config.stage("talker").engine, max_len=512
+    )
+    assert talker.runner.max_batch_size == config.stage("talker").engine.max_batch_size
+    assert talker.stop_token_ids and talker.sampling_defaults["repetition_penalty"] == 1.05
+    assert talker.feed.tokens_are_frames == talker.feed.reads_reply_rows == (name != "qwen3_omni")
+    decoder, info = family.load_codec(path, torch.float32, "cpu", config.stage("code2wav").engine)
+    assert decoder.samples_per_frame == info.samples_per_frame > 0
+
+
+def test_an_unknown_family_is_named():
+    with pytest.raises(KeyError, match="qwen_image"):
+        thinker_talker_family("qwen_image")
+
+
+def test_the_qwen2_5_talker_refuses_cuda_graphs_it_does_not_have():
+    config, path = pipeline("qwen2_5_omni")
+    engine = config.stage("talker").engine.model_copy(update={"cuda_graphs": True})
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        thinker_talker_family("qwen2_5_omni").load_talker(path, torch.float32, "cpu", engine, 64)
