@@ -25,14 +25,14 @@ from deployments.common import (
 from omni_serve.api.errors import StageRejectedInput
 from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
 from omni_serve.engines.ar.vllm_engine import VLLMEngine, channel_kv_transfer_config
-from omni_serve.models.qwen3_omni.checkpoint import load_config, load_thinker_embeddings
-from omni_serve.models.qwen3_omni.talker_inputs import media_token_ids, needs_captured_rows
 from omni_serve.models.qwen3_omni.thinker_inputs import engine_inputs
 from omni_serve.models.qwen3_omni.thinker_turns import ThinkerTurns, Turn
+from omni_serve.models.registry import thinker_talker_family
 from omni_serve.models.thinker_talker.messages import (
     TOKEN_EMBEDDINGS,
     ThinkerChunk,
     ThinkerRequest,
+    pack_rows,
     to_wire,
 )
 from omni_serve.transport import channel_stats, release
@@ -52,19 +52,18 @@ class ThinkerDeployment(ReleasesSharedMemory):
         if session_edge is not None:
             settings = session_edge.channel
             kv_config = channel_kv_transfer_config(settings.backend, settings.inline_max_bytes)
-        self.model_config = model_config = load_config(model_path)
-        self.audio_token_id = model_config.thinker_config.audio_token_id
-        self.merge_size = model_config.thinker_config.vision_config.spatial_merge_size
+        self.model = model = thinker_talker_family(config.family).thinker_model(model_path)
+        self.audio_token_id = model.placeholders["audio"]
+        self.merge_size = model.merge_size
         # For prompts whose media an encoder stage already encoded: the Thinker then takes
         # the prompt as embeddings (token embeddings with the encoder's rows spliced in).
-        self.embed_tokens = load_thinker_embeddings(model_path)
-        modalities = ("audio", "image", "video")
+        self.embed_tokens = model.embed_tokens
         self.turns = ThinkerTurns(
             edge_channel(config, stage_name, "thinker_rows"),
             edge_channel(config, stage_name, "session_kv") if session_edge else None,
             self.embed_tokens,
-            model_config.talker_config.accept_hidden_layer,
-            dict(zip(modalities, media_token_ids(model_config), strict=True)),
+            model.accept_layer,
+            model.placeholders,
         )
         self.engine = VLLMEngine(
             str(model_path),
@@ -83,9 +82,7 @@ class ThinkerDeployment(ReleasesSharedMemory):
         sampling = dataclasses.replace(request.sampling)
         if not sampling.ignore_eos:  # vLLM's ignore_eos passes over stop_token_ids' too
             sampling.stop_token_ids = [self.eos]
-        layers: tuple[int, ...] = ()
-        if request.capture and needs_captured_rows(request.prompt_ids, self.model_config):
-            layers = (0, self.turns.accept_layer)
+        layers = self.model.capture_layers(request.prompt_ids) if request.capture else ()
         turn = Turn(capturing=bool(layers))
         try:
             request = self.turns.take_session_rows(request, turn)
@@ -123,6 +120,8 @@ class ThinkerDeployment(ReleasesSharedMemory):
         by_embeds = ar.prompt_embeds is not None
         rows: dict[int, list[torch.Tensor]] = {k: [] for k in layers}
         sent_rows = False
+        reply_layer = self.model.reply_layer if layers else None
+        seen = 0  # rows of ``reply_layer`` so far: the prompt's, then a reply token's each
         async with contextlib.aclosing(self.engine.generate(ar)) as chunks:
             async for chunk in chunks:
                 # The prompt as the engine ran it (placeholders expanded; an embeddings prompt
@@ -136,6 +135,10 @@ class ThinkerDeployment(ReleasesSharedMemory):
                 out = _thinker_chunk(chunk, by_embeds)
                 for k, v in chunk.hidden.items():
                     rows[k].append(v)
+                if reply_layer is not None and reply_layer in chunk.hidden:
+                    new = chunk.hidden[reply_layer]
+                    out.reply_rows = _reply_rows(new, seen, len(turn.ids))
+                    seen += new.shape[0]
                 if request.capture and not layers and not sent_rows:
                     out.prompt_rows = TOKEN_EMBEDDINGS  # no media: the Talker looks them up
                     sent_rows = True
@@ -196,6 +199,17 @@ class ThinkerDeployment(ReleasesSharedMemory):
 
     async def ready(self) -> bool:
         return self.engine.running
+
+
+def _reply_rows(new: torch.Tensor, seen: int, prompt_len: int) -> list | None:
+    """Of a chunk's ``new`` rows, which follow ``seen`` earlier ones, those of reply tokens
+    (past the prompt), packed for the wire; None if there are none. A chunk's rows may run a
+    token ahead of its tokens (the worker captured the next step already): the Talker indexes
+    them by position, not by chunk."""
+    skip = max(prompt_len - seen, 0)
+    if new.shape[0] <= skip:
+        return None
+    return pack_rows(new[skip:])
 
 
 def _thinker_chunk(chunk: ARChunk, by_embeds: bool) -> ThinkerChunk:

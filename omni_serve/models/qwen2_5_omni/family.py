@@ -9,15 +9,16 @@ import torch
 from omni_serve.config import EngineSettings
 from omni_serve.engines.codec.chunked import CodecInfo
 from omni_serve.models.qwen2_5_omni.checkpoint import (
+    load_config,
     load_speakers,
     load_talker,
     load_thinker_embeddings,
     load_token2wav,
 )
-from omni_serve.models.qwen2_5_omni.talker_inputs import TalkerInputBuilder
+from omni_serve.models.qwen2_5_omni.talker_inputs import TalkerInputBuilder, media_token_ids
 from omni_serve.models.qwen2_5_omni.talker_runner import TalkerRunner
 from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
-from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts
+from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts, ThinkerModel
 
 # transformers' Qwen2.5-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05}
@@ -25,6 +26,19 @@ TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_pe
 
 class Qwen25OmniFamily:
     name = "qwen2_5_omni"
+
+    def thinker_model(self, model_path: Path) -> ThinkerModel:
+        """The Talker reads the Thinker's last layer (the final norm's output) everywhere."""
+        config = load_config(model_path)
+        modalities = ("audio", "image", "video")
+        last = config.thinker_config.text_config.num_hidden_layers
+        return ThinkerModel(
+            placeholders=dict(zip(modalities, media_token_ids(config), strict=True)),
+            merge_size=config.thinker_config.vision_config.spatial_merge_size,
+            embed_tokens=load_thinker_embeddings(model_path),
+            accept_layer=last,
+            reply_layer=last,
+        )
 
     def load_talker(
         self,

@@ -8,11 +8,15 @@ import torch
 
 from omni_serve.config import EngineSettings
 from omni_serve.engines.codec.chunked import CodecInfo
-from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
+from omni_serve.models.qwen3_omni.checkpoint import (
+    load_config,
+    load_talker,
+    load_thinker_embeddings,
+)
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
-from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
+from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder, media_token_ids
 from omni_serve.models.qwen3_omni.talker_static_runner import talker_runner
-from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts
+from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts, ThinkerModel
 
 # transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
@@ -20,6 +24,16 @@ TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_pe
 
 class Qwen3OmniFamily:
     name = "qwen3_omni"
+
+    def thinker_model(self, model_path: Path) -> ThinkerModel:
+        config = load_config(model_path)
+        modalities = ("audio", "image", "video")
+        return ThinkerModel(
+            placeholders=dict(zip(modalities, media_token_ids(config), strict=True)),
+            merge_size=config.thinker_config.vision_config.spatial_merge_size,
+            embed_tokens=load_thinker_embeddings(model_path),
+            accept_layer=config.talker_config.accept_hidden_layer,
+        )
 
     def load_talker(
         self,

@@ -37,11 +37,6 @@ def media_token_ids(config) -> tuple[int, int, int]:
     return thinker.audio_token_id, thinker.image_token_id, thinker.video_token_id
 
 
-def needs_captured_rows(prompt_ids: list[int], config) -> bool:
-    """Whether the Talker needs the Thinker's hidden rows for this prompt (it has media)."""
-    return not set(media_token_ids(config)).isdisjoint(prompt_ids)
-
-
 @dataclass
 class TalkerPrompt:
     embeds: torch.Tensor  # [T, H_talker]

@@ -136,7 +136,7 @@ class ThinkerTurns:
         keeps for the session's next spoken turn. Computed rows go straight from the engine's
         chunks into channel memory (no concatenated copy in between)."""
         ids = turn.ids
-        captured = sum(v.shape[0] for v in rows[0])
+        captured = sum(v.shape[0] for v in rows[min(rows)])
         if captured < len(ids) - cached and not finished:
             return None
         if cached:

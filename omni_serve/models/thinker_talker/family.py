@@ -30,6 +30,27 @@ class CodecDecoder(Protocol):
     def run(self, jobs: list[DecodeJob]) -> list[torch.Tensor]: ...
 
 
+@dataclass(frozen=True)
+class ThinkerModel:
+    """What the Thinker stage needs to know of its family's model for the Talker."""
+
+    placeholders: dict[str, int]  # modality -> the prompt's placeholder token id
+    merge_size: int  # the vision tower's spatial merge (patches per placeholder, per side)
+    embed_tokens: torch.Tensor  # [V, H]: for prompts the encoder stage encoded
+    accept_layer: int  # the layer whose rows the Talker reads at media positions
+    # The layer whose rows the Talker reads at every prompt position and for each reply token
+    # (Qwen2.5-Omni's last); None: only layer 0 and ``accept_layer``, only for media prompts.
+    reply_layer: int | None = None
+
+    def capture_layers(self, prompt_ids: list[int]) -> tuple[int, ...]:
+        """The layers a spoken reply's Thinker captures for this prompt."""
+        if self.reply_layer is not None:
+            return (self.reply_layer,)
+        if set(self.placeholders.values()).isdisjoint(prompt_ids):
+            return ()  # the Talker looks the token embeddings up itself
+        return (0, self.accept_layer)
+
+
 @dataclass
 class TalkerParts:
     """What the Talker stage runs: the step runner its torch engine drives, the feed that
@@ -43,6 +64,8 @@ class TalkerParts:
 
 class ThinkerTalkerFamily(Protocol):
     name: str
+
+    def thinker_model(self, model_path: Path) -> ThinkerModel: ...
 
     def load_talker(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_serve.models.qwen3_omni.talker_inputs import needs_captured_rows
+from omni_serve.models.qwen3_omni.family import FAMILY
 from tests.reference import SPEAKER
 
 
@@ -37,12 +37,16 @@ def test_layer_zero_rows_can_come_from_the_embedding_table(talker_parts, referen
 
 
 @pytest.mark.parametrize("kind", ["audio", "image", "video"])
-def test_a_prompt_with_media_needs_the_captured_rows(talker_parts, reference_runs, kind):
+def test_a_prompt_with_media_needs_the_captured_rows(
+    talker_parts, reference_runs, kind, tiny_omni_path
+):
     run = reference_runs[kind]
-    assert needs_captured_rows(run.prompt_ids, talker_parts[1].config)
+    model = FAMILY.thinker_model(tiny_omni_path)
+    assert model.capture_layers(run.prompt_ids) == (0, model.accept_layer)
     with pytest.raises(ValueError, match="needs the Thinker's captured rows"):
         _prompt(talker_parts[1], run, None, None)
 
 
-def test_a_text_prompt_needs_no_captured_rows(talker_parts, reference_runs):
-    assert not needs_captured_rows(reference_runs["text"].prompt_ids, talker_parts[1].config)
+def test_a_text_prompt_needs_no_captured_rows(reference_runs, tiny_omni_path):
+    model = FAMILY.thinker_model(tiny_omni_path)
+    assert model.capture_layers(reference_runs["text"].prompt_ids) == ()

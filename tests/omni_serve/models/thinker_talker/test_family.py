@@ -43,3 +43,12 @@ def test_the_qwen2_5_talker_refuses_cuda_graphs_it_does_not_have():
     engine = config.stage("talker").engine.model_copy(update={"cuda_graphs": True})
     with pytest.raises(ValueError, match="cuda_graphs"):
         thinker_talker_family("qwen2_5_omni").load_talker(path, torch.float32, "cpu", engine, 64)
+
+
+def test_the_qwen2_5_thinker_captures_its_last_layer_for_every_prompt():
+    """Its Talker reads the last layer everywhere, text prompts included."""
+    _, path = pipeline("qwen2_5_omni")
+    model = thinker_talker_family("qwen2_5_omni").thinker_model(path)
+    assert model.reply_layer == model.accept_layer == 2  # the tiny Thinker's 2 layers
+    assert model.capture_layers([1, 2, 3]) == (2,)
+    assert set(model.placeholders) == {"audio", "image", "video"}
