@@ -32,7 +32,7 @@ from omni_serve.models.thinker_talker.messages import (
     TOKEN_EMBEDDINGS,
     ThinkerChunk,
     ThinkerRequest,
-    pack_rows,
+    reply_rows,
     to_wire,
 )
 from omni_serve.transport import channel_stats, release
@@ -137,7 +137,7 @@ class ThinkerDeployment(ReleasesSharedMemory):
                     rows[k].append(v)
                 if reply_layer is not None and reply_layer in chunk.hidden:
                     new = chunk.hidden[reply_layer]
-                    out.reply_rows = _reply_rows(new, seen, len(turn.ids))
+                    out.reply_rows = reply_rows(new, seen, len(turn.ids))
                     seen += new.shape[0]
                 if request.capture and not layers and not sent_rows:
                     out.prompt_rows = TOKEN_EMBEDDINGS  # no media: the Talker looks them up
@@ -199,17 +199,6 @@ class ThinkerDeployment(ReleasesSharedMemory):
 
     async def ready(self) -> bool:
         return self.engine.running
-
-
-def _reply_rows(new: torch.Tensor, seen: int, prompt_len: int) -> list | None:
-    """Of a chunk's ``new`` rows, which follow ``seen`` earlier ones, those of reply tokens
-    (past the prompt), packed for the wire; None if there are none. A chunk's rows may run a
-    token ahead of its tokens (the worker captured the next step already): the Talker indexes
-    them by position, not by chunk."""
-    skip = max(prompt_len - seen, 0)
-    if new.shape[0] <= skip:
-        return None
-    return pack_rows(new[skip:])
 
 
 def _thinker_chunk(chunk: ARChunk, by_embeds: bool) -> ThinkerChunk:

@@ -126,6 +126,17 @@ def pack_rows(rows: torch.Tensor) -> list[Any]:
     return [blob, list(rows.shape), str(rows.dtype).removeprefix("torch.")]
 
 
+def reply_rows(new: torch.Tensor, seen: int, prompt_len: int) -> list[Any] | None:
+    """Of a Thinker chunk's ``new`` captured rows, which follow ``seen`` earlier ones, those of
+    reply tokens (past the prompt) packed for ``ThinkerChunk.reply_rows``; None if none. A
+    chunk's rows may run a token ahead of its tokens (vLLM's worker captured the next step
+    already): the Talker indexes them by position, never by chunk."""
+    skip = max(prompt_len - seen, 0)
+    if new.shape[0] <= skip:
+        return None
+    return pack_rows(new[skip:])
+
+
 def unpack_rows(packed: list[Any]) -> torch.Tensor:
     blob, shape, dtype = packed
     return torch.frombuffer(bytearray(blob), dtype=getattr(torch, dtype)).reshape(shape)
