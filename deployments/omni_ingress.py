@@ -48,6 +48,7 @@ from omni_serve.media.audio_codec import encode_audio
 from omni_serve.models import resolve_model
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
+from omni_serve.models.registry import thinker_talker_family
 from omni_serve.observability.metrics import ApiMetrics
 
 log = logging.getLogger("ray.serve")
@@ -70,14 +71,13 @@ class OmniIngress(AudioRoutes, VoiceSocketRoutes, RealtimeRoutes, ReleasesShared
     ) -> None:
         from transformers import AutoProcessor
 
-        from omni_serve.models.qwen3_omni.checkpoint import load_config
-
         self.config = PipelineConfig.model_validate(pipeline)
         configure_http_guards(self.config)
         model_path = resolve_model(self.config.model)
         # Without a Talker (a text-only pipeline: the Thinking and Captioner checkpoints have
         # none) the app answers in text and refuses audio output.
-        voices = set(load_config(model_path).talker_config.speaker_id) if talker else set()
+        family = thinker_talker_family(self.config.family)
+        voices = set(family.voices(model_path)) if talker else set()
         playground.configure(
             self.config.api.playground, "speech", self.config.served_model_name, sorted(voices)
         )

@@ -40,6 +40,9 @@ class Qwen25OmniFamily:
             reply_layer=last,
         )
 
+    def voices(self, model_path: Path) -> list[str]:
+        return sorted(v.lower() for v in load_speakers(model_path))
+
     def load_talker(
         self,
         model_path: Path,

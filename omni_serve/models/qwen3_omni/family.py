@@ -35,6 +35,9 @@ class Qwen3OmniFamily:
             accept_layer=config.talker_config.accept_hidden_layer,
         )
 
+    def voices(self, model_path: Path) -> list[str]:
+        return sorted(v.lower() for v in load_config(model_path).talker_config.speaker_id)
+
     def load_talker(
         self,
         model_path: Path,

@@ -67,6 +67,9 @@ class ThinkerTalkerFamily(Protocol):
 
     def thinker_model(self, model_path: Path) -> ThinkerModel: ...
 
+    def voices(self, model_path: Path) -> list[str]:
+        """The voices the Talker speaks in, lower-case (the API's ``voice`` values)."""
+
     def load_talker(
         self,
         model_path: Path,

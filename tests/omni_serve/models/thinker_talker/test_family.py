@@ -52,3 +52,10 @@ def test_the_qwen2_5_thinker_captures_its_last_layer_for_every_prompt():
     assert model.reply_layer == model.accept_layer == 2  # the tiny Thinker's 2 layers
     assert model.capture_layers([1, 2, 3]) == (2,)
     assert set(model.placeholders) == {"audio", "image", "video"}
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_voices_are_the_api_values(name):
+    config, path = pipeline(name)
+    voices = thinker_talker_family(name).voices(path)
+    assert "ethan" in voices and voices == sorted(v.lower() for v in voices)
