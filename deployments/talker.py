@@ -7,6 +7,7 @@ the codec frames it makes from them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -53,9 +54,15 @@ class TalkerDeployment(ReleasesSharedMemory):
             cap = min(wanted.get("max_tokens") or self.max_tokens, self.max_tokens, budget)
             return SamplingConfig(**{**wanted, "max_tokens": cap})
 
-        chunks = decoded(self.thinker.generate.remote(request.thinker))
+        thinker = request.thinker
+        reads_rows = bool(request.reply_ids) and self.feed.reads_reply_rows
+        if reads_rows:  # its rows of the reply's tokens too: the Thinker runs them
+            thinker = dataclasses.replace(
+                thinker, prompt_ids=[*thinker.prompt_ids, *request.reply_ids]
+            )
+        chunks = decoded(self.thinker.generate.remote(thinker))
         if request.reply_ids:
-            chunks = given_reply(chunks, request.reply_ids)
+            chunks = given_reply(chunks, request.reply_ids, take if reads_rows else None)
         events = speak(chunks, self.engine, self.feed, request, sampling, take, release)
         async for event in events:
             yield to_wire(event)

@@ -215,7 +215,7 @@ async def stream_chat(
                 reply_ids=options.reply_ids,
             )
         )
-        planner = info.planner(stream_id=uuid.uuid4().hex)  # new per attempt
+        planner = info.planner(uuid.uuid4().hex, options.voice)  # new per attempt
     else:
         events = clients.thinker(thinker_request)
     audio: list[np.ndarray] = []

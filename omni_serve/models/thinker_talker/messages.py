@@ -72,6 +72,14 @@ class ThinkerRequest(_Message):
 
 
 @dataclass(slots=True)
+class TakenRows(_Message):
+    """Prompt rows already taken off the channel, by layer (never crosses a handle: the Talker
+    makes them for itself from the Thinker's, in text to speech)."""
+
+    rows: dict[int, torch.Tensor]
+
+
+@dataclass(slots=True)
 class ThinkerChunk(_Message):  # streamed: ``to_wire`` / ``from_wire`` across a handle
     """A piece of the Thinker's reply. ``prompt_rows`` comes once, on a spoken reply's chunk
     where the prompt's rows are complete (a channel ref, or ``TOKEN_EMBEDDINGS`` for a prompt
@@ -85,7 +93,8 @@ class ThinkerChunk(_Message):  # streamed: ``to_wire`` / ``from_wire`` across a 
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     prompt_token_ids: list[int] | None = None  # as the engine ran it (None: the caller's ids)
-    prompt_rows: TensorRef | str | None = None
+    # A ref, ``TOKEN_EMBEDDINGS``, or rows already taken (text to speech's).
+    prompt_rows: TensorRef | str | TakenRows | None = None
     session_kv: str | None = None
     # Rows of the Thinker's ``reply_layer`` for reply tokens, in order from the first (a family
     # whose Talker reads each reply token's hidden state: Qwen2.5-Omni), ``pack_rows``' form.

@@ -29,7 +29,9 @@ from omni_serve.models.thinker_talker.messages import (
     CodecFrame,
     SpeakEvent,
     SpeakRequest,
+    TakenRows,
     ThinkerChunk,
+    pack_rows,
     unpack_rows,
 )
 
@@ -148,7 +150,8 @@ async def speak(
             await out.put(exc)
         finally:
             try:
-                if rows is not None and rows != TOKEN_EMBEDDINGS and not handed:
+                held = rows is not None and not isinstance(rows, TakenRows)  # a reference
+                if held and rows != TOKEN_EMBEDDINGS and not handed:
                     drop_rows(rows)
                 if talker_task is not None:
                     if pending is not None:
@@ -161,7 +164,10 @@ async def speak(
                 await out.put(_END)
 
     async def _start_talker(prompt_ids, rows_ref, tokens, reply_rows) -> asyncio.Task:
-        rows = None if rows_ref == TOKEN_EMBEDDINGS else await resolve_rows(rows_ref)
+        if isinstance(rows_ref, TakenRows):  # given_reply's
+            rows = rows_ref.rows
+        else:
+            rows = None if rows_ref == TOKEN_EMBEDDINGS else await resolve_rows(rows_ref)
         first_row = reply_rows[0] if reply_rows else None
         embeds, extra = feed_rows.prompt(request, prompt_ids, rows, tokens[0], first_row)
         ar = ARRequest(
@@ -189,10 +195,17 @@ async def speak(
 
 
 async def given_reply(
-    thinker_chunks: AsyncIterator[ThinkerChunk], reply_ids: list[int]
+    thinker_chunks: AsyncIterator[ThinkerChunk],
+    reply_ids: list[int],
+    resolve_rows: Callable[[Any], Awaitable[dict[int, torch.Tensor]]] | None = None,
 ) -> AsyncIterator[ThinkerChunk]:
     """Text-to-speech: the Thinker only prefills the prompt (for its rows); ``reply_ids`` stand
-    in for the reply it would have generated, so the Talker speaks exactly that text."""
+    in for the reply it would have generated, so the Talker speaks exactly that text.
+
+    A Talker that reads each reply token's row needs the Thinker to have run those tokens:
+    then its prompt was the speech prompt followed by ``reply_ids``, and ``resolve_rows`` is
+    given. The rows it captured are split here: the prompt's go to the Talker's prompt (as
+    resolved rows), the reply's become the reply rows."""
     first = None
     async for chunk in thinker_chunks:
         if first is None:
@@ -201,11 +214,25 @@ async def given_reply(
             first = dataclasses.replace(first, prompt_rows=chunk.prompt_rows)
     if first is None:
         raise RuntimeError("the Thinker returned nothing for the speech prompt")
-    yield dataclasses.replace(
+    first = dataclasses.replace(
         first,
         token_ids=list(reply_ids),
         text="",
         finished=True,
         finish_reason="stop",
         stop_tokens=0,
+        reply_rows=None,
     )
+    if resolve_rows is not None and first.prompt_rows is not None:
+        rows = await resolve_rows(first.prompt_rows)  # the prompt's, then the reply's
+        ids = first.prompt_token_ids or []
+        n = len(ids) - len(reply_ids)
+        if n <= 0 or ids[n:] != list(reply_ids):
+            raise RuntimeError("the Thinker's prompt does not end with the reply to speak")
+        first = dataclasses.replace(
+            first,
+            prompt_token_ids=ids[:n],
+            prompt_rows=TakenRows({k: v[:n] for k, v in rows.items()}),
+            reply_rows=pack_rows(rows[max(rows)][n:]),
+        )
+    yield first

@@ -108,3 +108,54 @@ async def test_an_unknown_voice_fails_the_reply(tiny_model, builder, reference_r
     with pytest.raises(ValueError, match="unknown voice"):
         _ = [e async for e in stream]
     await engine.shutdown()
+
+
+async def test_text_to_speech_speaks_the_given_reply_from_the_thinkers_prefill(
+    tiny_model, builder, reference_runs
+):
+    """TTS: the Thinker prefills the prompt followed by the reply (so it has every reply
+    token's row) and generates one token; the Talker speaks exactly the given reply."""
+    from omni_serve.models.thinker_talker.speech_session import given_reply
+
+    run = reference_runs["text"]
+    n, reply = len(run.prompt_ids), run.generated
+    layer = tiny_model.config.thinker_config.text_config.num_hidden_layers
+    rows = torch.cat([run.last_hidden, torch.zeros(1, run.last_hidden.shape[1])])  # P + R rows
+
+    async def prefill():
+        yield ThinkerChunk(
+            [7],
+            "",
+            True,
+            "length",
+            num_prompt_tokens=n + len(reply),
+            prompt_token_ids=[*run.prompt_ids, *reply],
+            prompt_rows={layer: rows},
+        )
+
+    engine = new_engine(tiny_model, builder)
+    await engine.start()
+    chunks = given_reply(prefill(), reply, resolve)
+    events = [
+        e
+        async for e in speak(
+            chunks, engine, builder, speak_request(run), greedy, resolve, lambda _: None
+        )
+    ]
+    await engine.shutdown()
+    codes = [e.codes[0] for e in events if isinstance(e, CodecFrame)]
+    assert torch.equal(torch.tensor(codes), run.codes)
+    spoken = [t for e in events if isinstance(e, ThinkerChunk) for t in e.token_ids]
+    assert spoken == reply
+
+
+async def test_text_to_speech_refuses_a_prefill_that_is_not_the_reply(tiny_model):
+    from omni_serve.models.thinker_talker.speech_session import given_reply
+
+    async def prefill():
+        yield ThinkerChunk(
+            [7], "", True, prompt_token_ids=[1, 2, 3], prompt_rows={2: torch.zeros(3, 4)}
+        )
+
+    with pytest.raises(RuntimeError, match="does not end with the reply"):
+        _ = [c async for c in given_reply(prefill(), [5, 6], resolve)]
