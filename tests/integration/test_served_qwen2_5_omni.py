@@ -1,0 +1,219 @@
+"""User story: the second omni family, Qwen2.5-Omni, serves through the same deployments and
+API as Qwen3-Omni: the openai client gets replies equal to transformers' (text, and audio
+within Token2Wav's chunking bound), streamed or not; text to speech, the voice WebSocket and
+the Realtime API speak; bad input gets a 400 with its reason."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+import torch
+import websockets
+
+from omni_serve.testing.serve_process import ServeProcess
+from tests.reference import request_parts
+from tests.reference_qwen2_5_omni import (
+    SPEAKER,
+    TALKER_MAX_TOKENS,
+    THINKER_MAX_TOKENS,
+    reference_run,
+)
+
+pytestmark = pytest.mark.integration
+URL = "http://127.0.0.1:8000"
+MODEL = "qwen2.5-omni"
+CHUNKED_BOUND = 5e-4  # test_token2wav.py: chunked Token2Wav against its one-shot decode
+WAV_STEP = 1 / 32767  # 16-bit WAV quantisation
+
+
+@pytest.fixture(scope="module")
+def served():
+    with ServeProcess("graphs.qwen2_5_omni:app", URL) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{URL}/v1", api_key="unused")
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_qwen2_5_omni_path):
+    from transformers import AutoProcessor, Qwen2_5OmniForConditionalGeneration
+
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny_qwen2_5_omni_path).eval()
+    return model, AutoProcessor.from_pretrained(tiny_qwen2_5_omni_path)
+
+
+def greedy_body(content, **extra) -> dict:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": THINKER_MAX_TOKENS,
+        "temperature": 0,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": SPEAKER.lower(), "format": "wav"},
+        "stage_overrides": {"talker": {"temperature": 0, "max_tokens": TALKER_MAX_TOKENS}},
+        **extra,
+    }
+
+
+def wav_of(message: dict) -> np.ndarray:
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(message["audio"]["data"])))
+    assert rate == 24000
+    return samples
+
+
+@pytest.mark.parametrize("kind", ["text", "audio", "image"])
+def test_served_replies_equal_transformers(served, hf, kind):
+    """Greedy through the graph == transformers' generate: the same text, and the waveform of
+    the same codes (Token2Wav one-shot with the stage's noise) within the chunking bound."""
+    from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
+
+    model, processor = hf
+    ref = reference_run(model, processor, kind)
+    r = httpx.post(f"{URL}/v1/chat/completions", json=greedy_body(request_parts(kind)), timeout=120)
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    text = processor.tokenizer.decode(ref.generated, skip_special_tokens=True)
+    assert message["content"] == text.rstrip("\ufffd")
+    decoder = Token2WavDecoder(model.token2wav, model.speaker_map, Token2WavSettings())
+    expected = decoder.decode(ref.codes[None], SPEAKER).numpy()
+    samples = wav_of(message)
+    assert samples.shape == expected.shape
+    assert abs(samples - expected).max() <= CHUNKED_BOUND + WAV_STEP
+
+
+def test_streamed_speech_is_the_non_streamed_reply(served):
+    """The openai client's stream: text deltas, then PCM deltas that add up to the same text and
+    samples as the whole reply (greedy Talker; Token2Wav's noise is a function of position)."""
+    body = greedy_body("Say hello.")
+    whole = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120).json()
+    message = whole["choices"][0]["message"]
+    stream = {**body, "stream": True, "audio": {"voice": SPEAKER.lower(), "format": "pcm16"}}
+    text, pcm = "", b""
+    with httpx.stream("POST", f"{URL}/v1/chat/completions", json=stream, timeout=120) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            delta = json.loads(line[6:])["choices"][0]["delta"]
+            text += delta.get("content") or ""
+            pcm += base64.b64decode((delta.get("audio") or {}).get("data") or "")
+    assert text == message["content"]
+    streamed = np.frombuffer(pcm, np.int16) / 32768
+    assert len(streamed) == len(wav_of(message)) > 0
+    assert abs(streamed - wav_of(message)).max() <= 2 * WAV_STEP
+
+
+def test_openai_client_chats_in_both_voices_and_refuses_others(client):
+    for voice in ("chelsie", "ethan"):
+        reply = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=6,
+            modalities=["text", "audio"],
+            audio={"voice": voice, "format": "wav"},
+            extra_body={"stage_overrides": {"talker": {"max_tokens": 30}}},
+        )
+        assert reply.choices[0].message.audio.data
+    with pytest.raises(openai.BadRequestError, match="unknown voice"):
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            modalities=["text", "audio"],
+            audio={"voice": "alloy", "format": "wav"},
+        )
+
+
+def test_text_to_speech_speaks(client):
+    """/v1/audio/speech: the Thinker prefills the text's tokens too (this Talker reads each
+    reply token's hidden row), so the speech is not empty."""
+    speech = client.audio.speech.create(
+        model=MODEL,
+        voice="chelsie",
+        input="Hello there.",
+        response_format="wav",
+        extra_body={"stage_overrides": {"talker": {"max_tokens": 40}}},
+    )
+    samples, rate = sf.read(io.BytesIO(speech.content))
+    assert rate == 24000 and len(samples) == 40 * 480  # 40 codes, 2 mel frames of 240 each
+    assert np.sqrt((samples**2).mean()) > 0.01
+
+
+async def test_the_voice_websocket_speaks(served):
+    async with websockets.connect("ws://127.0.0.1:8000/v1/audio/stream", max_size=None) as ws:
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "chat",
+                    "max_tokens": 6,
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "stage_overrides": {"talker": {"max_tokens": 30}},
+                }
+            )
+        )
+        frames, last = [], None
+        while last is None or last.get("type") not in ("response.done", "error"):
+            frame = await ws.recv()
+            if isinstance(frame, bytes):
+                frames.append(frame)
+            else:
+                last = json.loads(frame)
+        assert last["type"] == "response.done", last
+        size = sum(len(f) for f in frames)  # PCM16, 480 samples a code, up to 30 codes
+        assert 0 < size <= 30 * 480 * 2 and size % (480 * 2) == 0
+
+
+async def test_a_realtime_client_gets_a_spoken_answer(served):
+    """The official client's Realtime API: a text turn answered in audio and its transcript."""
+    client = openai.AsyncOpenAI(base_url=f"{URL}/v1", api_key="unused")
+    async with client.realtime.connect(model=MODEL) as conn:
+        await conn.session.update(
+            session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+        )
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Hi"}],
+            }
+        )
+        await conn.response.create(response={"max_output_tokens": 6})
+        audio, done = b"", None
+        async for event in conn:
+            if event.type == "response.output_audio.delta":
+                audio += base64.b64decode(event.delta)
+            if event.type in ("response.done", "error"):
+                done = event
+                break
+    assert done.type == "response.done"  # max_output_tokens may cut it: "incomplete"
+    assert done.response.status in ("completed", "incomplete")
+    assert len(audio) > 0 and len(audio) % (480 * 2) == 0
+
+
+def test_health_names_the_stages(served):
+    assert httpx.get(f"{URL}/health", timeout=30).json()["stages"] == [
+        "code2wav",
+        "talker",
+        "thinker",
+    ]
+
+
+def test_the_token2wav_stage_takes_the_pipelines_solver_settings(tiny_qwen2_5_omni_path):
+    """What the served codec stage runs is the pipeline's (checked where it is built)."""
+    from graphs.pipeline_paths import REPO
+    from omni_serve.config import load_pipeline_config
+    from omni_serve.models.registry import thinker_talker_family
+
+    config = load_pipeline_config(REPO / "configs" / "pipelines" / "qwen2_5_omni_tiny.yaml")
+    decoder, info = thinker_talker_family(config.family).load_codec(
+        tiny_qwen2_5_omni_path, torch.float32, "cpu", config.stage("code2wav").engine
+    )
+    assert decoder.settings.num_steps == 10 and info.lookahead == 2 * 12
