@@ -31,10 +31,11 @@ def talker_parts(tiny_omni_path):
     return talker, TalkerInputBuilder(talker, config, load_thinker_embeddings(tiny_omni_path))
 
 
-def stages(kind: str):
+def stages(kind: str, family: str | None = None):
     for path in CONFIGS:
-        for stage in load_pipeline_config(path).stages:
-            if stage.kind == kind:
+        config = load_pipeline_config(path)
+        for stage in config.stages:
+            if stage.kind == kind and family in (None, config.family):
                 yield pytest.param(stage, id=f"{path.name}:{stage.name}")
 
 
@@ -57,7 +58,15 @@ def test_the_gpu_profile_loads_the_30b_thinker_in_bf16_with_graphs():
     assert talker.cuda_graphs and talker.dtype == "bfloat16"
 
 
-@pytest.mark.parametrize("stage", list(stages("talker")))
+def test_the_gpu_profile_loads_the_7b_qwen2_5_thinker_in_bf16_with_graphs():
+    config = load_pipeline_config(REPO / "configs/pipelines/qwen2_5_omni_7b_gpu.yaml")
+    received = VLLMEngine("model", config.stage("thinker").engine.vllm_args()).engine_args
+    assert (received["dtype"], received["enforce_eager"]) == ("bfloat16", False)
+    talker = config.stage("talker").engine
+    assert not talker.cuda_graphs and talker.dtype == "bfloat16"  # no graphed step yet
+
+
+@pytest.mark.parametrize("stage", list(stages("talker", "qwen3_omni")))
 def test_a_talkers_graph_switch_picks_its_runner(stage, talker_parts):
     talker, builder = talker_parts
     if stage.engine.cuda_graphs:  # the CUDA-graph runner: this machine has no GPU to capture on
