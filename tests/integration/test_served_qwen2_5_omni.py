@@ -198,6 +198,31 @@ async def test_a_realtime_client_gets_a_spoken_answer(served):
     assert len(audio) > 0 and len(audio) % (480 * 2) == 0
 
 
+def test_a_batch_job_writes_spoken_replies(served, tmp_path):
+    """``python -m omni_serve.jobs.batch`` (what ``ray job submit`` runs) against this app: a
+    spoken chat and a speech line each become their files."""
+    import subprocess
+    import sys
+
+    lines = [
+        {"custom_id": "hi", "url": "/v1/chat/completions", "body": greedy_body("Hi")},
+        {
+            "custom_id": "bye",
+            "url": "/v1/audio/speech",
+            "body": {"model": MODEL, "voice": "ethan", "input": "Bye.", "response_format": "wav"},
+        },
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "omni_serve.jobs.batch", "--url", URL]
+    command += ["--input", str(tmp_path / "in.jsonl"), "--output", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert "2 ok, 0 failed" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["bye.wav", "hi.txt", "hi.wav", "manifest.jsonl"]
+    assert len(sf.read(out / "hi.wav")[0]) > 0 and len(sf.read(out / "bye.wav")[0]) > 0
+
+
 def test_health_names_the_stages(served):
     assert httpx.get(f"{URL}/health", timeout=30).json()["stages"] == [
         "code2wav",
