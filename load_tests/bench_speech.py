@@ -3,6 +3,7 @@ transformers' generate (one request after another) on the same model and prompts
 
     .venv/bin/python load_tests/bench_speech.py            # small-qwen3-omni, ~10 min
     .venv/bin/python load_tests/bench_speech.py --quick    # tiny model, a smoke run
+    .venv/bin/python load_tests/bench_speech.py --family qwen2_5_omni   # small-qwen2-5-omni
 
 Writes load_tests/results/bench_speech.json and .png and prints a table. Targets (issue 4, on
 small-qwen3-omni): TTFP at c=1 <= 0.1x the baseline's E2E; throughput at c=16 >= 5x the
@@ -45,6 +46,27 @@ PROMPTS = [
     "What makes a good cup of tea?",
     "Read this sentence out loud, please.",
 ]
+
+
+# Per family: the served app, its pipelines, its model name, and codec frames per audio second.
+FAMILIES = {
+    "qwen3_omni": {
+        "graph": "graphs.qwen3_omni:build_app",
+        "presets": ("tiny-qwen3-omni", "small-qwen3-omni"),
+        "pipeline": "configs/pipelines/qwen3_omni_{size}.yaml",
+        "model": "qwen3-omni",
+        "frames_per_s": 12.5,
+        "summary": "speech",
+    },
+    "qwen2_5_omni": {
+        "graph": "graphs.qwen2_5_omni:build_app",
+        "presets": ("tiny-qwen2-5-omni", "small-qwen2-5-omni"),
+        "pipeline": "configs/pipelines/qwen2_5_omni_{size}.yaml",
+        "model": "qwen2.5-omni",
+        "frames_per_s": 50.0,
+        "summary": "speech_qwen2_5_omni",
+    },
+}
 
 
 def summarize(level: dict) -> dict:
@@ -114,12 +136,17 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="tiny model, few requests")
     parser.add_argument("--text-tokens", type=int, default=32)
-    parser.add_argument("--frames", type=int, default=100, help="talker tokens (12.5/s audio)")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="qwen3_omni")
+    parser.add_argument(
+        "--frames", type=int, default=None, help="Talker tokens (default: 8 s of audio)"
+    )
     parser.add_argument("--cap-s", type=float, default=240.0, help="wall-clock cap per level")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every level and baseline")
     args = parser.parse_args()
-    preset = "tiny-qwen3-omni" if args.quick else "small-qwen3-omni"
-    pipeline = f"configs/pipelines/qwen3_omni_{preset.split('-')[0]}.yaml"
+    family = FAMILIES[args.family]
+    args.frames = args.frames or int(8 * family["frames_per_s"])
+    preset = family["presets"][0 if args.quick else 1]
+    pipeline = family["pipeline"].format(size=preset.split("-")[0])
     plan = [(1, 2), (4, 4), (16, 16)] if args.quick else [(1, 4), (4, 8), (16, 16)]
     baseline_requests = 2 if args.quick else 4
     model_dir = ensure_model(preset)
@@ -132,24 +159,24 @@ def main() -> int:
             f"{baseline_requests} requests per process) on cores {cores}"
         )
         baselines = run_baselines(
-            model_dir, PROMPTS, baseline_requests, args.text_tokens, args.frames, cores
+            model_dir, PROMPTS, baseline_requests, args.text_tokens, args.frames, cores, args.family
         )
-        runs.append({"baselines": baselines, **serve_levels(args, pipeline, plan)})
-    summary = summarize_runs(runs, preset, args)
+        runs.append({"baselines": baselines, **serve_levels(args, family, pipeline, plan)})
+    summary = summarize_runs(runs, preset, args, pipeline, family["frames_per_s"])
     RESULTS.mkdir(exist_ok=True)
-    stem = "bench_speech_quick" if args.quick else "bench_speech"
+    stem = "bench_" + family["summary"] + ("_quick" if args.quick else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps({**summary, "raw": runs}, indent=1))
     plot(summary["last_run"], RESULTS / f"{stem}.png")
     if not args.quick:
-        kept = write_summary("speech", summary["figures"], summary["sides"], args.repeats)
+        kept = write_summary(family["summary"], summary["figures"], summary["sides"], args.repeats)
         print(f"summary: {kept}")
     print_table(summary)
     return 0
 
 
-def serve_levels(args, pipeline: str, plan: list[tuple[int, int]]) -> dict:
+def serve_levels(args, family: dict, pipeline: str, plan: list[tuple[int, int]]) -> dict:
     """One run of the served graph: a fresh server, a warm-up, then every level."""
-    server = ServeProcess("graphs.qwen3_omni:build_app", URL, (f"pipeline_config={pipeline}",))
+    server = ServeProcess(family["graph"], URL, (f"pipeline_config={pipeline}",))
     started = time.perf_counter()
     server.start(timeout_s=600)
     print(f"server ready in {time.perf_counter() - started:.0f}s", flush=True)
@@ -165,6 +192,7 @@ def serve_levels(args, pipeline: str, plan: list[tuple[int, int]]) -> dict:
                 args.frames,
                 args.cap_s,
                 stop,
+                family["model"],
             )
             return asyncio.run(load)
 
@@ -180,7 +208,7 @@ def serve_levels(args, pipeline: str, plan: list[tuple[int, int]]) -> dict:
     return {"levels": levels, "c1_with_stop": with_stop}
 
 
-def summarize_runs(runs: list[dict], preset: str, args) -> dict:
+def summarize_runs(runs: list[dict], preset: str, args, pipeline: str, frames_per_s: float) -> dict:
     """Per run: every level and baseline shape summarized, and the ratios against the best
     same-core baseline of that run. Over runs: each figure's median and range."""
     per_run = []
@@ -235,8 +263,8 @@ def summarize_runs(runs: list[dict], preset: str, args) -> dict:
             "model": preset,
             "dtype": "float32",
             "cores": len(os.sched_getaffinity(0)),
-            "pipeline": "configs/pipelines/qwen3_omni_small.yaml (Thinker pinned to "
-            "core 0, Talker to core 1, the rest unpinned)",
+            "pipeline": f"{pipeline} (Thinker pinned to core 0, Talker to core 1, "
+            "the rest unpinned)",
         },
         "baselines": {
             name: {
@@ -251,7 +279,7 @@ def summarize_runs(runs: list[dict], preset: str, args) -> dict:
         "reply": {
             "text_tokens": args.text_tokens,
             "talker_frames": args.frames,
-            "audio_s": args.frames * 0.08,
+            "audio_s": args.frames / frames_per_s,
         },
     }
     return {

@@ -1,5 +1,5 @@
-"""The baseline: transformers' own Qwen3-Omni ``generate``, one request after another, as a
-plain script would serve it, given the same cores as the served graph.
+"""The baseline: transformers' own ``generate`` (Qwen3-Omni's or Qwen2.5-Omni's), one request
+after another, as a plain script would serve it, given the same cores as the served graph.
 
 A fair baseline uses all N cores the served side uses, in its best shape: N processes of one
 torch thread each (every core busy with its own request), or one process with N threads.
@@ -29,23 +29,23 @@ def run_baseline(
     requests: int,
     text_tokens: int,
     frames: int,
+    family: str = "qwen3_omni",
     threads: int = 1,
     ready: Callable[[], None] | None = None,
 ) -> dict:
     """``requests`` replies in this process with ``threads`` torch threads; ``ready`` is called
     after the warm-up (a barrier, so that processes run at once)."""
-    from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
+    from transformers import AutoProcessor
 
     torch.set_num_threads(threads)
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir).eval()
-    qwen3_omni_talker_audio_config(model.talker, model.config.thinker_config)
+    model = load_model(family, model_dir)
     processor = AutoProcessor.from_pretrained(model_dir)
 
     def one(i: int) -> dict:
         inputs = prompt_inputs(processor, prompts[i % len(prompts)])
         torch.manual_seed(i)
         start = time.perf_counter()
-        wav = generate_speech(model, inputs, text_tokens, frames)
+        wav = generate_speech(model, processor, inputs, text_tokens, frames)
         e2e = time.perf_counter() - start
         audio_s = wav.shape[-1] / SAMPLE_RATE
         # No audio leaves transformers' generate before it returns: TTFP == E2E.
@@ -71,16 +71,35 @@ def prompt_inputs(processor, prompt: str):
     return processor(text=text, return_tensors="pt")
 
 
+def load_model(family: str, model_dir: Path):
+    if family == "qwen2_5_omni":
+        from transformers import Qwen2_5OmniForConditionalGeneration
+
+        return Qwen2_5OmniForConditionalGeneration.from_pretrained(model_dir).eval()
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir).eval()
+    qwen3_omni_talker_audio_config(model.talker, model.config.thinker_config)
+    return model
+
+
 @torch.no_grad()
-def generate_speech(model, inputs, text_tokens: int, frames: int) -> torch.Tensor:
+def generate_speech(model, processor, inputs, text_tokens: int, frames: int) -> torch.Tensor:
     """transformers' ``generate`` of a spoken reply: greedy text, the Talker's own sampling."""
+    im_end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    family = {}
+    if type(model).__name__.startswith("Qwen2_5Omni"):  # its Talker stops on end or pad
+        talker = model.config.talker_config
+        ends = [talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id]
+        family = {"talker_eos_token_id": ends}
     _, wav = model.generate(
         **inputs,
         thinker_max_new_tokens=text_tokens,
         thinker_do_sample=False,
         talker_max_new_tokens=frames,
-        speaker="ethan",
-        thinker_eos_token_id=model.config.im_end_token_id,
+        speaker="ethan" if not family else "Ethan",
+        thinker_eos_token_id=im_end,
+        **family,
     )
     return wav
 
@@ -126,10 +145,11 @@ def run_baselines(
     text_tokens: int,
     frames: int,
     cores: list[int],
+    family: str = "qwen3_omni",
 ) -> dict[str, dict]:
     """Each shape serves ``requests`` replies per process: ``{"1x1": ..., "1xN": ...,
     "Nx1": ...}`` (processes x threads)."""
-    args = (model_dir, prompts, requests, text_tokens, frames)
+    args = (model_dir, prompts, requests, text_tokens, frames, family)
     n = len(cores)
     shapes = {"1x1": (1, 1, cores[:1])}
     if n > 1:

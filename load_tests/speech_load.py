@@ -33,10 +33,15 @@ class RequestRecord:
 
 
 def speech_body(
-    prompt: str, text_tokens: int, frames: int, seed: int, stop: list[str] | None = None
+    prompt: str,
+    text_tokens: int,
+    frames: int,
+    seed: int,
+    stop: list[str] | None = None,
+    model: str = "qwen3-omni",
 ) -> dict:
     return {
-        "model": "qwen3-omni",
+        "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": text_tokens,
         "temperature": 0,
@@ -92,6 +97,7 @@ async def run_level(
     frames: int,
     cap_s: float,
     stop: list[str] | None = None,
+    model: str = "qwen3-omni",
 ) -> dict:
     """Runs ``requests`` requests, at most ``concurrency`` at once, stopping at ``cap_s``."""
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -108,7 +114,8 @@ async def run_level(
                     i = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                body = speech_body(prompts[i % len(prompts)], text_tokens, frames, i, stop)
+                prompt = prompts[i % len(prompts)]
+                body = speech_body(prompt, text_tokens, frames, i, stop, model)
                 records.append(await one_request(client, url, body))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
