@@ -223,6 +223,17 @@ def test_a_batch_job_writes_spoken_replies(served, tmp_path):
     assert len(sf.read(out / "hi.wav")[0]) > 0 and len(sf.read(out / "bye.wav")[0]) > 0
 
 
+def test_a_video_prompt_is_answered_in_text_and_refused_in_speech(served):
+    """Video prompts: text, yes; speech, a 400 saying so (docs/models.md: not yet)."""
+    body = greedy_body(request_parts("video"))
+    spoken = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
+    assert spoken.status_code == 400 and "video prompt in speech" in spoken.text
+    text = {**body, "modalities": ["text"]}
+    text.pop("audio")
+    r = httpx.post(f"{URL}/v1/chat/completions", json=text, timeout=120)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+
 def test_health_names_the_stages(served):
     assert httpx.get(f"{URL}/health", timeout=30).json()["stages"] == [
         "code2wav",
