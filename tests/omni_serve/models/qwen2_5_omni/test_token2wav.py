@@ -101,3 +101,22 @@ def test_fewer_ode_steps_change_the_audio(tiny_model):
     four = decoder(tiny_model, num_steps=4).decode(codes, SPEAKER)
     unguided = decoder(tiny_model, guidance_scale=0.0).decode(codes, SPEAKER)
     assert not torch.equal(ten, four) and not torch.equal(ten, unguided)
+
+
+def test_the_voice_encoder_runs_once_a_window_and_changes_nothing(tiny_qwen2_5_omni_path):
+    """The reference mel's encoder is remembered across the ODE's evaluations: the waveform is
+    transformers' own (a fresh model, no memo) bit for bit."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    fresh = Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny_qwen2_5_omni_path).eval()
+    speaker = fresh.speaker_map[SPEAKER]
+    codes = random_codes(36)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        theirs = fresh.token2wav(
+            codes, conditioning=speaker["cond"], reference_mel=speaker["ref_mel"]
+        ).reshape(-1)
+    dec = decoder(fresh)
+    memo = dec.dit.input_embed.spk_encoder
+    assert torch.equal(dec.decode(codes, SPEAKER), theirs)
+    assert memo.runs == 1  # guided and unguided rows go through it together, every evaluation
