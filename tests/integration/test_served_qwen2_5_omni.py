@@ -1,7 +1,7 @@
-"""User story: the second omni family, Qwen2.5-Omni, serves through the same deployments and
-API as Qwen3-Omni: the openai client gets replies equal to transformers' (text, and audio
-within Token2Wav's chunking bound), streamed or not; text to speech, the voice WebSocket and
-the Realtime API speak; bad input gets a 400 with its reason."""
+"""User story: the second omni family, Qwen2.5-Omni, served from its Serve config YAML,
+runs on the same deployments and API as Qwen3-Omni: the openai client gets replies equal to
+transformers' (text, and audio within Token2Wav's chunking bound), streamed or not; text to
+speech, the voice WebSocket, the Realtime API and batch jobs speak; bad input gets a 400."""
 
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ WAV_STEP = 1 / 32767  # 16-bit WAV quantisation
 
 @pytest.fixture(scope="module")
 def served():
-    with ServeProcess("graphs.qwen2_5_omni:app", URL) as server:
+    """`serve run configs/qwen2_5_omni.yaml`: the Serve config form (what `serve deploy`
+    takes), which these stories prove serves what the import path does."""
+    with ServeProcess("configs/qwen2_5_omni.yaml", URL) as server:
         yield server
 
 

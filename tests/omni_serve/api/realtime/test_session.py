@@ -2,7 +2,7 @@
 spoken turn that server VAD commits and answers by itself, barge-in, a conversation that
 persists across turns, and every bad event answered with an ``error`` while the session goes
 on. The answers come from a scripted chat path (conftest.py); the served model's are in
-tests/integration/test_served_realtime.py."""
+tests/integration/served_qwen3_omni/test_realtime.py."""
 
 from __future__ import annotations
 

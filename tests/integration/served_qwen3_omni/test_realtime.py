@@ -19,24 +19,17 @@ import websockets
 from openai import AsyncOpenAI
 
 from omni_serve.testing.realtime_client import until
-from omni_serve.testing.serve_process import ServeProcess
 from omni_serve.testing.served_metrics import metric, stages_idle_within
 from omni_serve.testing.speech_clip import pcm16, speak
+from tests.integration.served_qwen3_omni import URL
 
 pytestmark = pytest.mark.integration
-URL = "http://127.0.0.1:8000"
 SILENCE = np.zeros(24_000, np.float32)
 TEXT_TURNS = {
     "type": "realtime",
     "output_modalities": ["text"],
     "audio": {"input": {"turn_detection": None}},
 }
-
-
-@pytest.fixture(scope="module")
-def served():
-    with ServeProcess("graphs.qwen3_omni:app", URL) as server:
-        yield server
 
 
 def connect():

@@ -12,17 +12,10 @@ import pytest
 import soundfile as sf
 
 from omni_serve.testing.browser import SHOTS, browser_page
-from omni_serve.testing.serve_process import ServeProcess
 from omni_serve.testing.speech_clip import speak
+from tests.integration.served_qwen3_omni import URL
 
 pytestmark = pytest.mark.integration
-URL = "http://127.0.0.1:8000"
-
-
-@pytest.fixture(scope="module")
-def served():
-    with ServeProcess("graphs.qwen3_omni:app", URL) as server:
-        yield server
 
 
 @pytest.fixture
