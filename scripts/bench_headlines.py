@@ -49,7 +49,8 @@ def render_speech(summary: dict) -> list[str]:
     figures, sides = summary["figures"], summary["sides"]
     reply = sides["reply"]
     lines = [
-        "### Speech: the served graph against transformers on the same cores",
+        f"### Speech ({sides['served']['model']}): the served graph against transformers on "
+        "the same cores",
         "",
         f"`{sides['served']['model']}`, {reply['text_tokens']} text tokens and "
         f"{reply['talker_frames']} Talker frames ({reply['audio_s']:.1f} s of audio) per reply, "
@@ -313,6 +314,7 @@ def render_stage_messages(summary: dict) -> list[str]:
 
 RENDERERS = {
     "speech": render_speech,
+    "speech_qwen2_5_omni": render_speech,
     "channel": render_channel,
     "realtime": render_realtime,
     "gpu_stages": render_gpu_stages,
