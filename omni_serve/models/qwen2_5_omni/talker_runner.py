@@ -17,6 +17,7 @@ import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import apply_rotary_pos_emb
 
 from omni_serve.engines.ar.base import ARRequest
+from omni_serve.engines.ar.fed_slot_runner import FedSlotRunner
 from omni_serve.engines.ar.kv_cache import SlotKVCache
 from omni_serve.engines.ar.torch_engine import StepOutput
 
@@ -34,7 +35,7 @@ class TalkerState:
     slot: int | None = None
 
 
-class TalkerRunner:
+class TalkerRunner(FedSlotRunner):
     def __init__(
         self, talker: Any, pad_row: torch.Tensor, max_batch_size: int = 8, max_len: int = 4096
     ) -> None:
@@ -73,27 +74,6 @@ class TalkerRunner:
             trailing=deque(extra.get("trailing", ())),
             text_done=bool(extra.get("text_done", False)),
         )
-
-    def feed(self, state: TalkerState, item: torch.Tensor | None) -> None:
-        """``item``: a trailing text row, or None when the Thinker's text has ended."""
-        if item is None:
-            state.text_done = True
-        else:
-            state.trailing.append(item)
-
-    def ready(self, state: TalkerState) -> bool:
-        return bool(state.trailing) or state.text_done
-
-    def can_admit(self) -> bool:
-        return self.cache.free_slots > 0
-
-    def suppress_tokens(self, state: TalkerState) -> torch.Tensor:
-        return self._suppress
-
-    def release(self, state: TalkerState) -> None:
-        if state.slot is not None:
-            self.cache.release(state.slot)
-            state.slot = None
 
     @torch.no_grad()
     def prefill(self, state: TalkerState) -> StepOutput:

@@ -23,12 +23,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 import torch
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
+from omni_serve.engines.ar.fed_slot_runner import FedSlotRunner
 from omni_serve.engines.ar.kv_cache import SlotKVCache
 from omni_serve.engines.ar.sampling import sample_rows
 from omni_serve.engines.ar.torch_engine import StepOutput
@@ -59,7 +59,7 @@ class TalkerState:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
-class TalkerRunner:
+class TalkerRunner(FedSlotRunner):
     def __init__(
         self,
         talker,
@@ -128,27 +128,6 @@ class TalkerRunner:
         if request.sampling.seed is not None:
             state.generator = torch.Generator().manual_seed(request.sampling.seed + 1)
         return state
-
-    def feed(self, state: TalkerState, item: Any) -> None:
-        """``item``: a trailing text row [H], or None when the Thinker's text has ended."""
-        if item is None:
-            state.text_done = True
-        else:
-            state.trailing.append(item)
-
-    def ready(self, state: TalkerState) -> bool:
-        return bool(state.trailing) or state.text_done
-
-    def can_admit(self) -> bool:
-        return self.cache.free_slots > 0
-
-    def suppress_tokens(self, state: TalkerState) -> torch.Tensor:
-        return self._suppress
-
-    def release(self, state: TalkerState) -> None:
-        if state.slot is not None:
-            self.cache.release(state.slot)
-            state.slot = None
 
     @torch.no_grad()
     def prefill(self, state: TalkerState) -> StepOutput:

@@ -1,6 +1,7 @@
 """A ``RealtimeSession`` served by uvicorn on a free port, for the official ``openai`` client,
 answering through a scripted chat path (``ScriptedChat``): the protocol is what these tests
-prove; the model's answers are the served tests' (tests/integration/served_qwen3_omni/test_realtime.py)."""
+prove; the model's answers are the served tests'
+(tests/integration/served_qwen3_omni/test_realtime.py)."""
 
 from __future__ import annotations
 
