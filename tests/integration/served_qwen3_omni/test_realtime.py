@@ -10,6 +10,7 @@ import asyncio
 import base64
 import io
 import json
+import uuid
 
 import httpx
 import numpy as np
@@ -116,7 +117,9 @@ async def test_talking_over_an_answer_stops_it_in_every_stage(served):
 
 
 async def test_a_conversation_keeps_its_items_and_the_thinkers_kv_across_turns(served):
-    instructions = "You answer briefly and kindly. " * 40  # > one 128-token KV block
+    # > one 128-token KV block; unique, so no earlier story's prompt on this shared server
+    # (test_chat's system prompt is the same sentence) is in the prefix cache already
+    instructions = f"Session {uuid.uuid4().hex}. " + "You answer briefly and kindly. " * 40
     async with connect() as conn:
         await conn.session.update(
             session={**TEXT_TURNS, "instructions": instructions, "max_output_tokens": 4}
