@@ -7,24 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
-from tests.reference import prompt_messages, sample_audio, sample_image
+from tests.reference import processor_inputs
 
 THINKER_MAX_TOKENS = 12
 TALKER_MAX_TOKENS = 60
 SPEAKER = "Ethan"
 NOISE_SEED = 7  # Token2Wav's ODE starts from noise
-
-
-def processor_inputs(processor, kind: str) -> dict:
-    text = processor.apply_chat_template(
-        prompt_messages(kind), add_generation_prompt=True, tokenize=False
-    )
-    kwargs = {}
-    if kind in ("audio", "mixed"):
-        kwargs["audio"] = [sample_audio()]
-    if kind in ("image", "mixed"):
-        kwargs["images"] = [sample_image()]
-    return dict(processor(text=text, return_tensors="pt", **kwargs))
 
 
 @dataclass
