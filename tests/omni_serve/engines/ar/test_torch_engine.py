@@ -9,8 +9,10 @@ import asyncio
 import threading
 from dataclasses import dataclass
 
+import torch
+
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
-from omni_serve.engines.ar.torch_engine import StepOutput, TorchAREngine
+from omni_serve.engines.ar.torch_engine import PENALTY_HISTORY, StepOutput, TorchAREngine
 
 
 @dataclass(eq=False)
@@ -94,3 +96,26 @@ async def test_an_abort_during_a_step_frees_the_slot_after_it_and_the_batch_goes
     leftover = [chunk async for chunk in streams[0]]
     assert len(leftover) <= entered and all(c.token_ids == [10] for c in leftover)
     await engine.shutdown()
+
+
+class FixedLogitsRunner(SlotRunner):
+    """Every step offers the same logits: token 3 just ahead of token 5."""
+
+    def prefill(self, state):
+        return StepOutput(logits=torch.tensor([0.0, 0.0, 0.0, 2.0, 0.0, 1.96]))
+
+    def decode(self, states, last_tokens):
+        return [self.prefill(s) for s in states]
+
+
+async def test_a_penalty_history_counts_as_seen_before_the_first_token():
+    """transformers penalises its input ids too (a Talker prompt's codec ids): with token 3 in
+    the request's history, a 1.05 penalty puts 5 ahead from the first token on."""
+    sampling = SamplingConfig(max_tokens=1, repetition_penalty=1.05)
+    engine = TorchAREngine(FixedLogitsRunner())
+    await engine.start()
+    plain = ARRequest("plain", [1], sampling=sampling)
+    told = ARRequest("told", [1], sampling=sampling, extra={PENALTY_HISTORY: [3]})
+    tokens = [[t async for c in engine.generate(r) for t in c.token_ids] for r in (plain, told)]
+    await engine.shutdown()
+    assert tokens == [[3], [5]]
