@@ -143,7 +143,7 @@ async def test_a_voice_sent_as_frames_is_heard_and_a_spoken_answer_can_be_cut_sh
             "id": events[-1]["id"],
             "status": "cancelled",
         }
-        assert stages_idle_within(URL, 1.5)
+        assert stages_idle_within(URL)
         await ws.send(
             json.dumps(
                 {
