@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from omni_serve.config.deployment import DeploymentSettings
 from omni_serve.config.engine import EngineSettings, StageKind, check_stage_engine
+from omni_serve.config.kv_store import KVStoreConfig
 
 ChannelBackend = Literal[
     "auto", "inline", "object_store", "shared_memory", "direct", "shared_memory_direct"
@@ -176,19 +177,6 @@ class ApiSettings(_Strict):
         "start the answer unseen, so its first audio is ready when the silence window ends; "
         "speech that resumes discards it. None = answer only when the turn ends.",
     )
-    session_kv_max_bytes: int = Field(
-        1 << 30,
-        ge=0,
-        description="With a session_kv edge: the most KV-prefix bytes the app's session store "
-        "keeps for sessions' next turns (each holds a channel buffer of the Thinker's); past it "
-        "the least recently used session's prefix is freed.",
-    )
-    session_kv_ttl_s: float = Field(
-        300.0,
-        gt=0,
-        description="With a session_kv edge: a session's prefix is kept this long for its next "
-        "turn (a later turn computes it, or finds it in the replica's own prefix cache).",
-    )
     spoken_reply_ttl_s: float = Field(
         3600.0,
         ge=0,
@@ -250,6 +238,11 @@ class PipelineConfig(_Strict):
         default_factory=list, description="Payload flows between stages."
     )
     api: ApiSettings = Field(default_factory=ApiSettings, description="HTTP API settings.")
+    kv_store: KVStoreConfig = Field(
+        default_factory=KVStoreConfig,
+        description="With a session_kv edge: where conversations' KV prefixes are kept between "
+        "turns (memory, then disk) and found again (by session or by prompt content).",
+    )
 
     @model_validator(mode="after")
     def _graph_is_consistent(self) -> PipelineConfig:

@@ -52,6 +52,9 @@ class KVPrefix:
     # read it; it is freed with the prefix (``refs``).
     companion: TensorRef | None = None
     companion_meta: dict = field(default_factory=dict)
+    # Where each of ``mm_ids`` starts in ``token_ids`` (empty: not recorded; then any other
+    # media refuses the whole prefix, as no block can be told apart).
+    mm_offsets: list[int] = field(default_factory=list)
 
     def refs(self) -> list[TensorRef]:
         """Every buffer this prefix holds."""
@@ -77,15 +80,27 @@ class KVPrefix:
             raise ValueError(f"not an encoded KV prefix: a {type(prefix).__name__}")
         return prefix
 
-    def matching_tokens(self, prompt: list[int], mm_ids: list[str]) -> int:
-        """How many leading tokens of ``prompt`` these blocks cover (whole blocks, and never
-        the prompt's last token, which the engine must compute to sample from)."""
+    def matching_tokens(self, prompt: list[int], mm_items: list[tuple[int, str]]) -> int:
+        """How many leading tokens of ``prompt`` (whose media items are ``mm_items``: offset,
+        identity) these blocks cover: whole blocks, up to the first token or media item that
+        differs, and never the prompt's last token, which the engine must compute to sample
+        from."""
         limit = min(len(self.token_ids), max(len(prompt) - 1, 0))
         same = 0
         while same < limit and prompt[same] == self.token_ids[same]:
             same += 1
-        if mm_ids[: len(self.mm_ids)] != self.mm_ids:
-            return 0  # same placeholder tokens, different images or audio
+        if len(self.mm_offsets) != len(self.mm_ids):  # where its items sit is unknown
+            if [identity for _, identity in mm_items][: len(self.mm_ids)] != self.mm_ids:
+                return 0  # same placeholder tokens, different images or audio
+            return same // self.block_size * self.block_size
+        ours = dict(zip(self.mm_offsets, self.mm_ids, strict=True))
+        theirs = dict(mm_items)
+        for offset in sorted(set(ours) | set(theirs)):
+            if offset >= same:
+                break
+            if ours.get(offset) != theirs.get(offset):
+                same = offset  # the same placeholder tokens, another image or clip from here
+                break
         return same // self.block_size * self.block_size
 
 
@@ -131,7 +146,7 @@ def put_prefix(
     block_ids: list[int],
     token_ids: list[int],
     block_size: int,
-    mm_ids: list[str],
+    mm_items: list[tuple[int, str]],
     layout: str = "",
 ) -> KVPrefix:
     like = {
@@ -150,7 +165,9 @@ def put_prefix(
         devices.pop() if len(devices) == 1 else None,
     )
     tokens = list(token_ids[: len(block_ids) * block_size])
-    return KVPrefix(tokens, block_size, ref, mm_ids, layout)
+    mm_ids = [identity for _, identity in mm_items]
+    offsets = [offset for offset, _ in mm_items]
+    return KVPrefix(tokens, block_size, ref, mm_ids, layout, mm_offsets=offsets)
 
 
 def export_backend(edge_channel: Channel | AutoChannel) -> str | None:

@@ -81,7 +81,7 @@ class _Export:
     req_id: str
     block_ids: list[int]
     token_ids: list[int]
-    mm_ids: list[str]
+    mm_items: list[tuple[int, str]]  # (offset, identity) of the media in its blocks
     channel: str | None = None  # the request's CHANNEL_KEY: a backend other than the engine's
 
 
@@ -109,13 +109,18 @@ def _prompt(request: Any) -> list[int]:
     return list(named) if len(named) == request.num_prompt_tokens else []
 
 
-def _mm_ids(request: Any, before: int | None = None) -> list[str]:
-    """Identities of the prompt's media items (those starting before ``before``): vLLM's for
-    media it encodes, the sender's for rows spliced into an embeddings prompt."""
+def _mm_items(request: Any, before: int | None = None) -> list[tuple[int, str]]:
+    """(offset, identity) of the prompt's media items (those starting before ``before``):
+    vLLM's identities for media it encodes, the sender's for rows spliced into an embeddings
+    prompt."""
     features = getattr(request, "mm_features", None) or []
     spliced = (request.kv_transfer_params or {}).get(MEDIA_KEY) or []
     items = [(f.mm_position.offset, f.identifier) for f in features] + [tuple(i) for i in spliced]
-    return [str(identity) for offset, identity in items if before is None or offset < before]
+    return sorted(
+        (int(offset), str(identity))
+        for offset, identity in items
+        if before is None or offset < before
+    )
 
 
 def _run(coro: Any) -> Any:
@@ -197,7 +202,7 @@ class ChannelKVConnector(KVConnectorBase_V1):
             )
             release(prefix.ref)
             return 0, False
-        usable = prefix.matching_tokens(prompt, _mm_ids(request))
+        usable = prefix.matching_tokens(prompt, _mm_items(request))
         if usable <= num_computed_tokens:
             release(prefix.ref)  # nothing to load: hand the buffer back now, not at its lease
             return 0, False
@@ -246,7 +251,9 @@ class ChannelKVConnector(KVConnectorBase_V1):
         if blocks:
             tokens = len(blocks) * self.block_size
             channel = (request.kv_transfer_params or {}).get(CHANNEL_KEY)
-            meta.exports.append(_Export(req_id, blocks, prompt, _mm_ids(request, tokens), channel))
+            meta.exports.append(
+                _Export(req_id, blocks, prompt, _mm_items(request, tokens), channel)
+            )
 
     def update_connector_output(self, connector_output: Any) -> None:
         worker_meta = connector_output.kv_connector_worker_meta
@@ -349,7 +356,7 @@ class ChannelKVConnector(KVConnectorBase_V1):
                     export.block_ids,
                     export.token_ids,
                     self.block_size,
-                    export.mm_ids,
+                    export.mm_items,
                     self.layout,
                 )
             except (ChannelError, OSError, RuntimeError, ValueError) as exc:  # still answers

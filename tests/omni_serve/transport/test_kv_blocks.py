@@ -56,16 +56,27 @@ def test_scatter_refuses_blocks_from_another_model():
 @pytest.mark.parametrize(
     ("prompt", "mm", "expected"),
     [
-        (list(range(20)), ["img-a"], 12),  # all 12 prefix tokens: 3 whole blocks
-        (list(range(12)), ["img-a"], 8),  # the prompt's last token is always computed
-        ([*range(6), 99, *range(7, 20)], ["img-a"], 4),  # differs inside block 1
-        (list(range(20)), ["img-b"], 0),  # same placeholder tokens, another image
-        (list(range(20)), ["img-a", "img-c"], 12),  # a later item does not matter
+        (list(range(20)), [(5, "img-a")], 12),  # all 12 prefix tokens: 3 whole blocks
+        (list(range(12)), [(5, "img-a")], 8),  # the prompt's last token is always computed
+        ([*range(6), 99, *range(7, 20)], [(5, "img-a")], 4),  # differs inside block 1
+        (list(range(20)), [(5, "img-b")], 4),  # another image from token 5: block 0 only
+        (list(range(20)), [(2, "img-b")], 0),  # another image inside block 0
+        (list(range(20)), [(5, "img-a"), (10, "img-c")], 8),  # an item the prefix lacks
+        (list(range(20)), [(5, "img-a"), (14, "img-c")], 12),  # a later item does not matter
+        (list(range(20)), [], 4),  # the prefix's image is not in this prompt
     ],
 )
-def test_matching_tokens(prompt, mm, expected):
-    prefix = KVPrefix(list(range(12)), BLOCK, ref=None, mm_ids=["img-a"])  # type: ignore[arg-type]
+def test_matching_tokens_stop_at_the_first_token_or_media_item_that_differs(prompt, mm, expected):
+    prefix = KVPrefix(list(range(12)), BLOCK, None, ["img-a"], mm_offsets=[5])  # type: ignore[arg-type]
     assert prefix.matching_tokens(prompt, mm) == expected
+
+
+@pytest.mark.parametrize(
+    ("mm", "expected"), [([(5, "img-a")], 12), ([(5, "img-b")], 0), ([(9, "img-a")], 12)]
+)
+def test_a_prefix_without_media_offsets_matches_only_the_same_items(mm, expected):
+    prefix = KVPrefix(list(range(12)), BLOCK, ref=None, mm_ids=["img-a"])  # type: ignore[arg-type]
+    assert prefix.matching_tokens(list(range(20)), mm) == expected
 
 
 @pytest.mark.parametrize(

@@ -180,10 +180,10 @@ def test_an_embeddings_prompt_matches_on_the_ids_and_items_its_sender_named(conn
     connector.on_new_request(exporter)
     meta = connector.build_connector_meta(step(new=[("j", list(range(5)), 0)], scheduled={"j": 20}))
     (export,) = meta.exports
-    assert export.token_ids == ids and export.mm_ids == ["rows:a", "rows:b"]
+    assert export.token_ids == ids and export.mm_items == [(2, "rows:a"), (10, "rows:b")]
 
     channel = make_channel("inline")
-    prefix = KVPrefix(ids[:8], BLOCK, channel.put(torch.zeros(1)), ["rows:a"])
+    prefix = KVPrefix(ids[:8], BLOCK, channel.put(torch.zeros(1)), ["rows:a"], mm_offsets=[2])
     same = embeds_request("k", {"omni_kv": prefix.encode(), **named})
     assert connector.get_num_new_matched_tokens(same, 0) == (8, False)
     other = {"omni_kv_prompt": ids, "omni_kv_media": [[2, "rows:c"], [10, "rows:b"]]}

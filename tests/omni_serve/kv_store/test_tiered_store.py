@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import torch
+
+from omni_serve.config.kv_store import KVStoreConfig
+from omni_serve.kv_store.content_key import PromptContent
+from omni_serve.kv_store.tiered_store import TieredPrefixStore
+from omni_serve.transport import take
+from omni_serve.transport.kv_blocks import KVPrefix
+from tests.omni_serve.kv_store.conftest import exported, kv_blocks
+
+SYSTEM = list(range(1000, 1064))  # a shared system prompt: 8 content blocks of 8
+TURN = [*SYSTEM, *range(1, 33)]
+ONE = sum(t.numel() * 4 for t in kv_blocks(len(TURN), 0).values())
+
+
+def _store(tmp_path, channel, host_prefixes: float = 10, **over) -> TieredPrefixStore:
+    config = KVStoreConfig(
+        host_max_bytes=int(host_prefixes * ONE),
+        disk_path=str(tmp_path),
+        block_tokens=8,
+        prefill_tokens_per_s=1e9 if over.pop("fast_prefill", False) else 1.0,
+        **over,
+    )
+    return TieredPrefixStore(config, "ns", channel)
+
+
+async def _loaded(encoded: str | None) -> tuple[KVPrefix, dict[str, torch.Tensor]]:
+    assert encoded is not None
+    prefix = KVPrefix.decode(encoded)
+    return prefix, await take(prefix.ref)
+
+
+def _content(tokens, media=((1, "img"),)) -> PromptContent:
+    return PromptContent(list(tokens), list(media))
+
+
+async def test_a_sessions_next_turn_gets_its_own_prefix_from_memory(tmp_path, channel):
+    store = _store(tmp_path, channel)
+    await store.keep("a", exported(channel, TURN, seed=1), _content(TURN))
+    prefix, blocks = await _loaded(await store.find("a", _content([*TURN, 5, 6, 7])))
+    assert prefix.token_ids == TURN and prefix.mm_offsets == [1]
+    for name, t in kv_blocks(len(TURN), 1).items():
+        assert torch.equal(blocks[name], t)
+    assert store.stats()["host"]["hits"] == 1
+    again, _ = await _loaded(await store.find("a", _content(TURN)))  # still kept: a copy
+    assert again.ref.key != prefix.ref.key
+
+
+async def test_another_session_with_the_same_system_prompt_and_image_reuses_it(tmp_path, channel):
+    store = _store(tmp_path, channel)
+    await store.keep("a", exported(channel, TURN, seed=1), _content(TURN))
+    other = [*SYSTEM, 77, 78, 79, 80, 81, 82, 83, 84, 85]
+    prefix, _ = await _loaded(await store.find("b", _content(other)))
+    assert prefix.token_ids == TURN  # the engine loads the blocks the prompts share
+    assert await store.find("c", _content(other, [(1, "another-image")])) is None
+    assert await store.find("d", _content([9, *SYSTEM])) is None  # differs from token 0
+    assert store.stats()["misses"] == 2
+
+
+async def test_a_prefix_pushed_out_of_memory_comes_back_from_disk_bit_exact(tmp_path, channel):
+    store = _store(tmp_path, channel, host_prefixes=1.5)
+    await store.keep("a", exported(channel, TURN, seed=1), _content(TURN))
+    turn_b = [*range(500, 596)]
+    await store.keep("b", exported(channel, turn_b, seed=2), _content(turn_b))  # pushes a out
+    stats = store.stats()
+    assert stats["host"]["prefixes"] == 1 and stats["host"]["evictions"] == 1
+    assert stats["host"]["bytes"] <= stats["host"]["max_bytes"]
+    prefix, blocks = await _loaded(await store.find("a", _content(TURN)))
+    for name, t in kv_blocks(len(TURN), 1).items():
+        assert torch.equal(blocks[name], t)
+    stats = store.stats()
+    assert stats["disk"]["hits"] == 1 and stats["disk"]["load_seconds"] > 0
+    assert stats["host"]["bytes"] <= stats["host"]["max_bytes"]
+
+
+async def test_a_restarted_store_keeps_its_disk_tier(tmp_path, channel):
+    store = _store(tmp_path, channel, host_prefixes=0.5)  # nothing stays in memory
+    await store.keep("a", exported(channel, TURN, seed=3), _content(TURN))
+    store.disk.flush()
+    restarted = _store(tmp_path, channel)
+    assert restarted.stats()["disk"]["prefixes"] == 1
+    _, blocks = await _loaded(await restarted.find("a", _content(TURN)))
+    for name, t in kv_blocks(len(TURN), 3).items():
+        assert torch.equal(blocks[name], t)
+    other_model = TieredPrefixStore(restarted.config, "another-model", channel)
+    assert await other_model.find("a", _content(TURN)) is None
+
+
+async def test_a_prefix_cheaper_to_compute_than_to_read_is_left_on_disk(tmp_path, channel):
+    store = _store(tmp_path, channel, host_prefixes=0.5, fast_prefill=True)
+    await store.keep("a", exported(channel, TURN, seed=3), _content(TURN))
+    assert await store.find("a", _content(TURN)) is None
+    assert store.stats()["declined"] == 1 and store.stats()["disk"]["hits"] == 0
+
+
+async def test_a_damaged_page_is_recomputed_and_forgotten(tmp_path, channel):
+    store = _store(tmp_path, channel, host_prefixes=0.5)
+    await store.keep("a", exported(channel, TURN, seed=3), _content(TURN))
+    store.disk.flush()
+    (page,) = store.disk._pages.values()
+    data = bytearray(page.path.read_bytes())
+    data[-1] ^= 1
+    page.path.write_bytes(bytes(data))
+    assert await store.find("a", _content(TURN)) is None
+    assert store.stats()["prefixes"] == 0 and store.stats()["disk"]["refused"] == 1
+
+
+async def test_a_sessions_new_turn_replaces_its_last_prefix_everywhere(tmp_path, channel):
+    store = _store(tmp_path, channel, host_prefixes=0.5)
+    await store.keep("a", exported(channel, TURN, seed=3), _content(TURN))
+    store.disk.flush()
+    longer = [*TURN, *range(40, 48)]
+    await store.keep("a", exported(channel, longer, seed=4), _content(longer))
+    store.disk.flush()
+    assert store.stats()["prefixes"] == 1 and len(list(store.disk.dir.iterdir())) == 1
+    prefix, _ = await _loaded(await store.find("a", _content(longer)))
+    assert prefix.token_ids == longer
+
+
+async def test_a_turn_without_a_session_is_not_kept(tmp_path, channel):
+    store = _store(tmp_path, channel)
+    await store.keep(None, exported(channel, TURN), _content(TURN))
+    assert store.stats()["prefixes"] == 0
