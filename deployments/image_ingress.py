@@ -109,6 +109,9 @@ class ImageIngress(ReleasesSharedMemory):
     async def observe_stores(self) -> None:
         """It keeps no stores."""
 
+    async def degraded(self) -> dict[str, str]:
+        return {}
+
     @app.post("/v1/images/generations")
     async def generations(self, body: ImageGenerationRequest) -> dict[str, Any]:
         result = await self._run(self._options(body), body.timeout_s)

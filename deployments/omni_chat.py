@@ -196,14 +196,15 @@ class OmniChat:
         exported (for whichever Thinker replica it lands on) and leaves its own for the next.
         A spoken reply's transcript is kept under ``audio_id`` for a later turn to name."""
         if self.sessions is not None:
-            options.session_kv = await self.sessions.pop(options.session_id)
+            options.session_kv = await self.sessions.find(options.session_id, prompt.content)
         done = False
         try:
             async for event in stream_chat(self.clients, prompt, options, request_id):
                 if event.kind == "done":
                     done = True
                     if self.sessions is not None:
-                        await self.sessions.keep(options.session_id, event.result.session_kv)
+                        kv = event.result.session_kv
+                        await self.sessions.keep(options.session_id, kv, prompt.content)
                     else:  # nothing exports without the edge; nobody would load it
                         free_prefix(event.result.session_kv)
                     self.metrics.observe_prompt(
@@ -337,12 +338,18 @@ class OmniChat:
             message = "this deployment answers in text only: its pipeline has no talker stage"
             raise ApiError(400, message, param)
 
+    async def degraded(self) -> dict[str, str]:
+        """The KV store's disk tier, when it cannot write (its turns lose reuse, nothing else)."""
+        kept = await self.sessions.stats() if self.sessions is not None else None
+        reason = kept.get("degraded") if kept else None
+        return {"kv_store.disk": reason} if reason else {}
+
     async def observe_stores(self) -> None:
         """The session and spoken-reply stores' sizes, for /metrics."""
         if self.sessions is not None:
             kept = await self.sessions.stats()
-            self.metrics.session_kv.labels("prefixes").set(kept["prefixes"])
-            self.metrics.session_kv.labels("bytes").set(kept["bytes"])
+            if kept is not None:
+                self.metrics.observe_kv_store(kept)
         if self.replies is not None:
             kept = await self.replies.stats()
             self.metrics.spoken_replies.labels("replies").set(kept["replies"])

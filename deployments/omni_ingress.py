@@ -112,6 +112,9 @@ class OmniIngress(AudioRoutes, VoiceSocketRoutes, RealtimeRoutes, ReleasesShared
     async def observe_stores(self) -> None:
         await self.chat.observe_stores()
 
+    async def degraded(self) -> dict[str, str]:
+        return await self.chat.degraded()
+
     @app.post("/v1/chat/completions")
     async def chat_completions(self, body: ChatCompletionRequest) -> Response:
         prompt, options = await self.chat.prepare(body)

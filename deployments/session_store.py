@@ -1,20 +1,29 @@
-"""The app's store of sessions' KV prefixes, one replica shared by every ingress replica.
+"""The app's store of conversations' KV prefixes (``omni_serve.kv_store``), one replica shared
+by every ingress replica.
 
 Serve's proxy spreads HTTP requests over the ingress replicas, so a session's next turn often
 reaches another ingress replica than its last one: a store inside each ingress would miss the
-prefix that often (with four ingress replicas, three turns in four) and keep the missed ones
-until their TTL. One small replica holds them instead; Serve replaces it if it dies, and a
-lost store only costs the next turns their handover (they compute, or hit the Thinker's own
-prefix cache). Reaching it is one handle call per turn, for requests with a ``session_id``.
+prefix that often (with four ingress replicas, three turns in four). One small replica holds
+them instead; Serve replaces it if it dies, and the replacement finds the disk tier's pages
+(a lost host tier only costs the next turns their handover: they compute, or hit the
+Thinker's own prefix cache). Reaching it is one handle call per turn and one per reply, for
+requests with a ``session_id``.
 """
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from deployments.common import edge_channel, stage_setup
 from deployments.handle_calls import FAILED, call_cache
-from omni_serve.transport.session_prefixes import SessionPrefixes, free_prefix
+from omni_serve.kv_store.content_key import PromptContent
+from omni_serve.kv_store.namespace import model_namespace
+from omni_serve.kv_store.tiered_store import TieredPrefixStore
+from omni_serve.transport.session_prefixes import free_prefix
 
 STORE_TIMEOUT_S = 5.0  # a store that does not answer (being replaced): the turn goes without
 
@@ -26,21 +35,40 @@ STORE_TIMEOUT_S = 5.0  # a store that does not answer (being replaced): the turn
     health_check_period_s=10,
 )
 class SessionStore:
-    def __init__(self, max_bytes: int, ttl_s: float) -> None:
-        self.prefixes = SessionPrefixes(max_bytes, ttl_s)
+    def __init__(
+        self,
+        pipeline: dict[str, Any] | None,
+        thinker: str = "thinker",
+        store: TieredPrefixStore | None = None,
+    ) -> None:
+        """The store for ``pipeline``'s Thinker (``store``: one made already, for tests)."""
+        if store is None:
+            config, stage, model_path = stage_setup(pipeline, thinker)
+            # The KV depends on the weights, the tokenizer and the dtype the Thinker runs in.
+            salt = f"{stage.engine.dtype if stage.engine else ''}"
+            store = TieredPrefixStore(
+                config.kv_store,
+                model_namespace(model_path, salt),
+                edge_channel(config, thinker, "session_kv"),
+            )
+        self.store = store
+        self._lock = asyncio.Lock()  # one turn at a time changes the index
 
-    async def pop(self, session_id: str) -> str | None:
-        return self.prefixes.pop(session_id)
+    async def find(self, session_id: str | None, content: PromptContent | None) -> str | None:
+        async with self._lock:
+            return await self.store.find(session_id, content)
 
-    async def keep(self, session_id: str, encoded: str | None) -> None:
-        self.prefixes.keep(session_id, encoded)
+    async def keep(
+        self, session_id: str | None, encoded: str | None, content: PromptContent | None
+    ) -> None:
+        async with self._lock:
+            await self.store.keep(session_id, encoded, content)
 
-    async def stats(self) -> dict[str, int]:
-        return {"prefixes": len(self.prefixes), "bytes": self.prefixes.nbytes}
+    async def stats(self) -> dict[str, Any]:
+        return self.store.stats()
 
     def __del__(self) -> None:
-        # Deleting the app: hand the buffers back now rather than after the producers' lease.
-        self.prefixes.clear()
+        self.store.clear()
 
 
 class SessionStoreClient:
@@ -50,22 +78,26 @@ class SessionStoreClient:
     def __init__(self, handle: DeploymentHandle) -> None:
         self.handle = handle
 
-    async def pop(self, session_id: str | None) -> str | None:
+    async def find(self, session_id: str | None, content: PromptContent | None) -> str | None:
         if not session_id:
             return None
-        encoded = await call_cache(self.handle.pop, session_id, timeout_s=STORE_TIMEOUT_S)
+        args = (session_id, content)
+        encoded = await call_cache(self.handle.find, *args, timeout_s=STORE_TIMEOUT_S)
         return None if encoded is FAILED else encoded
 
-    async def keep(self, session_id: str | None, encoded: str | None) -> None:
+    async def keep(
+        self, session_id: str | None, encoded: str | None, content: PromptContent | None
+    ) -> None:
         if not session_id:  # nobody could ask for it
             free_prefix(encoded)
             return
-        kept = await call_cache(self.handle.keep, session_id, encoded, timeout_s=STORE_TIMEOUT_S)
+        args = (session_id, encoded, content)
+        kept = await call_cache(self.handle.keep, *args, timeout_s=STORE_TIMEOUT_S)
         if kept is FAILED:
             # Safe even if the store got it after all: a freed prefix loads as a miss (the
             # Thinker recomputes it) and a second free is a no-op.
             free_prefix(encoded)
 
-    async def stats(self) -> dict[str, int]:
+    async def stats(self) -> dict[str, Any] | None:
         stats = await call_cache(self.handle.stats, timeout_s=STORE_TIMEOUT_S)
-        return {"prefixes": 0, "bytes": 0} if stats is FAILED else stats
+        return None if stats is FAILED else stats

@@ -34,6 +34,9 @@ class ServedIngress(Protocol):
     async def observe_stores(self) -> None:
         """Its stores' sizes into ``metrics``, at each scrape (nothing to do without one)."""
 
+    async def degraded(self) -> dict[str, str]:
+        """What works with less than it should (a store's tier that cannot write), and why."""
+
 
 def serving_ingress() -> ServedIngress:
     """This replica's ingress object."""
@@ -55,7 +58,9 @@ def add_shared_routes(app: FastAPI) -> None:
 
     @app.get("/health")
     async def health(ingress: Ingress) -> JSONResponse:
-        return await stage_health(ingress.handles, explain=serve_problems)
+        return await stage_health(
+            ingress.handles, explain=serve_problems, degraded=await ingress.degraded()
+        )
 
     @app.get("/metrics")
     async def metrics(ingress: Ingress) -> Response:

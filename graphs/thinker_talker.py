@@ -61,10 +61,7 @@ def build_thinker_talker_app(args: dict[str, Any] | None, default_pipeline: Path
     # One store for the app, so a session's turns find their prefix from any ingress replica.
     store = None
     if find_edge(config, "thinker", "session_kv"):
-        api = config.api
-        store = SessionStore.options(name="sessions").bind(
-            api.session_kv_max_bytes, api.session_kv_ttl_s
-        )
+        store = SessionStore.options(name="sessions").bind(data)
     # One keeper of spoken replies' transcripts, so a later turn may name a reply by its id.
     replies = None
     if "talker" in kinds and config.api.spoken_reply_ttl_s > 0:

@@ -3,7 +3,13 @@ and the cost model that decides whether loading one beats recomputing it."""
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, ConfigDict, Field
+
+# Where the disk tier's pages go unless the config says: this variable, else DEFAULT_DISK_PATH.
+DISK_PATH_ENV = "OMNI_SERVE_KV_PAGES"
+DEFAULT_DISK_PATH = "~/.cache/omni_serve/kv_pages"
 
 
 class KVStoreConfig(BaseModel):
@@ -21,9 +27,10 @@ class KVStoreConfig(BaseModel):
         description="A prefix no turn used for this long leaves memory (to the disk tier).",
     )
     disk_path: str | None = Field(
-        "~/.cache/omni_serve/kv_pages",
+        default_factory=lambda: os.environ.get(DISK_PATH_ENV, DEFAULT_DISK_PATH),
         description="Directory of the disk tier's pages (one subdirectory per model "
-        "namespace; kept across restarts). None = no disk tier: what leaves memory is freed.",
+        f"namespace; kept across restarts); default ${DISK_PATH_ENV}, else "
+        f"{DEFAULT_DISK_PATH}. None = no disk tier: what leaves memory is freed.",
     )
     disk_max_bytes: int = Field(
         8 << 30,

@@ -32,7 +32,10 @@ class PromptContent:
 
 
 def media_digest(item: object) -> str:
-    """A media item's digest: its samples or pixels (an array or tensor), or its bytes."""
+    """A media item's digest: its samples or pixels (an array, a tensor, an image, a list of
+    frames), or its bytes."""
+    if isinstance(item, (list, tuple)) or hasattr(item, "__array_interface__"):
+        item = np.asarray(item)  # frames, or a PIL image
     if isinstance(item, torch.Tensor):
         item = item.detach().cpu().contiguous().numpy()
     if isinstance(item, np.ndarray):

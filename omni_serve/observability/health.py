@@ -17,9 +17,11 @@ async def stage_health(
     handles: dict[str, Any],
     timeout_s: float = HEALTH_TIMEOUT_S,
     explain: Callable[[], dict[str, str]] | None = None,
+    degraded: dict[str, str] | None = None,
 ) -> JSONResponse:
     """200 when every stage's ``ready()`` answers; 503 naming the stages that do not (yet),
-    with ``reasons``: what ``explain`` (blocking; Serve's deployment status) says about them."""
+    with ``reasons``: what ``explain`` (blocking; Serve's deployment status) says about them.
+    ``degraded``: parts that work with less than they should (still a 200), and why."""
 
     async def ping(name: str) -> str | None:
         try:
@@ -31,10 +33,15 @@ async def stage_health(
     problems = [p for p in await asyncio.gather(*map(ping, handles)) if p]
     if problems:
         body: dict[str, Any] = {"status": "unavailable", "stages": problems}
+        if degraded:
+            body["degraded"] = degraded
         if explain is not None:
             body["reasons"] = await _reasons(explain, {p.split(":")[0] for p in problems})
         return JSONResponse(body, status_code=503)
-    return JSONResponse({"status": "ok", "stages": sorted(handles)})
+    body = {"status": "ok", "stages": sorted(handles)}
+    if degraded:
+        body["degraded"] = degraded
+    return JSONResponse(body)
 
 
 async def _reasons(explain: Callable[[], dict[str, str]], stages: set[str]) -> dict[str, str]:

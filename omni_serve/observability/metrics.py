@@ -52,9 +52,12 @@ class ApiMetrics:
         self.session_kv = Series(
             "gauge",
             "omni_session_kv",
-            "KV prefixes the app's session store keeps for sessions' next turns (every ingress "
-            "replica reports the one store): 'prefixes', 'bytes'.",
-            ["what"],
+            "The app's KV store of conversations' prefixes, per tier ('host', 'disk'; 'all' "
+            "for the store): 'prefixes', 'bytes', 'max_bytes', 'hits', 'evictions', "
+            "'load_seconds', 'writes', 'write_errors', 'refused'; for 'all': 'prefixes', "
+            "'misses', 'declined' (left on disk: computing was cheaper) and 'degraded' (1: "
+            "the disk tier cannot write). Every ingress replica reports the one store.",
+            ["tier", "what"],
             registry=self.registry,  # one store: /metrics is right about it
         )
         self.spoken_replies = Series(
@@ -70,6 +73,14 @@ class ApiMetrics:
         )
         # Read from the stages at each scrape; in Ray's export each stage replica sets its own.
         self.stages = StageGauges(registry=self.registry)
+
+    def observe_kv_store(self, stats: dict[str, Any]) -> None:
+        for tier in ("host", "disk"):
+            for what, value in (stats.get(tier) or {}).items():
+                self.session_kv.labels(tier, what).set(value)
+        for what in ("prefixes", "misses", "declined"):
+            self.session_kv.labels("all", what).set(stats[what])
+        self.session_kv.labels("all", "degraded").set(int(stats["degraded"] is not None))
 
     def observe_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
         self.prompt_tokens.labels("cached").inc(cached_tokens)

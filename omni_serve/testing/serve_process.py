@@ -14,10 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from omni_serve.config.kv_store import DISK_PATH_ENV
 
 REPO = Path(__file__).parents[2]  # the repo root (editable install)
 
@@ -61,6 +64,9 @@ class ServeProcess:
         self.base_url = base_url
         self.proc: subprocess.Popen | None = None
         self.log_path = REPO / ".serve_run.log"
+        # Each server gets a KV disk tier of its own: pages another run left (same tiny
+        # model, same namespace) would make a test's first turn a cache hit.
+        self.kv_pages = tempfile.TemporaryDirectory(prefix="omni-kv-pages-")
 
     def __enter__(self) -> ServeProcess:
         """``with ServeProcess(...) as server``: started (ready) inside, stopped after."""
@@ -97,7 +103,12 @@ class ServeProcess:
                     "stop that server first"
                 )
             time.sleep(0.5)
-        env = {**os.environ, "RAY_ADDRESS": "local", "RAY_AUTH_MODE": "disabled"}
+        env = {
+            **os.environ,
+            "RAY_ADDRESS": "local",
+            "RAY_AUTH_MODE": "disabled",
+            DISK_PATH_ENV: self.kv_pages.name,
+        }
         self.log_path.parent.mkdir(exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         serve_bin = Path(sys.executable).parent / "serve"

@@ -1,7 +1,8 @@
-"""The chat's part of the session KV handover: a session's turn hands the Thinker the prefix
-its last turn exported (through whichever chat replica it came) and keeps the one this turn
-exports in the app's session store; a turn that fails frees the prefix it was handed; requests
-without a session keep nothing; a store that fails or hangs costs the turn its prefix only."""
+"""The chat's part of the session KV handover: a session's turn hands the Thinker a copy of
+the prefix its last turn exported (through whichever chat replica it came) and keeps the one
+this turn exports in the app's session store; a turn that fails frees the copy it was handed
+(the store keeps the prefix); requests without a session keep nothing; a store that fails or
+hangs costs the turn its prefix only."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import torch
 from deployments import session_store
 from deployments.omni_chat import OmniChat
 from deployments.session_store import SessionStore, SessionStoreClient
+from omni_serve.config.kv_store import KVStoreConfig
+from omni_serve.kv_store.tiered_store import TieredPrefixStore
 from omni_serve.models.qwen3_omni.chat_flow import ChatOptions, collect
 from omni_serve.models.qwen3_omni.request import PreparedPrompt
 from omni_serve.models.thinker_talker.messages import ThinkerChunk, ThinkerRequest
@@ -61,7 +64,17 @@ def clients():
 
 
 def _store():
-    return SessionStore.func_or_class(max_bytes=1 << 20, ttl_s=300.0)
+    config = KVStoreConfig(disk_path=None)
+    tiers = TieredPrefixStore(config, "ns", SharedMemoryChannel())
+    return SessionStore.func_or_class(None, store=tiers)
+
+
+def _kept(chat) -> int:
+    return chat.store.store.stats()["prefixes"]
+
+
+def _handed(request: ThinkerRequest) -> list[int]:
+    return KVPrefix.decode(request.session_kv).token_ids
 
 
 def _chat(clients: FakeThinker, store=None) -> OmniChat:
@@ -100,11 +113,10 @@ async def test_a_turn_gets_the_prefix_its_last_turn_exported(clients):
     chat = _chat(clients)
     first = await _turn(chat, "s", "t1")
     assert clients.requests[0].session_kv is None and first.cached_tokens == 2
-    assert len(chat.store.prefixes) == 1
+    assert _kept(chat) == 1
     await _turn(chat, "s", "t2")
-    assert clients.requests[1].session_kv == clients.exported[0]  # handed to the Thinker
-    assert await chat.sessions.pop("s") == clients.exported[1]
-    assert len(chat.store.prefixes) == 0
+    assert _handed(clients.requests[1]) == [1, 2, 3, 4]  # a copy, handed to the Thinker
+    assert _kept(chat) == 1  # turn two's replaced turn one's
     counted = chat.metrics.registry.get_sample_value
     assert counted("omni_prompt_tokens_total", {"kind": "cached"}) == 4  # 2 per turn
     assert counted("omni_prompt_tokens_total", {"kind": "computed"}) == 4
@@ -116,13 +128,14 @@ async def test_a_failed_turn_frees_the_prefix_it_was_handed(clients):
     clients.fail = True
     with pytest.raises(RuntimeError, match="died"):
         await _turn(chat, "s", "t2")
-    assert _freed(clients.exported[0]) and len(chat.store.prefixes) == 0
+    assert _freed(clients.requests[1].session_kv)  # the copy it was handed
+    assert _kept(chat) == 1  # the prefix itself is still there for the retry
 
 
 async def test_requests_without_a_session_keep_nothing(clients):
     chat = _chat(clients)
     await _turn(chat, None, "t1")
-    assert clients.requests[0].session_kv is None and len(chat.store.prefixes) == 0
+    assert clients.requests[0].session_kv is None and _kept(chat) == 0
 
 
 async def test_a_turn_through_another_ingress_replica_gets_the_prefix(clients):
@@ -131,15 +144,16 @@ async def test_a_turn_through_another_ingress_replica_gets_the_prefix(clients):
     first, second = _chat(clients, store), _chat(clients, store)
     await _turn(first, "s", "t1")
     await _turn(second, "s", "t2")
-    assert clients.requests[1].session_kv == clients.exported[0]
-    assert await second.sessions.stats() == {"prefixes": 1, "bytes": 2 * 4 * 4}
+    assert _handed(clients.requests[1]) == [1, 2, 3, 4]
+    stats = await second.sessions.stats()
+    assert stats["prefixes"] == 1 and stats["host"]["bytes"] == 2 * 4 * 4
 
 
 class FailingStore:
-    async def pop(self, session_id):
+    async def find(self, session_id, content):
         raise RuntimeError("store replica died")
 
-    async def keep(self, session_id, encoded):
+    async def keep(self, session_id, encoded, content):
         raise RuntimeError("store replica died")
 
     async def stats(self):
@@ -152,4 +166,4 @@ async def test_a_failing_store_costs_the_turn_its_prefix_only(clients, monkeypat
     result = await _turn(chat, "s", "t1")
     assert result.token_ids == [5] and clients.requests[0].session_kv is None
     assert _freed(clients.exported[0])  # it could not be kept: nobody would free it
-    assert await chat.sessions.stats() == {"prefixes": 0, "bytes": 0}
+    assert await chat.sessions.stats() is None  # /metrics shows the store's last numbers

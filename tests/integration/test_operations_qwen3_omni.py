@@ -125,6 +125,8 @@ def test_a_sessions_prefix_is_kept_for_the_app_not_per_ingress_replica(served):
     prompt = first.json()["usage"]["prompt_tokens"]
     assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt // 128 * 128
     assert [kept_prefixes() for _ in range(4)] == [1] * 4  # turn two's replaced turn one's
+    assert kv_store_series("disk", "hits") == 1  # turn one's, from its page (memory keeps none)
+    assert kv_store_series("disk", "bytes") > 0
 
 
 def test_a_voice_chats_next_spoken_turn_is_served_from_the_first_ones_cache(served):
@@ -147,10 +149,15 @@ def test_a_voice_chats_next_spoken_turn_is_served_from_the_first_ones_cache(serv
     assert cached >= prompt // 128 * 128 > 0
 
 
-def kept_prefixes() -> float:
+def kv_store_series(tier: str, what: str) -> float:
     lines = httpx.get(f"{URL}/metrics", timeout=30).text.splitlines()
-    [line] = [line for line in lines if line.startswith('omni_session_kv{what="prefixes"}')]
+    series = f'omni_session_kv{{tier="{tier}",what="{what}"}}'
+    [line] = [line for line in lines if line.startswith(series)]
     return float(line.split()[-1])
+
+
+def kept_prefixes() -> float:
+    return kv_store_series("all", "prefixes")
 
 
 def test_a_thinker_killed_mid_stream_ends_it_with_an_error_naming_the_thinker(served):

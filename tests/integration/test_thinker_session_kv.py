@@ -10,8 +10,11 @@ import pytest
 import torch
 
 from deployments.thinker import ThinkerDeployment
+from omni_serve.config.kv_store import KVStoreConfig
 from omni_serve.config.loading import load_pipeline_config
 from omni_serve.engines.ar.base import SamplingConfig
+from omni_serve.kv_store.content_key import PromptContent
+from omni_serve.kv_store.tiered_store import TieredPrefixStore
 from omni_serve.models.thinker_talker.messages import ThinkerRequest, from_wire
 from omni_serve.testing.abuse import wait_for
 from omni_serve.testing.leaks import shm_usage
@@ -269,3 +272,58 @@ async def test_a_spoken_turn_whose_prefix_is_gone_gives_the_talker_the_right_row
     torch.testing.assert_close(rows[0][~media], ref_rows[0][~media])
     assert _freed(exported, companion=True)  # unread, handed back at the turn's end
     free_prefix(exported_two)
+
+
+def _tiered_store(pages: Path, host_max_bytes: int) -> TieredPrefixStore:
+    """The app's store as the session store replica runs it (loads whatever beats a 1 token/s
+    prefill: the cost model is not what these stories are about)."""
+    config = KVStoreConfig(
+        host_max_bytes=host_max_bytes, disk_path=str(pages), prefill_tokens_per_s=1.0
+    )
+    return TieredPrefixStore(config, "tiny-qwen3-omni", make_channel("shared_memory"))
+
+
+async def test_a_prefix_pushed_to_disk_survives_a_store_restart_and_loads_bit_exact(
+    replicas, tmp_path
+):
+    """User story: a conversation pauses while other sessions push its KV out of memory and
+    the store restarts; its next turn, on another replica, loads the prefix from disk and
+    answers as a cold turn does."""
+    first, second = replicas
+    turn_one = [(i * 104729) % 250 + 10 for i in range(300)]  # neither replica has seen it
+    turn_two = [*turn_one, 42, 43, 44]
+    _, _, exported = await _turn(first, "disk-1", turn_one)
+    store = _tiered_store(tmp_path, host_max_bytes=0)  # memory keeps nothing: all to disk
+    await store.keep("s-1", exported, PromptContent(turn_one))
+    assert _freed(exported)  # the store took the blocks; the Thinker's buffer is back
+    store.disk.flush()
+    restarted = _tiered_store(tmp_path, host_max_bytes=1 << 30)
+    offered = await restarted.find("s-1", PromptContent(turn_two))
+    assert restarted.stats()["disk"]["hits"] == 1
+    loaded = _shared_memory_takes(await second.engine.channel_stats())
+    tokens, cached, _ = await _turn(second, "disk-2", turn_two, offered)
+    assert cached == len(turn_one) // BLOCK * BLOCK
+    assert _shared_memory_takes(await second.engine.channel_stats()) == loaded + 1
+    reference, _, _ = await _turn(first, "disk-2-reference", turn_two)
+    assert tokens == reference
+
+
+async def test_a_new_session_with_the_same_system_prompt_loads_the_first_sessions_blocks(
+    replicas, tmp_path
+):
+    """User story: two callers of a voice agent share its long system prompt; the second
+    caller's first turn starts from the KV the first caller's turn left, and answers as a
+    cold turn does."""
+    first, second = replicas
+    system = [(i * 7) % 250 + 10 for i in range(256)]
+    caller_a, caller_b = [*system, *range(60, 90)], [*system, *range(120, 140)]
+    _, _, exported = await _turn(first, "agent-a", caller_a)
+    store = _tiered_store(tmp_path, host_max_bytes=1 << 30)
+    await store.keep("caller-a", exported, PromptContent(caller_a))
+    offered = await store.find("caller-b", PromptContent(caller_b))
+    assert offered is not None and store.stats()["host"]["hits"] == 1
+    tokens, cached, _ = await _turn(second, "agent-b", caller_b, offered)
+    assert cached == len(system)  # two whole blocks: up to where the callers differ
+    reference, _, _ = await _turn(first, "agent-b-reference", caller_b)
+    assert tokens == reference
+    assert await store.find("caller-c", PromptContent([1, *caller_b])) is None

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from omni_serve.config import ApiSettings
+from omni_serve.kv_store.content_key import PromptContent, media_digest
 from omni_serve.media.chat_parts import (
     AudioPart,
     AudioUrlPart,
@@ -56,6 +57,24 @@ class PreparedPrompt:
     video_grid_thw: torch.Tensor | None = None
     video_second_per_grid: list[float] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    # What the app's KV store finds this prompt's kept prefixes by (ids and media digests).
+    content: PromptContent | None = None
+
+
+def prompt_content(processor, ids: list[int], items: dict[str, list[Any]]) -> PromptContent:
+    """The prompt's content key: its ids, and each media item's digest where its placeholder
+    starts (the k-th run of a modality's placeholder is its k-th item). An audio track
+    interleaved with its video has no placeholder of its own: the video's digest covers the
+    frames, and the video placeholder's run is where the two start."""
+    media = []
+    for modality in ("audio", "image", "video"):
+        token = getattr(processor, f"{modality}_token", None)
+        if token is None or not items.get(modality):
+            continue
+        pad = processor.tokenizer.convert_tokens_to_ids(token)
+        starts = [i for i, t in enumerate(ids) if t == pad and (i == 0 or ids[i - 1] != pad)]
+        media += [(s, media_digest(item)) for s, item in zip(starts, items[modality], strict=False)]
+    return PromptContent(list(ids), sorted(media))
 
 
 UrlPart = AudioUrlPart | ImagePart | VideoPart
@@ -230,6 +249,8 @@ def prepare_prompt(
     )
     counts = {"audio": len(audios), "image": len(images), "video": len(videos)}
     prepared = PreparedPrompt(ids, mm, counts=counts)
+    placed = {"audio": [] if use_audio_in_video else audios, "image": images, "video": videos}
+    prepared.content = prompt_content(processor, ids, placed)
     if videos:
         prepared.video_grid_thw = video_grids(processor, videos)
         step = processor.video_processor.temporal_patch_size / api.video_fps

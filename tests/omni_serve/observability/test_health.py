@@ -58,3 +58,10 @@ async def test_health_answers_when_the_explanation_fails():
 
     response = await stage_health({"thinker": _Handle(ready=False)}, explain=broken)
     assert response.status_code == 503 and json.loads(response.body)["reasons"] == {}
+
+
+async def test_a_degraded_part_is_named_with_its_reason_and_health_stays_200():
+    reason = {"kv_store.disk": "writing x.kvpage: [Errno 28] No space left on device"}
+    response = await stage_health({"thinker": _Handle()}, degraded=reason)
+    assert response.status_code == 200
+    assert json.loads(response.body) == {"status": "ok", "stages": ["thinker"], "degraded": reason}
