@@ -11,7 +11,8 @@ Thinker. Per repeat, on fresh random prompts:
    start) take their first turn on replica A, which exports its KV into the store. The host
    tier holds far less than they add up to, so the older ones go to disk, and the disk
    budget is smaller than the rest, so the oldest leave it too.
-2. Newest first, each session's second turn (its first turn plus 16 new tokens) goes to
+2. The pages are dropped from the OS page cache (so a disk load reads the device). Newest
+   first, each session's second turn (its first turn plus 16 new tokens) goes to
    replica B: ``resumed`` asks the store (whichever tier has it) and loads what it gets;
    ``recompute`` is the same prompt, as a new session, computed whole. B has no prefix cache
    of its own, so every recompute computes and every load is the store's.
@@ -77,6 +78,18 @@ async def _first_token(replica, request) -> tuple[float, int, str | None]:
     return first, chunks[0].num_cached_tokens, chunks[-1].session_kv
 
 
+def _evict_from_page_cache(pages: Path) -> None:
+    """Pages just written sit in the OS page cache, and reading them there measures memory,
+    not the disk: write them out and drop them, so a load reads the device."""
+    for path in pages.glob("*"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def _session(rng: random.Random, length: int, audio_token: int, hidden: int, seed: int):
     ids = [rng.randrange(10, 250) for _ in range(length - CLIP_ROWS)]
     prompt = [*ids[:100], *[audio_token] * CLIP_ROWS, *ids[100:]]
@@ -123,6 +136,7 @@ async def one_repeat(
         peaks["host"] = max(peaks["host"], stats["host"]["bytes"])
         peaks["disk"] = max(peaks["disk"], stats["disk"]["bytes"])
     store.disk.flush()
+    _evict_from_page_cache(store.disk.dir)
 
     records = []
     for sid, _length, prompt, rows in reversed(sessions):
