@@ -149,6 +149,28 @@ def test_a_voice_chats_next_spoken_turn_is_served_from_the_first_ones_cache(serv
     assert cached >= prompt // 128 * 128 > 0
 
 
+def test_a_new_session_that_starts_like_a_kept_one_is_handed_its_prefix(served):
+    """User story: two callers of a voice agent send its system prompt and the same greeting
+    clip; the second caller's first turn is handed the first caller's kept prefix (found by
+    its content, from the disk tier), and answers; a caller with another system prompt is
+    not."""
+    system = {"role": "system", "content": "You are the front desk of a small hotel. " * 30}
+    greeting = audio_question()["messages"]
+    hits, misses = kv_store_series("disk", "hits"), kv_store_series("all", "misses")
+    first = chat({"messages": [system, *greeting], "max_tokens": 4, "session_id": "ops-caller-a"})
+    assert first.status_code == 200, first.text[:300]
+    assert kv_store_series("all", "misses") == misses + 1  # nothing kept starts like it
+    asked = [system, *greeting, {"role": "user", "content": "Is breakfast included?"}]
+    second = chat({"messages": asked, "max_tokens": 4, "session_id": "ops-caller-b"})
+    assert second.status_code == 200, second.text[:300]
+    assert kv_store_series("disk", "hits") == hits + 1
+    other = {"role": "system", "content": "You are a ferry timetable. " * 30}
+    third = chat({"messages": [other, *greeting], "max_tokens": 4, "session_id": "ops-caller-c"})
+    assert third.status_code == 200, third.text[:300]
+    assert kv_store_series("disk", "hits") == hits + 1
+    assert kv_store_series("all", "misses") == misses + 2
+
+
 def kv_store_series(tier: str, what: str) -> float:
     lines = httpx.get(f"{URL}/metrics", timeout=30).text.splitlines()
     series = f'omni_session_kv{{tier="{tier}",what="{what}"}}'
