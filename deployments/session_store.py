@@ -18,7 +18,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.common import edge_channel, stage_setup
+from deployments.common import ReleasesSharedMemory, edge_channel, stage_setup
 from deployments.handle_calls import FAILED, call_cache
 from omni_serve.kv_store.content_key import PromptContent
 from omni_serve.kv_store.namespace import model_namespace
@@ -34,7 +34,7 @@ STORE_TIMEOUT_S = 5.0  # a store that does not answer (being replaced): the turn
     ray_actor_options={"num_cpus": 0},
     health_check_period_s=10,
 )
-class SessionStore:
+class SessionStore(ReleasesSharedMemory):
     def __init__(
         self,
         pipeline: dict[str, Any] | None,
@@ -68,7 +68,9 @@ class SessionStore:
         return self.store.stats()
 
     def __del__(self) -> None:
+        # Stopped with the app: its copies for the Thinker live in its own segment pool.
         self.store.clear()
+        super().__del__()
 
 
 class SessionStoreClient:
