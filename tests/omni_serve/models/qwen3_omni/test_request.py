@@ -262,3 +262,30 @@ def test_a_developer_message_is_the_system_prompt(omni_processor):
     assert prompts[0] == prompts[1]
     system = omni_processor.tokenizer.encode("<|im_start|>system")
     assert prompts[0][: len(system)] == system
+
+
+def _image_part(color: int) -> dict:
+    from PIL import Image
+
+    url = png_data_url(Image.new("RGB", (56, 56), (color, 40, 90)))
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_a_prompts_content_key_places_each_images_digest_where_its_placeholder_starts(
+    omni_processor,
+):
+    from omni_serve.kv_store.content_key import block_hashes, shared_blocks
+
+    system = ChatMessage.model_validate({"role": "system", "content": "Be brief. " * 30})
+    asked = [system, user_message(_image_part(10), TEXT)]
+    same = prepare_prompt(omni_processor, asked, ApiSettings()).content
+    again = prepare_prompt(omni_processor, asked, ApiSettings()).content
+    other = prepare_prompt(
+        omni_processor, [system, user_message(_image_part(200), TEXT)], ApiSettings()
+    ).content
+    pad = omni_processor.tokenizer.convert_tokens_to_ids(omni_processor.image_token)
+    ((offset, digest),) = same.media
+    assert same.token_ids[offset] == pad and same.token_ids[offset - 1] != pad
+    assert same == again and other.token_ids == same.token_ids and other.media != same.media
+    ours, theirs = (block_hashes(c, 16, "ns") for c in (same, other))
+    assert shared_blocks(ours, theirs) == offset // 16  # equal up to the image's block
