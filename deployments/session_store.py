@@ -12,7 +12,6 @@ requests with a ``session_id``.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ray import serve
@@ -52,17 +51,14 @@ class SessionStore(ReleasesSharedMemory):
                 edge_channel(config, thinker, "session_kv"),
             )
         self.store = store
-        self._lock = asyncio.Lock()  # one turn at a time changes the index
 
     async def find(self, session_id: str | None, content: PromptContent | None) -> str | None:
-        async with self._lock:
-            return await self.store.find(session_id, content)
+        return await self.store.find(session_id, content)
 
     async def keep(
         self, session_id: str | None, encoded: str | None, content: PromptContent | None
     ) -> None:
-        async with self._lock:
-            await self.store.keep(session_id, encoded, content)
+        await self.store.keep(session_id, encoded, content)
 
     async def stats(self) -> dict[str, Any]:
         return self.store.stats()

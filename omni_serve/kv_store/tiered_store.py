@@ -6,6 +6,9 @@ begins the same (a shared system prompt, the same image at the same place), gets
 channel copy of the kept prefix sharing the most with its prompt. A prefix memory pushes out
 goes to disk in the background; a turn whose best prefix is on disk loads it back when the
 cost model says reading it beats recomputing it.
+
+Concurrent turns share one store without a lock: the index changes only between awaits, and
+a disk read (off the event loop) holds no other turn up.
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ class TieredPrefixStore:
         self._by_hash: dict[str, set[str]] = {}
         self._by_session: dict[str, str] = {}
         self._writing: dict[str, Future[bool]] = {}
+        self._reading: dict[str, int] = {}  # entry -> turns reading its page now
+        # Forgotten entries whose page goes once nobody reads it and its write is done.
+        self._orphans: dict[str, Future[bool] | None] = {}
         if self.disk is not None:
             for page in self.disk.scan():
                 self._index(page.entry_id, page.facts, page.nbytes)
@@ -139,21 +145,30 @@ class TieredPrefixStore:
         if load_s >= tokens / self.config.prefill_tokens_per_s:
             self.declined += 1  # computing these tokens is expected to be faster
             return None
-        writing = self._writing.pop(entry.entry_id, None)
-        if writing is not None:
-            await asyncio.wrap_future(writing)
+        entry_id = entry.entry_id
+        writing = self._writing.get(entry_id)
+        self._reading[entry_id] = self._reading.get(entry_id, 0) + 1
         start = time.perf_counter()
         try:
-            kept = await asyncio.to_thread(self.disk.read, entry.entry_id)
+            if writing is not None:
+                await asyncio.wrap_future(writing)
+                start = time.perf_counter()
+            kept = await asyncio.to_thread(self.disk.read, entry_id)
         except PageRefused as exc:
             log.warning("KV page not loaded (the turn recomputes): %s", exc)
-            self._forget(entry.entry_id)
+            self._forget(entry_id)
             return None
+        finally:
+            self._reading[entry_id] -= 1
+            if not self._reading[entry_id]:
+                del self._reading[entry_id]
+            self._drop_orphans()
         took = time.perf_counter() - start
         self.read_bytes_per_s += _READ_RATE_WEIGHT * (entry.nbytes / took - self.read_bytes_per_s)
         self.counts["disk"].hits += 1
         self.counts["disk"].load_s += took
-        self._spill(self.host.put(entry.entry_id, kept))  # back in memory for its next turn
+        if entry.entry_id in self._entries:  # (not replaced by its session's newer turn meanwhile)
+            self._spill(self.host.put(entry.entry_id, kept))  # in memory for its next turn
         return kept
 
     def _on_disk(self, entry_id: str) -> bool:
@@ -204,9 +219,14 @@ class TieredPrefixStore:
             del self._by_session[entry.session_id]
         self.host.remove(entry_id)
         if self.disk is not None:
-            writing = self._writing.pop(entry_id, None)
-            if writing is not None:
-                writing.add_done_callback(lambda _: self.disk.drop(entry_id))
+            self._orphans[entry_id] = self._writing.pop(entry_id, None)
+            self._drop_orphans()
+
+    def _drop_orphans(self) -> None:
+        for entry_id, writing in list(self._orphans.items()):
+            if entry_id in self._reading or (writing is not None and not writing.done()):
+                continue
+            del self._orphans[entry_id]
             self.disk.drop(entry_id)
 
     def clear(self) -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+
 import torch
 
 from omni_serve.config.kv_store import KVStoreConfig
@@ -122,3 +124,25 @@ async def test_a_turn_without_a_session_is_not_kept(tmp_path, channel):
     store = _store(tmp_path, channel)
     await store.keep(None, exported(channel, TURN), _content(TURN))
     assert store.stats()["prefixes"] == 0
+
+
+async def test_turns_that_find_and_keep_at_once_leave_a_consistent_store(tmp_path, channel):
+    """Loads from disk run off the event loop while other sessions keep and find."""
+    store = _store(tmp_path, channel, host_prefixes=1.5)
+    prompts = {f"s{i}": [*range(100 * i, 100 * i + 96)] for i in range(6)}
+    for sid, tokens in prompts.items():
+        await store.keep(sid, exported(channel, tokens, seed=len(sid)), _content(tokens))
+    found = await asyncio.gather(
+        *(store.find(sid, _content(tokens)) for sid, tokens in prompts.items()),
+        *(
+            store.keep(sid, exported(channel, [*tokens, *range(8)]), _content([*tokens, *range(8)]))
+            for sid, tokens in list(prompts.items())[:3]
+        ),
+    )
+    handed = [KVPrefix.decode(f) for f in found[:6] if f is not None]
+    assert len(handed) == 6
+    assert all(p.token_ids[:96] == prompts[f"s{i}"] for i, p in enumerate(handed))
+    store.disk.flush()
+    stats = store.stats()
+    assert stats["prefixes"] == 6 and stats["host"]["bytes"] <= stats["host"]["max_bytes"]
+    assert stats["host"]["prefixes"] + stats["disk"]["prefixes"] >= 6
