@@ -32,10 +32,11 @@ class Idleness:
         return self.idle
 
 
-# How soon every stage must stop after a cancel. The stories that use it stop answers with
-# tens of seconds of work left, so this still tells stopping from running on; 1.5 s was once
-# too short on a loaded 2-core CI machine (a WebSocket cancel), and nothing promises less.
-STOP_WITHIN_S = 5.0
+# How soon every stage must stop after a cancel. 1.5 s was once too short on a loaded 2-core
+# CI machine (a WebSocket cancel); it must stay well under the work the stories leave after
+# their cancel (the tiny app's 500 Talker frames: ~3.8 s on CI), or a stage that never stopped
+# would pass by finishing.
+STOP_WITHIN_S = 2.5
 
 
 def stages_idle_within(

@@ -93,7 +93,7 @@ def test_client_disconnect_stops_work_in_every_stage(served):
     # The client hangs up at the first audio: the work left after it must outlast the window
     # below, so that a stage still busy would show (a machine-speed-free precondition).
     left = whole["timings"]["total_s"] - whole["timings"]["first_audio_s"]
-    assert left > STOP_WITHIN_S + 1.0, whole["timings"]
+    assert left > STOP_WITHIN_S + 0.5, whole["timings"]
     body["stream"] = True
     with httpx.stream("POST", f"{URL}/v1/chat/completions", json=body, timeout=120) as r:
         seen = 0
