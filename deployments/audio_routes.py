@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -182,27 +183,29 @@ class AudioRoutes:
             if event.kind == "audio":
                 yield encode_audio(event.audio, SAMPLE_RATE, "pcm16")
         try:
-            async for event in events:
-                if event.kind == "audio":
-                    yield encode_audio(event.audio, SAMPLE_RATE, "pcm16")
+            async with contextlib.aclosing(events):  # a client gone stops the stages at once
+                async for event in events:
+                    if event.kind == "audio":
+                        yield encode_audio(event.audio, SAMPLE_RATE, "pcm16")
         except RequestTimeout as exc:
             log.info("streamed speech ended at its deadline: %s", exc)
 
     async def _speech_sse(self, events) -> AsyncIterator[str]:
         try:
-            async for event in events:
-                if event.kind == "audio":
-                    data = base64.b64encode(encode_audio(event.audio, SAMPLE_RATE, "pcm16"))
-                    yield sse({"type": "speech.audio.delta", "audio": data.decode()})
-                elif event.kind == "done":
-                    seconds = len(event.result.audio) / SAMPLE_RATE
-                    yield sse(
-                        {
-                            "type": "speech.audio.done",
-                            "audio_seconds": seconds,
-                            "timings": event.result.timings,
-                        }
-                    )
+            async with contextlib.aclosing(events):  # a client gone stops the stages
+                async for event in events:
+                    if event.kind == "audio":
+                        data = base64.b64encode(encode_audio(event.audio, SAMPLE_RATE, "pcm16"))
+                        yield sse({"type": "speech.audio.delta", "audio": data.decode()})
+                    elif event.kind == "done":
+                        seconds = len(event.result.audio) / SAMPLE_RATE
+                        yield sse(
+                            {
+                                "type": "speech.audio.done",
+                                "audio_seconds": seconds,
+                                "timings": event.result.timings,
+                            }
+                        )
         except Exception as exc:  # headers are out: report in-band
             log.exception("streamed speech request failed in a stage")
             failure = stage_failure(exc)

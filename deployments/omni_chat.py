@@ -9,6 +9,7 @@ KV prefix from turn to turn, keeps the transcripts of spoken replies, and counts
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -199,20 +200,22 @@ class OmniChat:
             options.session_kv = await self.sessions.find(options.session_id, prompt.content)
         done = False
         try:
-            async for event in stream_chat(self.clients, prompt, options, request_id):
-                if event.kind == "done":
-                    done = True
-                    if self.sessions is not None:
-                        kv = event.result.session_kv
-                        await self.sessions.keep(options.session_id, kv, prompt.content)
-                    else:  # nothing exports without the edge; nobody would load it
-                        free_prefix(event.result.session_kv)
-                    self.metrics.observe_prompt(
-                        event.result.prompt_tokens, event.result.cached_tokens
-                    )
-                    if audio_id and self.replies and event.result.audio is not None:
-                        await self.replies.keep(audio_id, event.result.text)
-                yield event
+            chat = stream_chat(self.clients, prompt, options, request_id)
+            async with contextlib.aclosing(chat):  # a cancel stops the stages at once
+                async for event in chat:
+                    if event.kind == "done":
+                        done = True
+                        if self.sessions is not None:
+                            kv = event.result.session_kv
+                            await self.sessions.keep(options.session_id, kv, prompt.content)
+                        else:  # nothing exports without the edge; nobody would load it
+                            free_prefix(event.result.session_kv)
+                        self.metrics.observe_prompt(
+                            event.result.prompt_tokens, event.result.cached_tokens
+                        )
+                        if audio_id and self.replies and event.result.audio is not None:
+                            await self.replies.keep(audio_id, event.result.text)
+                    yield event
         finally:
             if not done:  # failed or cancelled: free it unless the Thinker loaded it already
                 free_prefix(options.session_kv)
@@ -260,11 +263,13 @@ class OmniChat:
             for line in writer.start():
                 yield line
             events = self.events(prompt, options, request_id, audio_id)
-            async for event in iterate_within(events, self.deadline(body)):
-                if event.kind == "done":
-                    self._observe_result(event.result)
-                for line in writer.event(event):
-                    yield line
+            stream = iterate_within(events, self.deadline(body))
+            async with contextlib.aclosing(stream):  # a client gone stops the stages at once
+                async for event in stream:
+                    if event.kind == "done":
+                        self._observe_result(event.result)
+                    for line in writer.event(event):
+                        yield line
             self.metrics.requests.labels("ok").inc()
         except RequestTimeout as exc:
             self.metrics.requests.labels("timeout").inc()
@@ -286,12 +291,13 @@ class OmniChat:
         self.metrics.in_flight.inc()
         status = "cancelled"
         try:
-            async for event in events:
-                if event.kind == "done":
-                    status = "ok"
-                    event.result.timings["prepare_s"] = prepare_s
-                    self._observe_result(event.result)
-                yield event
+            async with contextlib.aclosing(events):  # closed with this stream, not collected
+                async for event in events:
+                    if event.kind == "done":
+                        status = "ok"
+                        event.result.timings["prepare_s"] = prepare_s
+                        self._observe_result(event.result)
+                    yield event
         except Exception:
             status = "error"
             raise

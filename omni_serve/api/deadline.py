@@ -43,16 +43,15 @@ async def await_within(awaitable: Awaitable[T], seconds: float | None) -> T:
 
 
 async def iterate_within(events: AsyncIterator[T], seconds: float | None) -> AsyncIterator[T]:
-    """``events`` until the deadline; then ``events`` is closed and RequestTimeout raised.
+    """``events`` until the deadline (``None``: none); then ``events`` is closed and
+    RequestTimeout raised. Closed early (a cancel, a client that left), it closes ``events``
+    at once, which stops the stages behind them: left to the garbage collector, that can
+    happen much later.
 
     Time the consumer spends between items counts: the deadline is on the whole request.
     """
-    if seconds is None:
-        async for event in events:
-            yield event
-        return
     loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
+    end = None if seconds is None else loop.time() + seconds
     iterator = aiter(events)
     try:
         while True:

@@ -10,6 +10,7 @@ Heavy tensors (the Thinker's prompt rows) travel as opaque references the Talker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
@@ -219,32 +220,35 @@ async def stream_chat(
     else:
         events = clients.thinker(thinker_request)
     audio: list[np.ndarray] = []
-    async for event in events:
-        if isinstance(event, CodecFrame):
-            timings.setdefault("first_frame_s", time.perf_counter() - start)
-            timings["last_frame_s"] = time.perf_counter() - start  # the Talker's end
-            jobs = planner.push(torch.tensor(event.codes)[:, None])
-            pieces = await clients.code2wav(jobs) if jobs else []
-        else:
-            tokens += event.token_ids
-            if event.token_ids:
-                timings.setdefault("first_token_s", time.perf_counter() - start)
-            if event.text:
-                text.append(event.text)
-                yield ChatEvent("text", text=event.text)
-            if event.finished:
-                reason = event.finish_reason or "stop"
-                n_prompt = event.num_prompt_tokens or n_prompt
-                n_cached = event.num_cached_tokens
-                session_kv = event.session_kv
-                timings["thinker_s"] = time.perf_counter() - start
-            pieces = []
-        for piece in pieces:
-            if first_audio:
-                timings["first_audio_s"] = time.perf_counter() - start
-                first_audio = False
-            audio.append(piece)
-            yield ChatEvent("audio", audio=piece)
+    # Closed with this stream (a cancel, a client that left), not when collected: closing
+    # it is what stops the Thinker and the Talker behind it.
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if isinstance(event, CodecFrame):
+                timings.setdefault("first_frame_s", time.perf_counter() - start)
+                timings["last_frame_s"] = time.perf_counter() - start  # the Talker's end
+                jobs = planner.push(torch.tensor(event.codes)[:, None])
+                pieces = await clients.code2wav(jobs) if jobs else []
+            else:
+                tokens += event.token_ids
+                if event.token_ids:
+                    timings.setdefault("first_token_s", time.perf_counter() - start)
+                if event.text:
+                    text.append(event.text)
+                    yield ChatEvent("text", text=event.text)
+                if event.finished:
+                    reason = event.finish_reason or "stop"
+                    n_prompt = event.num_prompt_tokens or n_prompt
+                    n_cached = event.num_cached_tokens
+                    session_kv = event.session_kv
+                    timings["thinker_s"] = time.perf_counter() - start
+                pieces = []
+            for piece in pieces:
+                if first_audio:
+                    timings["first_audio_s"] = time.perf_counter() - start
+                    first_audio = False
+                audio.append(piece)
+                yield ChatEvent("audio", audio=piece)
     if options.want_audio:
         last = planner.finish()
         for piece in await clients.code2wav([last]) if last is not None else []:

@@ -102,3 +102,22 @@ async def test_a_cancel_that_comes_as_an_item_arrives_stops_the_stream():
         reader.cancel()  # ...as the reader is cancelled
         done, _ = await asyncio.wait([reader], timeout=1)
         assert done and reader.cancelled()
+
+
+@pytest.mark.parametrize("seconds", [None, 60.0])
+async def test_a_stream_closed_early_closes_its_source_at_once(seconds):
+    """A cancelled answer stops its stages: the source is closed when the stream is, with or
+    without a deadline, not when the garbage collector gets to it."""
+    closed = asyncio.Event()
+
+    async def source():
+        try:
+            for i in range(100):
+                yield i
+        finally:
+            closed.set()
+
+    stream = iterate_within(source(), seconds)
+    assert await anext(stream) == 0
+    await stream.aclose()
+    assert closed.is_set()

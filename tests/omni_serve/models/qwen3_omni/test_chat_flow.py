@@ -233,3 +233,31 @@ async def test_a_request_cancelled_mid_encode_frees_the_rows_already_made():
     with pytest.raises(asyncio.CancelledError):
         await chat
     assert clients.sent["released"] == ["image-rows-ref"] and "speak" not in clients.sent
+
+
+class TextClients(RecordingClients):
+    """A Thinker that would answer a long text reply, and says when its stream is closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def thinker(self, request):
+        async def chunks():
+            try:
+                for i in range(1000):
+                    yield ThinkerChunk([i], f"t{i} ", False)
+            finally:
+                self.closed = True
+
+        return chunks()
+
+
+async def test_a_chat_stream_closed_early_closes_the_stage_stream_at_once():
+    """A cancelled answer (the client's cancel, barge-in, a client gone) stops the stages as
+    the chat stream is closed, not when the garbage collector finds the stage stream."""
+    clients = TextClients()
+    stream = stream_chat(clients, PreparedPrompt([1, 2, 3], {}), ChatOptions({}), "r9")
+    assert (await anext(stream)).text == "t0 "
+    await stream.aclose()
+    assert clients.closed
