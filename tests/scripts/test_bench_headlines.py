@@ -145,3 +145,15 @@ def test_the_stage_messages_table_reads_a_slower_handle_call_as_missed():
     assert "| thinker_request (us) | 14.00 | 14.00 |" in text
     assert "| handle_call (ms) | 7.50 | 7.50 |" in text
     assert "back to back): 1.200, **not met** (<= 1.05)" in text
+
+
+def test_the_session_tiers_table_reads_missed_targets_and_budgets_as_missed():
+    summary = json.loads((headlines.SUMMARIES / "session_tiers.json").read_text())
+    figures = summary["figures"]
+    figures["speedup_host_8k"], figures["speedup_disk_8k"] = fig(8.0), fig(2.5)
+    figures["budgets_kept"] = False
+    text = "\n".join(headlines.render_session_tiers(summary))
+    assert "8k from memory: **not met** (>= 10); from disk: **not met** (>= 3)" in text
+    assert "budgets **exceeded**" in text
+    del figures["speedup_disk_8k"]  # no turn came from disk
+    assert "from disk: no hit" in "\n".join(headlines.render_session_tiers(summary))
