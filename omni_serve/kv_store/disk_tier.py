@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -205,9 +204,3 @@ class DiskTier:
             self.nbytes -= page.nbytes
             self.evictions += 1
             page.path.unlink(missing_ok=True)
-
-    def touch(self, entry_id: str) -> None:
-        with self._lock:
-            if entry_id in self._pages:
-                self._pages.move_to_end(entry_id)
-                os.utime(self._pages[entry_id].path, (time.time(), time.time()))

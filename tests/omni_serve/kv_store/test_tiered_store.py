@@ -89,17 +89,22 @@ async def test_a_restarted_store_keeps_its_disk_tier(tmp_path, channel):
     assert await other_model.find("a", _content(TURN)) is None
 
 
-async def test_a_prefix_cheaper_to_compute_than_to_read_is_left_on_disk(tmp_path, channel):
-    store = _store(tmp_path, channel, host_prefixes=0.5, fast_prefill=True)
+async def _kept_on_disk(tmp_path, channel, **over) -> TieredPrefixStore:
+    """A store whose memory keeps nothing, holding TURN's prefix (seed 3) as a written page."""
+    store = _store(tmp_path, channel, host_prefixes=0.5, **over)
     await store.keep("a", exported(channel, TURN, seed=3), _content(TURN))
+    store.disk.flush()
+    return store
+
+
+async def test_a_prefix_cheaper_to_compute_than_to_read_is_left_on_disk(tmp_path, channel):
+    store = await _kept_on_disk(tmp_path, channel, fast_prefill=True)
     assert await store.find("a", _content(TURN)) is None
     assert store.stats()["declined"] == 1 and store.stats()["disk"]["hits"] == 0
 
 
 async def test_a_damaged_page_is_recomputed_and_forgotten(tmp_path, channel):
-    store = _store(tmp_path, channel, host_prefixes=0.5)
-    await store.keep("a", exported(channel, TURN, seed=3), _content(TURN))
-    store.disk.flush()
+    store = await _kept_on_disk(tmp_path, channel)
     (page,) = store.disk._pages.values()
     data = bytearray(page.path.read_bytes())
     data[-1] ^= 1
@@ -109,9 +114,7 @@ async def test_a_damaged_page_is_recomputed_and_forgotten(tmp_path, channel):
 
 
 async def test_a_sessions_new_turn_replaces_its_last_prefix_everywhere(tmp_path, channel):
-    store = _store(tmp_path, channel, host_prefixes=0.5)
-    await store.keep("a", exported(channel, TURN, seed=3), _content(TURN))
-    store.disk.flush()
+    store = await _kept_on_disk(tmp_path, channel)
     longer = [*TURN, *range(40, 48)]
     await store.keep("a", exported(channel, longer, seed=4), _content(longer))
     store.disk.flush()
