@@ -2,7 +2,10 @@
 the engine needs to check them (``KVPrefix``'s fields), and the content key it is found by.
 
 Kept as tensors rather than as the exporting engine's channel ref, so that any number of
-turns can load it (a ref is read once) and so that it can move to disk and back.
+turns can load it (a ref is read once) and so that it can move to disk and back. The tensors
+are copies in the store's own memory: a view of the exporter's shared-memory segment would
+hold that segment (part of the Thinker's bounded transport pool) for as long as the prefix
+stays kept, so the channel would run short while the store is well within its budget.
 """
 
 from __future__ import annotations
@@ -60,13 +63,16 @@ class KeptPrefix:
     async def from_channel(
         encoded: KVPrefix, content: PromptContent, session_id: str | None
     ) -> KeptPrefix:
-        """Takes the prefix's refs (raises ``ChannelError`` for one that is gone)."""
-        kv = await take(encoded.ref)
-        if not isinstance(kv, dict):
+        """Takes the prefix's refs into the store's own memory (raises ``ChannelError`` for
+        one that is gone); the exporter's buffers are free when this returns."""
+        taken = await take(encoded.ref)
+        if not isinstance(taken, dict):
             raise ValueError("a KV prefix's blocks are a dict of layers")
+        kv = {name: blocks.clone() for name, blocks in taken.items()}
+        del taken  # the last view of the exporter's segment: its finalizer frees it
         companion = None
         if encoded.companion is not None:
-            companion = await take(encoded.companion)
+            companion = (await take(encoded.companion)).clone()
         facts = PrefixFacts(
             token_ids=list(encoded.token_ids),
             block_size=encoded.block_size,

@@ -7,8 +7,10 @@ import torch
 from omni_serve.config.kv_store import KVStoreConfig
 from omni_serve.kv_store.content_key import PromptContent
 from omni_serve.kv_store.tiered_store import TieredPrefixStore
+from omni_serve.transport import shared_memory as shm
 from omni_serve.transport import take
 from omni_serve.transport.kv_blocks import KVPrefix
+from omni_serve.transport.shared_memory import SharedMemoryChannel
 from tests.omni_serve.kv_store.conftest import exported, kv_blocks
 
 SYSTEM = list(range(1000, 1064))  # a shared system prompt: 8 content blocks of 8
@@ -149,3 +151,17 @@ async def test_turns_that_find_and_keep_at_once_leave_a_consistent_store(tmp_pat
     stats = store.stats()
     assert stats["prefixes"] == 6 and stats["host"]["bytes"] <= stats["host"]["max_bytes"]
     assert stats["host"]["prefixes"] + stats["disk"]["prefixes"] >= 6
+
+
+async def test_a_kept_prefix_gives_the_exporters_shared_memory_back_at_once(tmp_path):
+    """The store copies what it keeps: the Thinker's transport pool is not held by the
+    store's budget, even while the prefix waits in memory or for its disk write."""
+    exporter = SharedMemoryChannel()
+    encoded = exported(exporter, TURN)
+    ref = KVPrefix.decode(encoded).ref
+    store = _store(tmp_path, exporter)
+    await store.keep("s", encoded, _content(TURN))
+    with open(shm.SHM_DIR / ref.key, "rb") as f:
+        generation, state, _ = shm.HEADER.unpack(f.read(shm.HEADER.size))
+    assert generation != ref.handle[1] or state == shm.FREE
+    assert store.stats()["host"]["bytes"] == ONE  # kept all the same
