@@ -1,8 +1,9 @@
 """The Qwen3-Omni ingress's ``/v1/realtime``: OpenAI's Realtime API over a WebSocket
 (``omni_serve.api.realtime``), each answer through the ingress's chat path.
 
-A mixin of ``OmniIngress``, as ``AudioRoutes`` is: the route maps an answer's ``Ask`` to a chat
-request on ``self.chat`` and hands the session its events, and nothing else.
+A mixin of ``OmniIngress``, as ``AudioRoutes`` is: the route maps an answer's ``Ask`` (and a
+committed turn to transcribe) to a chat request on ``self.chat`` and hands the session its
+events, and nothing else.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from deployments.omni_api import app
 from deployments.omni_chat import OmniChat
 from omni_serve.api.deadline import iterate_within
 from omni_serve.api.protocol import ChatCompletionRequest, error_body
-from omni_serve.api.realtime.protocol import PCM_RATE, event_id
+from omni_serve.api.realtime.conversation import pcm_to_wav_b64
+from omni_serve.api.realtime.protocol import PCM_RATE, InputTranscription, event_id
 from omni_serve.api.realtime.session import RealtimeSession
 from omni_serve.api.realtime.settings import Ask, Limits
 from omni_serve.api.socket_session import IdleTimeout
 from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen3_omni.chat_flow import ChatEvent
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
+from omni_serve.models.qwen3_omni.transcribe_prompt import SPEECH_LANGUAGES, instruction
 
 POLICY_VIOLATION = 1008  # the close code for a session this server will not hold
 
@@ -54,6 +57,7 @@ class RealtimeRoutes:
             frozenset(self.chat.voices),
             api.max_tokens_limit,
             min(api.default_max_tokens, api.max_tokens_limit),
+            frozenset(SPEECH_LANGUAGES),
         )
         session = RealtimeSession(
             ws,
@@ -62,6 +66,7 @@ class RealtimeRoutes:
             api.ws_idle_timeout_s,
             api.max_audio_bytes,
             api.realtime_early_answer_ms,
+            self._realtime_transcript,
         )
         try:
             await session.run()
@@ -91,6 +96,34 @@ class RealtimeRoutes:
                 **spoken,
             }
         )
+        return await self._chat_events(body)
+
+    async def _realtime_transcript(
+        self, pcm: bytes, asked: InputTranscription
+    ) -> AsyncIterator[ChatEvent]:
+        """A committed turn's transcript, as ``/v1/audio/transcriptions`` makes it: the
+        Thinker hears the clip, is told to transcribe it, and answers in text. Under no
+        session id, so it neither takes the conversation's replica slot nor replaces the KV
+        prefix the conversation's next turn resumes from."""
+        clip = {"data": pcm_to_wav_b64(pcm), "format": "wav"}
+        asked_for = instruction("transcribe", asked.language, asked.prompt)
+        content = [
+            {"type": "input_audio", "input_audio": clip},
+            {"type": "text", "text": asked_for},
+        ]
+        body = ChatCompletionRequest.model_validate(
+            {
+                "model": self.config.served_model_name,
+                "messages": [{"role": "user", "content": content}],
+                "stream": True,
+                "max_tokens": self.config.api.max_tokens_limit,
+                "temperature": 0.0,
+                "modalities": ["text"],
+            }
+        )
+        return await self._chat_events(body)
+
+    async def _chat_events(self, body: ChatCompletionRequest) -> AsyncIterator[ChatEvent]:
         start = time.perf_counter()
         prompt, options = await self.chat.prepare(body)
         prepare_s = time.perf_counter() - start

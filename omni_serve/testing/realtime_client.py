@@ -15,3 +15,16 @@ async def until(conn: Any, kind: str, timeout: float = 120) -> list[Any]:
             if event.type == kind:
                 return seen
     raise AssertionError(f"the connection closed before {kind}")
+
+
+async def until_each(conn: Any, kinds: set[str], timeout: float = 120) -> list[Any]:
+    """The events up to the first of each type in ``kinds``, which may come in any order
+    (a turn's transcript and its answer, say)."""
+    seen, left = [], set(kinds)
+    async with asyncio.timeout(timeout):
+        async for event in conn:
+            seen.append(event)
+            left.discard(event.type)
+            if not left:
+                return seen
+    raise AssertionError(f"the connection closed before {sorted(left)}")

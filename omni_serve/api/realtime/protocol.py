@@ -2,9 +2,9 @@
 session settings they carry, and the server events' shapes.
 
 Field names and event types are OpenAI's, so its clients work unchanged. What Qwen3-Omni
-cannot do (tools, transcription models, semantic VAD, G.711 audio, noise reduction) is
-accepted as a field and refused with a reason (``unsupported``), never silently ignored.
-Audio is PCM16 mono at 24 kHz in both directions, as OpenAI's ``audio/pcm``.
+cannot do (tools, a separate transcription model, semantic VAD, G.711 audio, noise
+reduction) is accepted as a field and refused with a reason (``unsupported``), never
+silently ignored. Audio is PCM16 mono at 24 kHz in both directions, as OpenAI's ``audio/pcm``.
 """
 
 from __future__ import annotations
@@ -53,13 +53,26 @@ class TurnDetection(_Strict):
     eagerness: str | None = Field(None, description="semantic_vad only: refused with it.")
 
 
+class InputTranscription(_Strict):
+    """``audio.input.transcription``: the served model transcribes each committed turn."""
+
+    model: str | None = Field(
+        None, description="The served model (it transcribes); another name is refused."
+    )
+    language: str | None = Field(None, description="The speech's language (ISO 639-1), a hint.")
+    prompt: str | None = Field(None, description="Context or spellings, told after the clip.")
+    delay: str | None = Field(None, description="Not offered: must be null.")
+    languages: list[str] | None = Field(None, description="Not offered: send language.")
+    keywords: list[str] | None = Field(None, description="Not offered: put them in prompt.")
+
+
 class AudioInput(_Strict):
     format: AudioFormat | None = Field(None, description="The input audio's encoding.")
     turn_detection: TurnDetection | None = Field(
         None, description="server_vad, or null to commit and answer by client events only."
     )
-    transcription: dict[str, Any] | None = Field(
-        None, description="A transcription model: not offered (must be null)."
+    transcription: InputTranscription | None = Field(
+        None, description="Transcripts of the user's committed audio, or null for none."
     )
     noise_reduction: dict[str, Any] | None = Field(
         None, description="Noise reduction: not offered (must be null)."
@@ -239,8 +252,10 @@ def unsupported(update: SessionUpdate | ResponseOptions) -> tuple[str, str] | No
     if output is not None and output.speed != 1.0:
         return "audio.output.speed", "this model speaks at one speed (1.0)"
     heard = audio and audio.input
-    if heard is not None and heard.transcription is not None:
-        return "audio.input.transcription", "no transcription model runs beside this one"
+    asr = heard and heard.transcription
+    for name in ("delay", "languages", "keywords"):
+        if asr is not None and getattr(asr, name) is not None:
+            return f"audio.input.transcription.{name}", "not offered (see language and prompt)"
     if heard is not None and heard.noise_reduction is not None:
         return "audio.input.noise_reduction", "noise reduction is not offered"
     vad = heard and heard.turn_detection

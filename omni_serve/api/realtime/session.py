@@ -34,6 +34,7 @@ from omni_serve.api.realtime.conversation import (
     item_from_client,
     pcm_from_b64,
 )
+from omni_serve.api.realtime.input_transcripts import InputTranscripts, Transcribe
 from omni_serve.api.realtime.protocol import ClientEvent, ResponseOptions, event_id
 from omni_serve.api.realtime.settings import Ask, Limits, Settings
 from omni_serve.api.realtime.turn_detection import SpeechEdge, VoiceActivity, load_vad_model
@@ -64,6 +65,7 @@ class RealtimeSession(SocketSession):
         idle_timeout_s: float | None,
         max_buffer_bytes: int,
         early_answer_ms: int | None = None,
+        transcribe: Transcribe | None = None,
     ) -> None:
         super().__init__(ws, idle_timeout_s)
         self.respond, self.limits, self.max_buffer_bytes = respond, limits, max_buffer_bytes
@@ -78,6 +80,7 @@ class RealtimeSession(SocketSession):
         self._early: tuple[Answer, Item] | None = None  # an answer started before the turn end
         self._discarded: asyncio.Task | None = None  # an early answer's task winding down
         self._client_event: str | None = None  # the event being handled, for its errors
+        self.transcripts = InputTranscripts(transcribe, self.emit)
 
     async def run(self) -> None:
         """The session, until the client leaves or idles out."""
@@ -86,6 +89,10 @@ class RealtimeSession(SocketSession):
             self._vad = VoiceActivity(self.settings.vad, model, self.early_answer_ms)
         await self.emit("session.created", session=self.settings.as_json(self.limits))
         await self.until_idle_or_gone()
+
+    async def close(self) -> None:
+        await super().close()
+        await self.transcripts.close()
 
     async def emit(self, kind: str, **fields: Any) -> None:
         await self.send({"type": kind, "event_id": event_id(), **fields})
@@ -175,6 +182,7 @@ class RealtimeSession(SocketSession):
                 "input_audio_buffer.committed", item_id=item.id, previous_item_id=previous
             )
             await self._announce(item, previous)
+            self._transcribe(item)
             answer.gate.set()
             return
         await self._commit(item_id)
@@ -201,6 +209,11 @@ class RealtimeSession(SocketSession):
         previous = self.conversation.add(item)
         await self.emit("input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
         await self._announce(item, previous)
+        self._transcribe(item)
+
+    def _transcribe(self, item: Item) -> None:
+        if self.settings.transcription is not None:
+            self.transcripts.start(item, self.settings.transcription)
 
     async def _on_input_audio_buffer_clear(self, event) -> None:
         await self._discard_early()

@@ -10,6 +10,7 @@ from typing import Any
 from omni_serve.api.errors import ApiError
 from omni_serve.api.realtime.protocol import (
     PCM_RATE,
+    InputTranscription,
     ResponseOptions,
     SessionUpdate,
     TurnDetection,
@@ -40,6 +41,8 @@ class Limits:
     voices: frozenset[str]  # empty: the deployment has no Talker and answers in text
     max_tokens: int  # the most an answer may ask for
     default_tokens: int  # an answer's budget when the client sets none
+    # the languages a transcription may name; empty: the deployment does not transcribe
+    languages: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Settings:
     max_tokens: int = 256
     temperature: float = 0.0
     seed: int | None = None
+    transcription: InputTranscription | None = None  # transcribe committed user audio
     id: str = field(default_factory=lambda: f"sess_{uuid.uuid4().hex[:20]}")
 
     @classmethod
@@ -89,6 +93,8 @@ class Settings:
             new.voice = audio.output.voice.lower()
         if audio and audio.input and "turn_detection" in audio.input.model_fields_set:
             new.vad = audio.input.turn_detection
+        if audio and audio.input and "transcription" in audio.input.model_fields_set:
+            new.transcription = _checked_transcription(audio.input.transcription, limits)
         if update.max_output_tokens is not None:
             if update.max_output_tokens == "inf":
                 new.max_tokens = limits.max_tokens
@@ -116,7 +122,7 @@ class Settings:
             "audio": {
                 "input": {
                     "format": PCM,
-                    "transcription": None,
+                    "transcription": _shown(self.transcription, limits),
                     "noise_reduction": None,
                     "turn_detection": vad,
                 },
@@ -128,3 +134,38 @@ class Settings:
             "temperature": self.temperature,
             "seed": self.seed,
         }
+
+
+def _checked_transcription(
+    asked: InputTranscription | None, limits: Limits
+) -> InputTranscription | None:
+    """The transcription settings to keep (the served model named); a 400 naming the field
+    for one this deployment cannot do."""
+    if asked is None:
+        return None
+    where = "session.audio.input.transcription"
+    if not limits.languages:
+        raise ApiError(400, "this deployment does not transcribe audio", where)
+    if asked.model not in (None, limits.model):
+        message = (
+            f"model {asked.model!r} is not served here; the served model {limits.model!r} "
+            "transcribes (name it, or leave model out)"
+        )
+        raise ApiError(400, message, f"{where}.model")
+    if asked.language is not None and asked.language not in limits.languages:
+        message = (
+            f"language {asked.language!r} is not one this model hears; "
+            f"it hears {sorted(limits.languages)}"
+        )
+        raise ApiError(400, message, f"{where}.language")
+    return asked.model_copy(update={"model": limits.model})
+
+
+def _shown(transcription: InputTranscription | None, limits: Limits) -> dict[str, Any] | None:
+    if transcription is None:
+        return None
+    return {
+        "model": limits.model,
+        "language": transcription.language,
+        "prompt": transcription.prompt or "",
+    }

@@ -93,6 +93,34 @@ async def test_a_spoken_turn_is_heard_ending_and_answered_in_speech(served):
     assert done.usage.input_tokens > 20  # the clip was heard: audio tokens in the prompt
 
 
+async def test_a_turn_is_transcribed_as_the_transcriptions_route_transcribes_its_clip(served):
+    """A voice client that asks for input transcription gets the user's committed turn in
+    words, the words /v1/audio/transcriptions gives for the same clip."""
+    clip = speak("What is the weather like today?")
+    async with connect() as conn:
+        await until(conn, "session.created")
+        transcription = {"model": "qwen3-omni", "language": "en"}
+        session = {**TEXT_TURNS}
+        session["audio"] = {"input": {"turn_detection": None, "transcription": transcription}}
+        await conn.session.update(session=session)
+        await until(conn, "session.updated")
+        await talk(conn, clip, pace=10)
+        await conn.input_audio_buffer.commit()
+        events = await until(conn, "conversation.item.input_audio_transcription.completed")
+    committed = next(e for e in events if e.type == "input_audio_buffer.committed")
+    done = events[-1]
+    deltas = [e.delta for e in events if e.type.endswith("input_audio_transcription.delta")]
+    assert done.item_id == committed.item_id and done.transcript == "".join(deltas)
+    assert done.usage.input_tokens > 10 and done.usage.output_tokens >= len(deltas) > 0
+    wav = io.BytesIO()
+    sf.write(wav, np.frombuffer(pcm16(clip), "<i2"), 24_000, format="WAV", subtype="PCM_16")
+    client = AsyncOpenAI(base_url=f"{URL}/v1", api_key="unused")
+    route = await client.audio.transcriptions.create(
+        model="qwen3-omni", file=("clip.wav", wav.getvalue()), language="en"
+    )
+    assert done.transcript == route.text
+
+
 async def test_talking_over_an_answer_stops_it_in_every_stage(served):
     async with connect() as conn:
         await until(conn, "session.created")

@@ -21,7 +21,13 @@ from omni_serve.api.errors import ApiError
 from omni_serve.api.realtime.session import RealtimeSession
 from omni_serve.api.realtime.settings import Ask, Limits
 
-LIMITS = Limits("omni-test", frozenset({"ethan", "chelsie"}), max_tokens=64, default_tokens=16)
+LIMITS = Limits(
+    "omni-test",
+    frozenset({"ethan", "chelsie"}),
+    max_tokens=64,
+    default_tokens=16,
+    languages=frozenset({"en", "fr"}),
+)
 
 
 @dataclass
@@ -54,6 +60,9 @@ class ScriptedChat:
     asks: list[Ask] = field(default_factory=list)
     asked_at: list[float] = field(default_factory=list)
     closed: list[float] = field(default_factory=list)  # when each answer's stream was closed
+    heard_words: list[str] = field(default_factory=lambda: ["What", " is", " it?"])
+    transcribed: list[tuple[bytes, Any]] = field(default_factory=list)  # (clip, settings)
+    refuse_transcript: Exception | None = None
 
     async def __call__(self, ask: Ask):
         if self.refuse is not None:
@@ -61,6 +70,19 @@ class ScriptedChat:
         self.asks.append(ask)
         self.asked_at.append(time.monotonic())
         return self._events(ask)
+
+    async def transcribe(self, pcm: bytes, settings):
+        """A committed turn's transcript: ``heard_words``, one text event each."""
+        if self.refuse_transcript is not None:
+            raise self.refuse_transcript
+        self.transcribed.append((pcm, settings))
+
+        async def events():
+            for word in self.heard_words:
+                yield Event("text", text=word)
+            yield Event("done", result=Result(11, list(range(len(self.heard_words)))))
+
+        return events()
 
     async def _events(self, ask: Ask):
         try:
@@ -98,6 +120,7 @@ def realtime_server():
             idle_timeout_s=30,
             max_buffer_bytes=2_000_000,
             early_answer_ms=chat.early_answer_ms,
+            transcribe=chat.transcribe,
         )
         try:
             await session.run()

@@ -235,6 +235,30 @@ BAD_EVENTS = [
         "item_not_found",
     ),
     ({"type": "output_audio_buffer.clear"}, "type", None),
+    (
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}},
+        },
+        "session.audio.input.transcription.model",
+        None,
+    ),
+    (
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"transcription": {"language": "xx"}}}},
+        },
+        "session.audio.input.transcription.language",
+        None,
+    ),
+    (
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"transcription": {"delay": "low"}}}},
+        },
+        "session.audio.input.transcription.delay",
+        None,
+    ),
 ]
 
 
