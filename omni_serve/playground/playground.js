@@ -16,6 +16,7 @@ const page = {
   posted: 0, // samples handed to the player
   itemStart: {}, // samples handed to the player before an item's audio
   current: null, // the assistant item being spoken
+  voice: null, // the voice picked (null: the server's default)
   stats: { received: 0, played: 0, queued: 0, interruptions: 0, stops: 0, responses: 0, errors: 0 },
 };
 window.playground = page;
@@ -69,7 +70,11 @@ function showVoicePanel() {
   const select = $("voice-select");
   for (const voice of page.config.voices) select.add(new Option(voice, voice));
   select.disabled = page.config.voices.length === 0;
-  select.onchange = () => sendSession(select.value);
+  select.onchange = () => {
+    page.voice = select.value;
+    sendSession();
+  };
+  $("transcribe").onchange = () => sendSession();
   connect();
 }
 
@@ -92,15 +97,19 @@ function send(event) {
   if (page.ws && page.ws.readyState === WebSocket.OPEN) page.ws.send(JSON.stringify(event));
 }
 
-function sendSession(voice) {
-  // Sent on session.created (keeping the server's default voice) and when the voice changes.
+function sendSession() {
+  // Sent on session.created (keeping the server's default voice until one is picked) and
+  // when the voice or "Show my words" changes.
   const spoken = page.config.voices.length > 0;
+  const transcription = $("transcribe").checked ? { model: page.config.model } : null;
   const session = {
     type: "realtime",
     output_modalities: [spoken ? "audio" : "text"],
-    audio: { input: { turn_detection: { type: "server_vad", silence_duration_ms: 500 } } },
+    audio: {
+      input: { turn_detection: { type: "server_vad", silence_duration_ms: 500 }, transcription },
+    },
   };
-  if (spoken && voice) session.audio.output = { voice };
+  if (spoken && page.voice) session.audio.output = { voice: page.voice };
   send({ type: "session.update", session });
 }
 
@@ -141,6 +150,24 @@ function handle(event) {
       line("user", shown).id = `u-${item.id}`;
       break;
     }
+    case "conversation.item.input_audio_transcription.delta": {
+      const said = $(`u-${event.item_id}`);
+      if (!said) break;
+      if (!said.dataset.words) said.textContent = "";
+      said.dataset.words = "1";
+      said.textContent += event.delta;
+      break;
+    }
+    case "conversation.item.input_audio_transcription.completed": {
+      const said = $(`u-${event.item_id}`);
+      if (!said) break;
+      if (event.transcript.trim()) said.textContent = event.transcript;
+      said.dataset.transcribed = "1";
+      break;
+    }
+    case "conversation.item.input_audio_transcription.failed":
+      showError(`transcribing what you said failed: ${event.error.message}`);
+      break;
     case "response.created":
       page.stats.responses += 1;
       break;

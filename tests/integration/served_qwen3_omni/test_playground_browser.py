@@ -1,7 +1,8 @@
 """User story: a person opens the served app's page in a browser (headless Chromium here),
 presses "Start talking" and speaks (Chromium's fake microphone plays a real speech clip):
-the page shows the reply's transcript and plays its audio as it streams, and speaking over
-the reply stops the playback."""
+the page shows the reply's transcript and plays its audio as it streams (and, with "Show my
+words", the model's transcript of what was said), and speaking over the reply stops the
+playback."""
 
 from __future__ import annotations
 
@@ -41,10 +42,16 @@ def test_talking_to_the_page_shows_and_plays_the_reply_and_talking_over_it_stops
         page.goto(URL)
         page.wait_for_function("document.getElementById('status').textContent === 'connected'")
         page.wait_for_function("document.getElementById('voice-select').value === 'ethan'")
+        page.check("#transcribe")
+        page.wait_for_function("window.playground.session?.audio.input.transcription !== null")
         page.click("#talk")
         page.wait_for_function(
             "document.querySelector('#transcript li.assistant')?.textContent.length > 0"
             " && window.playground.stats.played > 4800",
+            timeout=180_000,
+        )
+        page.wait_for_function(  # "Show my words": the model's transcript of the question
+            "document.querySelector('#transcript li.user')?.dataset.transcribed === '1'",
             timeout=180_000,
         )
         page.screenshot(path=SHOTS / "voice_reply.png")
