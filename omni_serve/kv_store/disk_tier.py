@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +74,7 @@ class DiskTier:
         self.degraded: str | None = None
         self.evictions = self.writes = self.write_errors = self.refused = 0
         self._pages: OrderedDict[str, Page] = OrderedDict()  # least recently used first
+        self._reading: Counter[str] = Counter()  # pages being read: never evicted under a read
         self._lock = threading.Lock()
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kv-disk-writer")
         try:
@@ -105,7 +106,8 @@ class DiskTier:
             self._pages[page.entry_id] = page
             self.nbytes += page.nbytes
             found.append(page)
-        self._evict(0)
+        with self._lock:
+            self._evict(0)
         return [page for page in found if page.entry_id in self._pages]
 
     def write(self, entry_id: str, kept: KeptPrefix) -> Future[bool] | None:
@@ -115,7 +117,8 @@ class DiskTier:
         if nbytes > self.max_bytes or not self.dir.is_dir():
             return None
         with self._lock:
-            self._evict(nbytes)
+            if not self._evict(nbytes):  # the rest is being read: this page must wait its turn
+                return None
             self.nbytes += nbytes
         path = self.dir / f"{entry_id}{SUFFIX}"
         return self._writer.submit(self._write, entry_id, path, kept, nbytes)
@@ -151,9 +154,19 @@ class DiskTier:
     def read(self, entry_id: str) -> KeptPrefix:
         """The page's prefix (PageRefused: gone, foreign or damaged; a damaged one is
         deleted). Blocking: call it off the event loop."""
-        page = self._pages.get(entry_id)
-        if page is None:
-            raise PageRefused(f"no page {entry_id}")
+        with self._lock:
+            page = self._pages.get(entry_id)
+            if page is None:
+                raise PageRefused(f"no page {entry_id}")
+            self._reading[entry_id] += 1
+        try:
+            return self._read(page)
+        finally:
+            with self._lock:
+                self._reading -= Counter({entry_id: 1})
+
+    def _read(self, page: Page) -> KeptPrefix:
+        entry_id = page.entry_id
         try:
             facts = self._header(page.path)
             tensors = load_file(page.path)
@@ -197,10 +210,16 @@ class DiskTier:
         except (KeyError, TypeError, ValueError) as exc:
             raise PageRefused(f"unreadable facts: {exc}") from None
 
-    def _evict(self, incoming: int) -> None:
-        """Frees the least recently used pages until ``incoming`` more bytes fit."""
-        while self._pages and self.nbytes + incoming > self.max_bytes:
-            _, page = self._pages.popitem(last=False)
+    def _evict(self, incoming: int) -> bool:
+        """Frees the least recently used pages not being read until ``incoming`` more bytes
+        fit; whether they do. Call it holding the lock."""
+        for entry_id in list(self._pages):
+            if self.nbytes + incoming <= self.max_bytes:
+                break
+            if self._reading[entry_id]:
+                continue
+            page = self._pages.pop(entry_id)
             self.nbytes -= page.nbytes
             self.evictions += 1
             page.path.unlink(missing_ok=True)
+        return self.nbytes + incoming <= self.max_bytes

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -96,3 +98,30 @@ def test_a_directory_that_cannot_be_made_degrades_the_tier_from_the_start(tmp_pa
     blocker.write_text("not a directory")
     disk = DiskTier(blocker, 1 << 20, "ns")
     assert disk.degraded and disk.write("e1", kept(TOKENS)) is None
+
+
+def test_a_page_being_read_is_not_evicted_under_the_read(tmp_path, monkeypatch):
+    """A write that needs room while a turn reads the only page on disk: the read still
+    gets its prefix (it is not refused for a page that went away), and the budget holds."""
+    prefix = kept(TOKENS)
+    disk = DiskTier(tmp_path, 0, "ns")
+    disk.max_bytes = prefix.nbytes + 4096  # room for one page (tensors and header)
+    disk.write("e1", prefix).result()
+    reading, written = threading.Event(), threading.Event()
+    load_file = disk_tier.load_file
+
+    def slow_load(path):
+        reading.set()
+        assert written.wait(10)
+        return load_file(path)
+
+    monkeypatch.setattr(disk_tier, "load_file", slow_load)
+    with ThreadPoolExecutor(1) as pool:
+        read = pool.submit(disk.read, "e1")
+        assert reading.wait(10)
+        assert disk.write("e2", kept(TOKENS, seed=3)) is None  # no room: e1 is being read
+        written.set()
+        _same(read.result(10), prefix)
+    assert disk.refused == 0 and disk.evictions == 0 and disk.nbytes <= disk.max_bytes
+    assert disk.write("e2", kept(TOKENS, seed=3)).result() is True  # read done: e1 goes
+    assert disk.evictions == 1 and "e1" not in disk
