@@ -171,6 +171,35 @@ def test_a_new_session_that_starts_like_a_kept_one_is_handed_its_prefix(served):
     assert kv_store_series("all", "misses") == misses + 2
 
 
+def test_a_damaged_page_on_disk_is_refused_and_its_turn_answers_as_a_cold_one(served):
+    """User story: a conversation's KV page on disk is damaged (a bad sector, a half-copied
+    backup); its next turn does not load it, computes its prompt instead, and answers as a
+    request that never had a prefix does."""
+    system = {"role": "system", "content": "You answer questions about trains. " * 30}
+    turn = [system, {"role": "user", "content": "When is the first train?"}]
+    greedy = {"max_tokens": 4, "temperature": 0}
+    pages = Path(served.kv_pages.name)
+    before = set(pages.rglob("*.kvpage"))
+    first = chat({"messages": turn, **greedy, "session_id": "ops-damaged"})
+    assert first.status_code == 200, first.text[:300]
+    wait_for(lambda: set(pages.rglob("*.kvpage")) - before, 30, "the turn's page is written")
+    (page,) = set(pages.rglob("*.kvpage")) - before
+    data = bytearray(page.read_bytes())
+    data[-64:] = bytes(b ^ 0xFF for b in data[-64:])  # the last layer's blocks, not the header
+    page.write_bytes(bytes(data))
+    refused, hits = kv_store_series("disk", "refused"), kv_store_series("disk", "hits")
+    reply = first.json()["choices"][0]["message"]["content"]
+    turn = [*turn, {"role": "assistant", "content": reply}, {"role": "user", "content": "And?"}]
+    second = chat({"messages": turn, **greedy, "session_id": "ops-damaged"})
+    assert second.status_code == 200, second.text[:300]
+    assert kv_store_series("disk", "refused") == refused + 1
+    assert kv_store_series("disk", "hits") == hits
+    cold = chat({"messages": turn, **greedy})  # no session: the store is never asked
+    assert cold.status_code == 200, cold.text[:300]
+    said = second.json()["choices"][0]["message"]["content"]
+    assert said == cold.json()["choices"][0]["message"]["content"]
+
+
 def kv_store_series(tier: str, what: str) -> float:
     lines = httpx.get(f"{URL}/metrics", timeout=30).text.splitlines()
     series = f'omni_session_kv{{tier="{tier}",what="{what}"}}'
