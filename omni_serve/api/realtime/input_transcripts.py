@@ -13,7 +13,6 @@ hears the audio itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -48,14 +47,18 @@ class InputTranscripts:
             if part.type == "input_audio" and part.pcm:
                 task = asyncio.create_task(self._run(item, index, settings))
                 self._running.add(task)
-                task.add_done_callback(self._running.discard)
+                task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # the client left mid-send
+            log.info("realtime input transcription ended: %r", task.exception())
 
     async def close(self) -> None:
-        for task in list(self._running):
+        running = list(self._running)
+        for task in running:
             task.cancel()
-        for task in list(self._running):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*running, return_exceptions=True)
 
     async def _run(self, item: Item, index: int, settings: InputTranscription) -> None:
         part = item.parts[index]

@@ -63,6 +63,8 @@ class ScriptedChat:
     heard_words: list[str] = field(default_factory=lambda: ["What", " is", " it?"])
     transcribed: list[tuple[bytes, Any]] = field(default_factory=list)  # (clip, settings)
     refuse_transcript: Exception | None = None
+    transcript_gap_s: float = 0.0  # between the transcript's words
+    transcripts_closed: list[float] = field(default_factory=list)
 
     async def __call__(self, ask: Ask):
         if self.refuse is not None:
@@ -78,9 +80,13 @@ class ScriptedChat:
         self.transcribed.append((pcm, settings))
 
         async def events():
-            for word in self.heard_words:
-                yield Event("text", text=word)
-            yield Event("done", result=Result(11, list(range(len(self.heard_words)))))
+            try:
+                for word in self.heard_words:
+                    yield Event("text", text=word)
+                    await asyncio.sleep(self.transcript_gap_s)
+                yield Event("done", result=Result(11, list(range(len(self.heard_words)))))
+            finally:
+                self.transcripts_closed.append(time.monotonic())
 
         return events()
 

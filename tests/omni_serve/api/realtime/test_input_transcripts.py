@@ -5,7 +5,9 @@ model's are in tests/integration/served_qwen3_omni/test_realtime.py."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import time
 
 import numpy as np
 import pytest
@@ -85,3 +87,22 @@ async def test_a_failed_transcription_says_why_and_the_answer_goes_on(realtime_s
     assert failed.error.code == "overloaded" and "capacity" in failed.error.message
     done = next(e for e in events if e.type == "response.done")
     assert done.response.status == "completed"
+
+
+async def test_a_client_that_leaves_mid_transcript_stops_it(realtime_server):
+    base_url, chat = realtime_server
+    chat.transcript_gap_s = 30.0  # the transcript would take 90 s
+    client = AsyncOpenAI(base_url=base_url, api_key="unused")
+    async with client.realtime.connect(model="omni-test") as conn:
+        await until(conn, "session.created")
+        session = {"audio": {"input": {"turn_detection": None, "transcription": {}}}}
+        await conn.session.update(session=session)
+        await until(conn, "session.updated")
+        await conn.input_audio_buffer.append(audio=base64.b64encode(bytes(9600)).decode())
+        await conn.input_audio_buffer.commit()
+        await until(conn, f"{TRANSCRIBED}.delta")
+        left = time.monotonic()
+    async with asyncio.timeout(5):
+        while not chat.transcripts_closed:
+            await asyncio.sleep(0.05)
+    assert chat.transcripts_closed[0] - left < 5
