@@ -12,6 +12,7 @@ requests with a ``session_id``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ray import serve
@@ -24,6 +25,7 @@ from omni_serve.kv_store.namespace import model_namespace
 from omni_serve.kv_store.tiered_store import TieredPrefixStore
 from omni_serve.transport.session_prefixes import free_prefix
 
+log = logging.getLogger("ray.serve")
 STORE_TIMEOUT_S = 5.0  # a store that does not answer (being replaced): the turn goes without
 
 
@@ -64,7 +66,11 @@ class SessionStore(ReleasesSharedMemory):
         return self.store.stats()
 
     def __del__(self) -> None:
-        # Stopped with the app: its copies for the Thinker live in its own segment pool.
+        # Stopped with the app (or replaced gracefully): what only memory holds goes to disk
+        # for the next store; the copies for the Thinker live in its own segment pool.
+        spilled = self.store.spill(self.store.config.spill_on_stop_s)
+        if spilled:
+            log.info("KV store stopping: %d prefixes written to the disk tier", spilled)
         self.store.clear()
         super().__del__()
 

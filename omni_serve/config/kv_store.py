@@ -57,3 +57,11 @@ class KVStoreConfig(BaseModel):
         description="Cost model: the disk tier's read rate before any load is measured; the "
         "store then follows what its loads take.",
     )
+    spill_on_stop_s: float = Field(
+        10.0,
+        ge=0,
+        description="A store that stops (the app is shut down, or its replica replaced "
+        "gracefully) writes the prefixes only its memory holds to the disk tier, waiting at "
+        "most this long, so the store that follows finds them. 0 = no spill. Keep it under "
+        "the deployment's graceful_shutdown_timeout_s (Serve's default: 20 s).",
+    )

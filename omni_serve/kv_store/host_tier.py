@@ -31,6 +31,10 @@ class HostTier:
     def __len__(self) -> int:
         return len(self._held)
 
+    def held(self) -> list[tuple[str, KeptPrefix]]:
+        """Every prefix held, least recently used first."""
+        return [(entry_id, held.kept) for entry_id, held in self._held.items()]
+
     def get(self, entry_id: str) -> KeptPrefix | None:
         held = self._held.get(entry_id)
         if held is None:

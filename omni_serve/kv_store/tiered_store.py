@@ -233,6 +233,27 @@ class TieredPrefixStore:
         for entry_id in list(self._entries):
             self.host.remove(entry_id)
 
+    def spill(self, timeout_s: float) -> int:
+        """Writes the prefixes only memory holds to disk and waits up to ``timeout_s`` for
+        every write (a store that stops: the store after it finds them); how many pages were
+        written in time. Blocking."""
+        if self.disk is None or timeout_s <= 0:
+            return 0
+        spilled = []
+        for entry_id, kept in self.host.held():
+            if entry_id in self._entries and not self._on_disk(entry_id):
+                writing = self.disk.write(entry_id, kept)
+                if writing is not None:
+                    self._writing[entry_id] = writing
+                    spilled.append(writing)
+        deadline = time.monotonic() + timeout_s
+        for writing in list(self._writing.values()):  # every write in flight, these too
+            try:
+                writing.result(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                break
+        return sum(1 for writing in spilled if writing.done() and writing.result())
+
     def stats(self) -> dict[str, Any]:
         host, disk = self.counts["host"], self.counts["disk"]
         out: dict[str, Any] = {

@@ -165,3 +165,18 @@ async def test_a_kept_prefix_gives_the_exporters_shared_memory_back_at_once(tmp_
         generation, state, _ = shm.HEADER.unpack(f.read(shm.HEADER.size))
     assert generation != ref.handle[1] or state == shm.FREE
     assert store.stats()["host"]["bytes"] == ONE  # kept all the same
+
+
+async def test_a_store_that_stops_spills_its_memory_for_the_next_one(tmp_path, channel):
+    store = _store(tmp_path, channel)  # memory holds both: nothing on disk yet
+    await store.keep("a", exported(channel, TURN, seed=3), _content(TURN))
+    await store.keep("b", exported(channel, TURN, seed=4), _content(TURN, media=()))
+    assert store.spill(timeout_s=0) == 0  # spill_on_stop_s: 0, no spill
+    assert store.stats()["disk"]["prefixes"] == 0
+    assert store.spill(timeout_s=10) == 2
+    assert store.spill(timeout_s=10) == 0  # on disk already: not written twice
+    restarted = _store(tmp_path, channel)
+    _, blocks = await _loaded(await restarted.find("a", _content(TURN)))
+    for name, t in kv_blocks(len(TURN), 3).items():
+        assert torch.equal(blocks[name], t)
+    assert restarted.stats()["disk"]["hits"] == 1
