@@ -63,13 +63,3 @@ def block_hashes(content: PromptContent, block_tokens: int, namespace: str) -> l
         previous = hasher.digest(HASH_BYTES)
         hashes.append(previous.hex())
     return hashes
-
-
-def shared_blocks(ours: list[str], theirs: list[str]) -> int:
-    """How many leading blocks two chains share (equal hashes at a depth: equal up to it)."""
-    n = 0
-    for a, b in zip(ours, theirs, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n

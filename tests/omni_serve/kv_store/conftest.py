@@ -42,3 +42,13 @@ def exported(channel, tokens: list[int], seed: int = 0, mm=("img", 1)) -> str:
     """A Thinker's export of ``tokens``' blocks, encoded as it rides the turn's last chunk."""
     ref = channel.put(kv_blocks(len(tokens), seed))
     return KVPrefix(tokens, BLOCK, ref, [mm[0]], "NHD", mm_offsets=[mm[1]]).encode()
+
+
+def shared_blocks(ours: list[str], theirs: list[str]) -> int:
+    """How many leading blocks two chains share (equal hashes at a depth: equal up to it)."""
+    n = 0
+    for a, b in zip(ours, theirs, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n

@@ -3,12 +3,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from omni_serve.kv_store.content_key import (
-    PromptContent,
-    block_hashes,
-    media_digest,
-    shared_blocks,
-)
+from omni_serve.kv_store.content_key import PromptContent, block_hashes, media_digest
+from tests.omni_serve.kv_store.conftest import shared_blocks
 
 IDS = list(range(100, 120))  # 5 blocks of 4
 

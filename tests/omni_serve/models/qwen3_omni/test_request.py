@@ -274,7 +274,8 @@ def _image_part(color: int) -> dict:
 def test_a_prompts_content_key_places_each_images_digest_where_its_placeholder_starts(
     omni_processor,
 ):
-    from omni_serve.kv_store.content_key import block_hashes, shared_blocks
+    from omni_serve.kv_store.content_key import block_hashes
+    from tests.omni_serve.kv_store.conftest import shared_blocks
 
     system = ChatMessage.model_validate({"role": "system", "content": "Be brief. " * 30})
     asked = [system, user_message(_image_part(10), TEXT)]
