@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_serve.config.kv_store import KVStoreConfig
+from omni_serve.kv_store.block_pool import engine_block_keys
 from omni_serve.kv_store.content_key import PromptContent, block_hashes
 from omni_serve.kv_store.disk_tier import DiskTier, PageRefused
 from omni_serve.kv_store.host_tier import HostTier
@@ -106,7 +107,7 @@ class TieredPrefixStore:
             self._forget(self._by_session[session_id])
         entry_id = uuid.uuid4().hex
         self._index(entry_id, kept.facts, kept.nbytes)
-        self._spill(self.host.put(entry_id, kept))
+        self._spill(self.host.put(entry_id, kept, self._block_keys(kept)))
 
     # -- lookup ------------------------------------------------------------------------------
 
@@ -168,8 +169,13 @@ class TieredPrefixStore:
         self.counts["disk"].hits += 1
         self.counts["disk"].load_s += took
         if entry.entry_id in self._entries:  # (not replaced by its session's newer turn meanwhile)
-            self._spill(self.host.put(entry.entry_id, kept))  # in memory for its next turn
+            self._spill(
+                self.host.put(entry.entry_id, kept, self._block_keys(kept))
+            )  # for next turn
         return kept
+
+    def _block_keys(self, kept: KeptPrefix) -> list[str]:
+        return engine_block_keys(kept.facts, self.namespace)
 
     def _on_disk(self, entry_id: str) -> bool:
         writing = self._writing.get(entry_id)
@@ -263,6 +269,8 @@ class TieredPrefixStore:
             "host": {
                 "prefixes": len(self.host),
                 "bytes": self.host.nbytes,
+                "prefix_bytes": self.host.prefix_bytes,
+                "blocks": len(self.host.blocks),
                 "max_bytes": self.host.max_bytes,
                 "hits": host.hits,
                 "evictions": self.host.evictions,

@@ -11,7 +11,7 @@ from omni_serve.transport import shared_memory as shm
 from omni_serve.transport import take
 from omni_serve.transport.kv_blocks import KVPrefix
 from omni_serve.transport.shared_memory import SharedMemoryChannel
-from tests.omni_serve.kv_store.conftest import exported, kv_blocks
+from tests.omni_serve.kv_store.conftest import BLOCK, exported, kv_blocks
 
 SYSTEM = list(range(1000, 1064))  # a shared system prompt: 8 content blocks of 8
 TURN = [*SYSTEM, *range(1, 33)]
@@ -180,3 +180,27 @@ async def test_a_store_that_stops_spills_its_memory_for_the_next_one(tmp_path, c
     for name, t in kv_blocks(len(TURN), 3).items():
         assert torch.equal(blocks[name], t)
     assert restarted.stats()["disk"]["hits"] == 1
+
+
+async def test_sessions_with_the_same_system_prompt_hold_its_blocks_once(tmp_path, channel):
+    """A voice agent's callers: memory holds the shared system prompt's KV once, and each
+    caller's next turn still gets its own whole prefix."""
+    store = _store(tmp_path, channel)
+    other = [*SYSTEM, *range(40, 72)]
+    ours, theirs = kv_blocks(len(TURN), 3), kv_blocks(len(other), 4)
+    shared = len(SYSTEM) // BLOCK
+    for name in theirs:  # the same system prompt (and image) computes the same KV
+        theirs[name][:shared] = ours[name][:shared]
+    for session, tokens, kv in (("a", TURN, ours), ("b", other, theirs)):
+        ref = channel.put({name: t.clone() for name, t in kv.items()})
+        encoded = KVPrefix(tokens, BLOCK, ref, ["img"], "NHD", mm_offsets=[1]).encode()
+        await store.keep(session, encoded, _content(tokens))
+    host = store.stats()["host"]
+    block_bytes = sum(t[0].numel() * 4 for t in ours.values())
+    assert host["prefix_bytes"] == 2 * ONE
+    assert host["bytes"] == 2 * ONE - shared * block_bytes
+    assert host["blocks"] == len(TURN) // BLOCK + len(other) // BLOCK - shared
+    for session, tokens, kv in (("a", TURN, ours), ("b", other, theirs)):
+        _, blocks = await _loaded(await store.find(session, _content(tokens)))
+        for name, t in kv.items():
+            assert torch.equal(blocks[name], t)
