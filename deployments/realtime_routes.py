@@ -58,6 +58,7 @@ class RealtimeRoutes:
             api.max_tokens_limit,
             min(api.default_max_tokens, api.max_tokens_limit),
             frozenset(SPEECH_LANGUAGES),
+            _count(self.chat.media_limits.get("audio")),
         )
         session = RealtimeSession(
             ws,
@@ -129,3 +130,10 @@ class RealtimeRoutes:
         prepare_s = time.perf_counter() - start
         events = self.chat.events(prompt, options, uuid.uuid4().hex)
         return self.chat.observed(iterate_within(events, self.chat.deadline(body)), prepare_s)
+
+
+def _count(limit: int | dict | None) -> int | None:
+    """A ``limit_mm_per_prompt`` entry's count (vLLM takes a count or ``{"count": n}``)."""
+    if isinstance(limit, dict):
+        limit = limit.get("count")
+    return None if limit is None else int(limit)

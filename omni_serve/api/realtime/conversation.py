@@ -58,8 +58,13 @@ class Item:
             "content": [p.as_json() for p in self.parts],
         }
 
-    def heard(self) -> dict[str, Any] | None:
-        """The chat message the model hears for this item (``None``: nothing to hear)."""
+    @property
+    def spoken(self) -> bool:
+        return self.role == "user" and any(p.type == "input_audio" and p.pcm for p in self.parts)
+
+    def heard(self, audio: bool = True) -> dict[str, Any] | None:
+        """The chat message the model hears for this item (``None``: nothing to hear).
+        Without ``audio`` a user's audio is heard as its transcript, or not at all."""
         if self.role != "user":
             text = "".join(
                 (p.text if p.type.endswith("text") else p.transcript) or "" for p in self.parts
@@ -69,6 +74,9 @@ class Item:
         for part in self.parts:
             if part.type == "input_text" and part.text:
                 content.append({"type": "text", "text": part.text})
+            elif part.type == "input_audio" and part.pcm and not audio:
+                if part.transcript:
+                    content.append({"type": "text", "text": part.transcript})
             elif part.type == "input_audio" and part.pcm:
                 wav = pcm_to_wav_b64(part.pcm)
                 content.append(
@@ -154,6 +162,9 @@ def item_from_client(item: ItemIn) -> Item:
 @dataclass
 class Conversation:
     items: list[Item] = field(default_factory=list)
+    # The first spoken user turn still heard as audio: the model takes a few audio items per
+    # prompt (the Thinker's limit_mm_per_prompt), so earlier ones are heard as transcripts.
+    heard_from: str | None = None
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Adds ``item`` after ``previous_item_id`` (last when ``None``, first when "root");
@@ -180,8 +191,26 @@ class Conversation:
     def delete(self, id_: str) -> None:
         del self.items[self.index(id_)]
 
-    def messages(self, instructions: str | None) -> list[dict[str, Any]]:
+    def messages(
+        self, instructions: str | None, audio_items: int | None = None
+    ) -> list[dict[str, Any]]:
         """The chat the model answers: the instructions as the system message, then every
-        item it can hear."""
-        said = [m for m in (item.heard() for item in self.items) if m is not None]
+        item it can hear. At most ``audio_items`` spoken user turns are heard as audio: past
+        that, the window moves on to the last half of them at once (so the prompt's start,
+        and the KV a next turn resumes from, stays put for the turns after), and the turns
+        before it are heard as their transcripts (input transcription), or not at all."""
+        start = self._audio_start(audio_items)
+        heard = (item.heard(audio=i >= start) for i, item in enumerate(self.items))
+        said = [m for m in heard if m is not None]
         return [{"role": "system", "content": instructions}, *said] if instructions else said
+
+    def _audio_start(self, audio_items: int | None) -> int:
+        if audio_items is None:
+            return 0
+        ids = [item.id for item in self.items]
+        start = ids.index(self.heard_from) if self.heard_from in ids else 0
+        spoken = [i for i, item in enumerate(self.items) if i >= start and item.spoken]
+        if len(spoken) > audio_items:
+            start = spoken[-max(1, audio_items // 2)]
+            self.heard_from = self.items[start].id
+        return start

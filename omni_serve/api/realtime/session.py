@@ -86,7 +86,11 @@ class RealtimeSession(SocketSession):
         """The session, until the client leaves or idles out."""
         if self.settings.vad is not None:
             model = await asyncio.to_thread(load_vad_model)
-            self._vad = VoiceActivity(self.settings.vad, model, self.early_answer_ms)
+            # The reader runs meanwhile: a session.update may have turned turn detection off
+            # (or set up its own) while the model loaded.
+            if self.settings.vad is not None and self._vad is None:
+                self._vad = VoiceActivity(self.settings.vad, model, self.early_answer_ms)
+                self._vad.heard_ms = self._buffer_end_ms
         await self.emit("session.created", session=self.settings.as_json(self.limits))
         await self.until_idle_or_gone()
 
@@ -292,15 +296,14 @@ class RealtimeSession(SocketSession):
         answer.stop("client_cancelled")
 
     async def _start_answer(self, options: ResponseOptions | None) -> None:
-        settings, keep = self.settings, True
-        items = self.conversation.items
+        settings, keep, heard = self.settings, True, self.conversation
         if options is not None:
             settings = settings.updated(options, self.limits)
             keep = options.conversation == "auto"
             if options.input is not None:
-                items = [item_from_client(i) for i in options.input]
+                heard = Conversation([item_from_client(i) for i in options.input])
         ask = Ask(
-            Conversation(list(items)).messages(settings.instructions),
+            heard.messages(settings.instructions, self.limits.audio_items),
             settings.audio,
             settings.voice,
             settings.max_tokens,
@@ -321,7 +324,9 @@ class RealtimeSession(SocketSession):
         if self._speech_item is not None:
             item.id = self._speech_item
         s = self.settings
-        heard = Conversation([*self.conversation.items, item]).messages(s.instructions)
+        # as the conversation will hear it once the turn is committed
+        turn = Conversation([*self.conversation.items, item], self.conversation.heard_from)
+        heard = turn.messages(s.instructions, self.limits.audio_items)
         ask = Ask(heard, s.audio, s.voice, s.max_tokens, s.temperature, s.seed, session_id=s.id)
         answer = Answer(self, ask, self.conversation, None, gate=asyncio.Event())
         self._early = (answer, item)

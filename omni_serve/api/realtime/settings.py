@@ -43,6 +43,7 @@ class Limits:
     default_tokens: int  # an answer's budget when the client sets none
     # the languages a transcription may name; empty: the deployment does not transcribe
     languages: frozenset[str] = frozenset()
+    audio_items: int | None = None  # the most audio items one prompt takes (None: no limit)
 
 
 @dataclass

@@ -27,6 +27,7 @@ LIMITS = Limits(
     max_tokens=64,
     default_tokens=16,
     languages=frozenset({"en", "fr"}),
+    audio_items=4,  # Qwen3-Omni's vLLM default
 )
 
 

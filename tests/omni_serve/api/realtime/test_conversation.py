@@ -39,3 +39,39 @@ def test_a_truncated_answer_keeps_what_was_played():
     assert not reply.truncate(5000)  # past its end: nothing to cut
     with pytest.raises(ApiError):
         Item("user", [Part("input_text", text="x")]).truncate(10)
+
+
+def _spoken(n: int, transcript: str | None = None) -> Item:
+    pcm = bytes([n]) * 4800
+    return Item("user", [Part("input_audio", pcm=pcm, transcript=transcript)], id=f"u{n}")
+
+
+def _heard_audio(messages: list[dict]) -> list[str]:
+    return [part["type"] for m in messages if m["role"] == "user" for part in m["content"]]
+
+
+def test_past_the_models_audio_items_earlier_turns_are_heard_as_their_transcripts():
+    """Qwen3-Omni takes 4 audio items a prompt: a fifth spoken turn moves the window to the
+    last two at once, and it stays put for the turns after (the prompt's start, and so the
+    KV a turn resumes from, changes once every few turns, not every turn)."""
+    talk = Conversation()
+    for n in range(1, 5):
+        talk.add(_spoken(n, transcript=f"turn {n}" if n % 2 else None))
+        talk.add(Item("assistant", [Part("output_text", text=f"reply {n}")]))
+        assert _heard_audio(talk.messages(None, 4)) == ["input_audio"] * n
+    talk.add(_spoken(5))
+    fifth = talk.messages(None, 4)
+    assert _heard_audio(fifth) == ["text", "text", "input_audio", "input_audio"]
+    assert fifth[0] == {"role": "user", "content": [{"type": "text", "text": "turn 1"}]}
+    assert fifth[1] == {"role": "assistant", "content": "reply 1"}
+    assert fifth[2] == {"role": "assistant", "content": "reply 2"}  # turn 2 had no transcript
+    assert talk.heard_from == "u4"
+    talk.add(_spoken(6))
+    sixth = talk.messages(None, 4)
+    assert sixth[: len(fifth)] == fifth  # the same start: the last turn's KV still applies
+    assert _heard_audio(sixth).count("input_audio") == 3
+    talk.add(_spoken(7))
+    talk.add(_spoken(8))
+    assert _heard_audio(talk.messages(None, 4)).count("input_audio") == 2
+    assert talk.heard_from == "u7"
+    assert _heard_audio(talk.messages(None)).count("input_audio") == 8  # no limit

@@ -360,3 +360,23 @@ async def test_speech_resuming_after_a_pause_discards_the_early_answer_without_a
     assert len(chat.asks) >= 2 and len(chat.closed) >= 2  # the discarded one ran and stopped
     heard = chat.asks[-1].messages[-1]["content"][0]["input_audio"]["data"]
     assert len(heard) > len(chat.asks[0].messages[-1]["content"][0]["input_audio"]["data"])
+
+
+async def test_a_conversation_longer_than_the_models_audio_items_goes_on(realtime_server):
+    """The fifth spoken turn is answered (the model takes 4 audio items a prompt): the
+    earliest turns are heard as their transcripts, only the last two as audio."""
+    base_url, chat = realtime_server
+    async with client(base_url).realtime.connect(model="omni-test") as conn:
+        await conn.session.update(session=TEXT_ONLY)
+        for turn in range(5):
+            await stream_audio(conn, np.full(4800, 0.1 * (turn + 1), np.float32))
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            done = (await until(conn, "response.done"))[-1].response
+            assert done.status == "completed"
+    heard = [
+        [part["type"] for m in ask.messages if m["role"] == "user" for part in m["content"]]
+        for ask in chat.asks
+    ]
+    assert heard[3] == ["input_audio"] * 4
+    assert heard[4] == ["input_audio"] * 2  # no transcripts here: turns 1-3 are not heard
