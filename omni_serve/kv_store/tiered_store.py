@@ -103,11 +103,15 @@ class TieredPrefixStore:
         except (ChannelError, ValueError) as exc:
             log.warning("a session's KV prefix could not be kept: %s", exc)
             return
+        keys = self._block_keys(kept)
+        if {len(blocks) for blocks in kept.kv.values()} != {len(keys)}:
+            log.warning("a session's KV prefix not kept: its blocks do not match its tokens")
+            return
         if session_id in self._by_session:
             self._forget(self._by_session[session_id])
         entry_id = uuid.uuid4().hex
         self._index(entry_id, kept.facts, kept.nbytes)
-        self._spill(self.host.put(entry_id, kept, self._block_keys(kept)))
+        self._spill(self.host.put(entry_id, kept, keys))
 
     # -- lookup ------------------------------------------------------------------------------
 

@@ -204,3 +204,10 @@ async def test_sessions_with_the_same_system_prompt_hold_its_blocks_once(tmp_pat
         _, blocks = await _loaded(await store.find(session, _content(tokens)))
         for name, t in kv.items():
             assert torch.equal(blocks[name], t)
+
+
+async def test_an_export_whose_blocks_do_not_match_its_tokens_is_not_kept(tmp_path, channel):
+    store = _store(tmp_path, channel)
+    ref = channel.put(kv_blocks(len(TURN) - BLOCK, 0))  # one block short of its token ids
+    await store.keep("a", KVPrefix(TURN, BLOCK, ref, ["img"], "NHD", mm_offsets=[1]).encode(), None)
+    assert store.stats()["prefixes"] == 0 and await store.find("a", _content(TURN)) is None
