@@ -41,7 +41,11 @@ from omni_serve.media.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_s
 from omni_serve.media.decode import audio_format
 from omni_serve.models.qwen3_omni.chat_flow import ChatEvent
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.transcribe_prompt import instruction, unknown_language
+from omni_serve.models.qwen3_omni.transcribe_prompt import (
+    instruction,
+    transcription_messages,
+    unknown_language,
+)
 from omni_serve.observability.metrics import ApiMetrics
 
 log = logging.getLogger("ray.serve")
@@ -123,14 +127,9 @@ class AudioRoutes:
         raw = await form.file.read()
         clip = await asyncio.to_thread(base64.b64encode, raw)
         fmt = await asyncio.to_thread(audio_format, raw)  # a file upload names no format
-        clip_part = {"data": clip.decode(), "format": fmt or "wav"}
-        content = [
-            {"type": "input_audio", "input_audio": clip_part},
-            {"type": "text", "text": asked},
-        ]
         body = ChatCompletionRequest(
             model=form.model,
-            messages=[{"role": "user", "content": content}],
+            messages=transcription_messages(clip.decode(), fmt or "wav", asked),
             stream=stream,
             temperature=form.temperature,
             max_tokens=form.max_completion_tokens or self.config.api.max_tokens_limit,

@@ -26,7 +26,12 @@ from omni_serve.api.socket_session import IdleTimeout
 from omni_serve.config import PipelineConfig
 from omni_serve.models.qwen3_omni.chat_flow import ChatEvent
 from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.transcribe_prompt import SPEECH_LANGUAGES, instruction
+from omni_serve.models.qwen3_omni.request import media_limit
+from omni_serve.models.qwen3_omni.transcribe_prompt import (
+    SPEECH_LANGUAGES,
+    instruction,
+    transcription_messages,
+)
 
 POLICY_VIOLATION = 1008  # the close code for a session this server will not hold
 
@@ -58,7 +63,7 @@ class RealtimeRoutes:
             api.max_tokens_limit,
             min(api.default_max_tokens, api.max_tokens_limit),
             frozenset(SPEECH_LANGUAGES),
-            _count(self.chat.media_limits.get("audio")),
+            media_limit(self.chat.media_limits, "audio"),
         )
         session = RealtimeSession(
             ws,
@@ -106,16 +111,11 @@ class RealtimeRoutes:
         Thinker hears the clip, is told to transcribe it, and answers in text. Under no
         session id, so it neither takes the conversation's replica slot nor replaces the KV
         prefix the conversation's next turn resumes from."""
-        clip = {"data": pcm_to_wav_b64(pcm), "format": "wav"}
         asked_for = instruction("transcribe", asked.language, asked.prompt)
-        content = [
-            {"type": "input_audio", "input_audio": clip},
-            {"type": "text", "text": asked_for},
-        ]
         body = ChatCompletionRequest.model_validate(
             {
                 "model": self.config.served_model_name,
-                "messages": [{"role": "user", "content": content}],
+                "messages": transcription_messages(pcm_to_wav_b64(pcm), "wav", asked_for),
                 "stream": True,
                 "max_tokens": self.config.api.max_tokens_limit,
                 "temperature": 0.0,
@@ -130,10 +130,3 @@ class RealtimeRoutes:
         prepare_s = time.perf_counter() - start
         events = self.chat.events(prompt, options, uuid.uuid4().hex)
         return self.chat.observed(iterate_within(events, self.chat.deadline(body)), prepare_s)
-
-
-def _count(limit: int | dict | None) -> int | None:
-    """A ``limit_mm_per_prompt`` entry's count (vLLM takes a count or ``{"count": n}``)."""
-    if isinstance(limit, dict):
-        limit = limit.get("count")
-    return None if limit is None else int(limit)

@@ -16,11 +16,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from omni_serve.api.errors import ApiError, stage_failure
 from omni_serve.api.realtime.conversation import Item
 from omni_serve.api.realtime.protocol import InputTranscription
+from omni_serve.api.transcriptions import usage_tokens
 
 if TYPE_CHECKING:
     from omni_serve.api.realtime.answer import ReplyEvent
@@ -84,17 +85,5 @@ class InputTranscripts:
             await self.emit(f"{kind}.failed", **where, error=error)
             return
         part.transcript = "".join(text)
-        await self.emit(
-            f"{kind}.completed", **where, transcript=part.transcript, usage=_usage(result)
-        )
-
-
-def _usage(result: Any) -> dict[str, Any]:
-    prompt = getattr(result, "prompt_tokens", 0) or 0
-    output = len(getattr(result, "token_ids", []) or [])
-    return {
-        "type": "tokens",
-        "input_tokens": prompt,
-        "output_tokens": output,
-        "total_tokens": prompt + output,
-    }
+        usage = usage_tokens(result.prompt_tokens, len(result.token_ids)) if result else None
+        await self.emit(f"{kind}.completed", **where, transcript=part.transcript, usage=usage)

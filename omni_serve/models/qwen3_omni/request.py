@@ -182,11 +182,18 @@ def over_media_limits(
             )
         counts["audio"] = counts["video"]  # each video's track is an audio item
     for kind, count in counts.items():
-        limit = limits.get(kind)
-        limit = limit.get("count") if isinstance(limit, dict) else limit
-        if limit is not None and count > int(limit):
-            return f"at most {int(limit)} {kind} item(s) per request; this one has {count}"
+        limit = media_limit(limits, kind)
+        if limit is not None and count > limit:
+            return f"at most {limit} {kind} item(s) per request; this one has {count}"
     return None
+
+
+def media_limit(limits: dict[str, Any], kind: str) -> int | None:
+    """How many ``kind`` items one prompt takes (vLLM's ``limit_mm_per_prompt`` entry: a
+    count, or ``{"count": n, ...}``); None: no limit."""
+    limit = limits.get(kind)
+    limit = limit.get("count") if isinstance(limit, dict) else limit
+    return None if limit is None else int(limit)
 
 
 def decode_media(

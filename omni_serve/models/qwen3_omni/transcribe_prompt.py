@@ -8,7 +8,7 @@ from vLLM gets the same prompt, and so the same text.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 # Qwen3-Omni's speech input languages, by ISO 639-1 code (Cantonese by ISO 639-3), as its
 # model card lists them.
@@ -54,3 +54,13 @@ def instruction(task: Task, language: str | None = None, prompt: str | None = No
         text += " into English"
     text += "."
     return f"{text} {prompt}" if prompt else text
+
+
+def transcription_messages(clip_b64: str, fmt: str, asked: str) -> list[dict[str, Any]]:
+    """The chat the Thinker answers for a transcription: the clip (base64, in ``fmt``), then
+    what to do with it (``instruction``'s text), as one user message."""
+    content = [
+        {"type": "input_audio", "input_audio": {"data": clip_b64, "format": fmt}},
+        {"type": "text", "text": asked},
+    ]
+    return [{"role": "user", "content": content}]
