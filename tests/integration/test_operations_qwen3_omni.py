@@ -217,9 +217,33 @@ def test_a_thinker_killed_mid_stream_ends_it_with_an_error_naming_the_thinker(se
     Its engine's processes die with it and leave their queues in /dev/shm (vLLM removes them
     only when it stops cleanly): the replacement's engine removes them (it sweeps as it starts,
     and every 30 s: the dead engine's processes can outlive their replica for a while)."""
-    pid, engine = the_thinker_and_its_engine(served)
-    queues = {q for q in shm_files_mapped(engine) if "/psm_" in q}
-    assert queues  # else there is nothing to check
+    for attempt in range(2):
+        pid, engine = the_thinker_and_its_engine(served)
+        queues = {q for q in shm_files_mapped(engine) if "/psm_" in q}
+        assert queues  # else there is nothing to check
+        events, took = stream_killing_the_thinker(pid)
+        assert events[-1] == "[DONE]" and took < 30
+        last = json.loads(events[-2])
+        if "error" in last or attempt:
+            break
+        # The Thinker had made all 256 tokens before the kill landed (a busy ingress can
+        # stream behind it): not a kill mid-stream. Once Serve replaces it, kill the next one.
+        healthy_again("thinker", pid)
+    error = last["error"]
+    assert (
+        "stage 'thinker' died" in error["message"]
+        and "send the request again" in (error["message"])
+    )
+    healthy_again("thinker", pid)
+    assert chat(ask("Hi again", max_tokens=4)).status_code == 200
+    gone_within(queues, 90)  # the dead engine can outlive its replica; sweeps every 30 s
+    said = "files killed vLLM engines left in /dev/shm"  # Ray forwards replica logs late
+    wait_for(lambda: said in served.tail(400_000), 30, "the sweep's log line")
+
+
+def stream_killing_the_thinker(pid: int) -> tuple[list[str], float]:
+    """A streamed reply's SSE data lines, the Thinker (``pid``) killed once the client has two
+    text deltas; and the seconds the stream took."""
     # Greedy: this prompt runs all 256 tokens. Sampled, a quarter of runs drew <|im_end|>
     # within 12-117 tokens here (tiny vocabulary), and a reply done before the kill has no error.
     body = {**MODEL, **ask("Tell a long story.", max_tokens=256, temperature=0, stream=True)}
@@ -233,17 +257,7 @@ def test_a_thinker_killed_mid_stream_ends_it_with_an_error_naming_the_thinker(se
             events.append(line.removeprefix("data: "))
             if len(events) == 3:  # the role chunk and two text deltas
                 os.kill(pid, signal.SIGKILL)
-    assert events[-1] == "[DONE]" and time.monotonic() - began < 30
-    error = json.loads(events[-2])["error"]
-    assert (
-        "stage 'thinker' died" in error["message"]
-        and "send the request again" in (error["message"])
-    )
-    healthy_again("thinker", pid)
-    assert chat(ask("Hi again", max_tokens=4)).status_code == 200
-    gone_within(queues, 90)  # the dead engine can outlive its replica; sweeps every 30 s
-    said = "files killed vLLM engines left in /dev/shm"  # Ray forwards replica logs late
-    wait_for(lambda: said in served.tail(400_000), 30, "the sweep's log line")
+    return events, time.monotonic() - began
 
 
 def test_a_talker_killed_mid_request_is_rerun_and_the_client_gets_the_whole_answer(served):
