@@ -76,10 +76,9 @@ class OmniChat:
         media_limits: dict[str, Any],
         sessions: SessionStoreClient | None = None,
         replies: SpokenReplyClient | None = None,
-        spoken_media: frozenset[str] = frozenset({"audio", "image", "video"}),
     ) -> None:
         self.config, self.prompts, self.clients, self.metrics = config, prompts, clients, metrics
-        self.voices, self.speaks, self.spoken_media = voices, speaks, spoken_media
+        self.voices, self.speaks = voices, speaks
         self.context_tokens, self.media_limits = context_tokens, media_limits
         self.sessions, self.replies = sessions, replies
 
@@ -121,12 +120,6 @@ class OmniChat:
             raise ApiError(400, str(exc), exc.param) from None
         except ProxyUnreachable as exc:
             raise ApiError(502, str(exc), type_="server_error", code="media_proxy") from None
-        if want_audio and prompt.video_grid_thw is not None and "video" not in self.spoken_media:
-            message = (
-                f"{self.config.served_model_name} cannot answer a video prompt in speech yet: "
-                "ask for text (modalities ['text'])"
-            )
-            raise ApiError(400, message, "modalities")
         n_prompt = len(prompt.expanded_ids or prompt.prompt_ids)
         if n_prompt >= self.context_tokens:
             message = (

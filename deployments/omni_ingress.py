@@ -104,7 +104,6 @@ class OmniIngress(AudioRoutes, VoiceSocketRoutes, RealtimeRoutes, ReleasesShared
             media_limits=dict(args.get("limit_mm_per_prompt") or {}),  # more: a 400
             sessions=SessionStoreClient(session_store) if session_store else None,
             replies=SpokenReplyClient(spoken_replies) if spoken_replies else None,
-            spoken_media=family.spoken_media,
         )
         self.metrics_export = export_stage_metrics("ingress", ingress_stats)
         self.created = int(time.time())

@@ -17,6 +17,7 @@ NOISE_SEED = 7  # Token2Wav's ODE starts from noise
 
 @dataclass
 class ReferenceRun:
+    kind: str  # tests/reference.py's prompt_messages kind
     inputs: dict
     prompt_ids: list[int]
     generated: list[int]  # Thinker tokens
@@ -55,6 +56,7 @@ def _with_mask(_module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 @torch.no_grad()
 def reference_run(model, processor, kind: str) -> ReferenceRun:
     inputs = processor_inputs(processor, kind)
+    hears = {"use_audio_in_video": True} if kind == "video_audio" else {}
     eos = model.config.thinker_config.text_config.eos_token_id
     talked: list[torch.Tensor] = []
     talker_generate = model.talker.generate
@@ -73,6 +75,7 @@ def reference_run(model, processor, kind: str) -> ReferenceRun:
         torch.manual_seed(NOISE_SEED)
         sequences, wav = model.generate(
             **routed,
+            **hears,
             speaker=SPEAKER,
             thinker_max_new_tokens=THINKER_MAX_TOKENS,
             thinker_do_sample=False,
@@ -86,6 +89,7 @@ def reference_run(model, processor, kind: str) -> ReferenceRun:
         hook.remove()
     out = model.thinker.generate(
         **inputs,
+        **hears,
         max_new_tokens=THINKER_MAX_TOKENS,
         do_sample=False,
         output_hidden_states=True,
@@ -99,6 +103,7 @@ def reference_run(model, processor, kind: str) -> ReferenceRun:
     if len(stops):
         codes = codes[: int(stops[0])]
     return ReferenceRun(
+        kind=kind,
         inputs=inputs,
         prompt_ids=inputs["input_ids"][0].tolist(),
         generated=out.sequences[0, n:].tolist(),

@@ -324,26 +324,3 @@ async def test_audio_declared_as_one_format_and_sent_as_another_is_a_400(chat):
         await chat.prepare(request(part, TEXT))
     assert caught.value.status == 400 and caught.value.param.endswith("input_audio.format")
     assert "'mp3' but the data is a wav file" in caught.value.message
-
-
-async def test_a_video_prompt_asking_for_speech_is_refused_where_the_family_cannot(
-    omni_processor,
-):
-    """A family whose Talker cannot place a video's rows (Qwen2.5-Omni's today) answers a video
-    prompt that asks for speech with a 400 saying to ask for text; text is still answered."""
-    from omni_serve.testing.media import video_data_url
-    from tests.reference import sample_video
-
-    chat = make_chat(omni_processor, ApiSettings(), spoken_media=frozenset({"audio", "image"}))
-    url = video_data_url(sample_video(), rate=2, lossless=True)
-    content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "?"}]
-    body = {"model": "qwen3-omni", "messages": [{"role": "user", "content": content}]}
-    spoken = {**body, "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
-    try:
-        with pytest.raises(ApiError, match="cannot answer a video prompt in speech") as refused:
-            await chat.prepare(ChatCompletionRequest.model_validate(spoken))
-        assert refused.value.status == 400 and refused.value.param == "modalities"
-        prompt, options = await chat.prepare(ChatCompletionRequest.model_validate(body))
-        assert prompt.video_grid_thw is not None and not options.want_audio
-    finally:
-        chat.prompts.close()

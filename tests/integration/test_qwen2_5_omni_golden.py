@@ -1,6 +1,7 @@
 """Qwen2.5-Omni's stages with real vLLM give transformers' ``generate``: the vLLM Thinker's
 text and last-layer rows, then the shared spoken-reply session on the torch Talker (its codes)
-and Token2Wav (the waveform), for text, audio and image prompts."""
+and Token2Wav (the waveform), for text, audio, image and video prompts (a video's grid as
+the ingress computes it; a video heard with its audio track too)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.engines.ar.vllm_engine import VLLMEngine
 from omni_serve.models.qwen2_5_omni.family import FAMILY
 from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
-from omni_serve.models.qwen3_omni.thinker_inputs import thinker_prompt
+from omni_serve.models.qwen3_omni.thinker_inputs import thinker_prompt, video_grids
 from omni_serve.models.thinker_talker.messages import (
     CodecFrame,
     SpeakRequest,
@@ -22,7 +23,14 @@ from omni_serve.models.thinker_talker.messages import (
     reply_rows,
 )
 from omni_serve.models.thinker_talker.speech_session import speak
-from tests.reference import prompt_messages, sample_audio, sample_image
+from tests.reference import (
+    VIDEO_FPS,
+    prompt_messages,
+    sample_audio,
+    sample_image,
+    sample_track,
+    sample_video,
+)
 from tests.reference_qwen2_5_omni import (
     NOISE_SEED,
     SPEAKER,
@@ -32,7 +40,7 @@ from tests.reference_qwen2_5_omni import (
 )
 
 pytestmark = pytest.mark.integration
-KINDS = ("text", "audio", "image")
+KINDS = ("text", "audio", "image", "video", "video_audio")
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +65,19 @@ async def thinker_chunks(engine: VLLMEngine, processor, kind: str, layer: int):
     media = {"audios": [sample_audio()]} if kind == "audio" else {}
     if kind == "image":
         media = {"images": [sample_image()]}
+    mm_kwargs = {"fps": VIDEO_FPS} if kind.startswith("video") else None
+    if kind == "video":
+        media = {"videos": [sample_video()]}
+    if kind == "video_audio":  # the video heard too: its track interleaved with its frames
+        media = {"videos": [sample_video()], "audios": [sample_track()]}
+        mm_kwargs = {"fps": VIDEO_FPS, "use_audio_in_video": True}
     ids, mm = thinker_prompt(processor, prompt_messages(kind), **media)
     eos = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
     request = ARRequest(
         f"golden-{kind}",
         prompt_token_ids=ids,
         multi_modal_data=mm or None,
+        mm_processor_kwargs=mm_kwargs,
         sampling=SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[eos]),
         capture_layers=(layer,),
     )
@@ -103,13 +118,27 @@ async def test_stages_give_transformers_generate(thinker, hf, tiny_qwen2_5_omni_
     await engine.start()
     mask = run.inputs.get("feature_attention_mask")
     grid = run.inputs.get("image_grid_thw")
+    # The ingress's own grid (not the processor's output): vLLM placed the video by its own.
+    video = kind.startswith("video")
+    video_grid = video_grids(processor, [sample_video()]).tolist() if video else None
+    hears = {"use_audio_in_video": True} if kind == "video_audio" else None
     request = SpeakRequest(
         f"speak-{kind}",
-        ThinkerRequest(f"speak-{kind}", run.prompt_ids, SamplingConfig(), capture=True),
+        ThinkerRequest(
+            f"speak-{kind}",
+            run.prompt_ids,
+            SamplingConfig(),
+            capture=True,
+            mm_processor_kwargs=hears,
+        ),
         run.prompt_ids,
         SPEAKER,
         {},
         image_grid_thw=None if grid is None else grid.tolist(),
+        video_grid_thw=video_grid,
+        video_second_per_grid=[processor.video_processor.temporal_patch_size / VIDEO_FPS]
+        if video
+        else None,
         audio_seqlens=None if mask is None else mask.sum(-1).tolist(),
     )
 

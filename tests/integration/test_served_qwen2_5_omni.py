@@ -73,15 +73,18 @@ def wav_of(message: dict) -> np.ndarray:
     return samples
 
 
-@pytest.mark.parametrize("kind", ["text", "audio", "image"])
+@pytest.mark.parametrize("kind", ["text", "audio", "image", "video", "video_audio"])
 def test_served_replies_equal_transformers(served, hf, kind):
     """Greedy through the graph == transformers' generate: the same text, and the waveform of
-    the same codes (Token2Wav one-shot with the stage's noise) within the chunking bound."""
+    the same codes (Token2Wav one-shot with the stage's noise) within the chunking bound, for
+    every kind of prompt (video_audio: a video heard with its audio track too)."""
     from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
 
     model, processor = hf
     ref = reference_run(model, processor, kind)
-    r = httpx.post(f"{URL}/v1/chat/completions", json=greedy_body(request_parts(kind)), timeout=120)
+    hears = {"use_audio_in_video": True} if kind == "video_audio" else {}
+    body = greedy_body(request_parts(kind), **hears)
+    r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     message = r.json()["choices"][0]["message"]
     text = processor.tokenizer.decode(ref.generated, skip_special_tokens=True)
@@ -223,17 +226,6 @@ def test_a_batch_job_writes_spoken_replies(served, tmp_path):
     names = sorted(p.name for p in out.iterdir())
     assert names == ["bye.wav", "hi.txt", "hi.wav", "manifest.jsonl"]
     assert len(sf.read(out / "hi.wav")[0]) > 0 and len(sf.read(out / "bye.wav")[0]) > 0
-
-
-def test_a_video_prompt_is_answered_in_text_and_refused_in_speech(served):
-    """Video prompts: text, yes; speech, a 400 saying so (docs/models.md: not yet)."""
-    body = greedy_body(request_parts("video"))
-    spoken = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
-    assert spoken.status_code == 400 and "video prompt in speech" in spoken.text
-    text = {**body, "modalities": ["text"]}
-    text.pop("audio")
-    r = httpx.post(f"{URL}/v1/chat/completions", json=text, timeout=120)
-    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
 
 
 def test_health_names_the_stages(served):

@@ -26,10 +26,6 @@ TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_pe
 
 class Qwen25OmniFamily:
     name = "qwen2_5_omni"
-    # Not video yet: the Talker places a video's rows by its grid, and the ingress's grid (its
-    # own frame sampling) is not the one vLLM's Qwen2.5-Omni processor used (their token
-    # counts differed: 533 against 443), so its M-RoPE positions cannot be built.
-    spoken_media = frozenset({"audio", "image"})
 
     def thinker_model(self, model_path: Path) -> ThinkerModel:
         """The Talker reads the Thinker's last layer (the final norm's output) everywhere."""

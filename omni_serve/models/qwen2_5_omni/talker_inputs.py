@@ -150,6 +150,7 @@ class TalkerInputBuilder:
             video_grid_thw=_tensor(request.video_grid_thw),
             audio_seqlens=_tensor(request.audio_seqlens),
             video_second_per_grid=_tensor(request.video_second_per_grid),
+            use_audio_in_video=hears_videos(request),
         )
         extra = {
             "position_ids": prompt.position_ids,
@@ -157,6 +158,12 @@ class TalkerInputBuilder:
             PENALTY_HISTORY: prompt.codec_history,
         }
         return prompt.embeds, extra
+
+
+def hears_videos(request: SpeakRequest) -> bool:
+    """Whether the prompt's videos carry their audio tracks: the Thinker interleaved them, and
+    this Talker places them interleaved too (transformers' generate hands it the flag)."""
+    return bool((request.thinker.mm_processor_kwargs or {}).get("use_audio_in_video"))
 
 
 def _tensor(small: Any) -> torch.Tensor | None:

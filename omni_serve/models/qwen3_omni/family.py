@@ -24,7 +24,6 @@ TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_pe
 
 class Qwen3OmniFamily:
     name = "qwen3_omni"
-    spoken_media = frozenset({"audio", "image", "video"})
 
     def thinker_model(self, model_path: Path) -> ThinkerModel:
         config = load_config(model_path)

@@ -13,7 +13,6 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
 )
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
-    Qwen3OmniMoeProcessorKwargs,
     _get_feat_extract_output_lengths,
 )
 
@@ -44,11 +43,12 @@ def thinker_prompt(
 
 def video_frame_size(processor) -> dict[str, int]:
     """The pixel bounds (``shortest_edge``, ``longest_edge``) the processor resizes video
-    frames to. Its call merges Qwen3-Omni's own video defaults over the video processor's
-    (768 x 32 x 32 pixels at most, not the video processor's 602,112), so read them as it
-    merges them."""
+    frames to. Its call merges the model's own video defaults over the video processor's
+    (Qwen3-Omni: 768 x 32 x 32 pixels at most, not the video processor's 602,112; Qwen2.5-Omni:
+    128 to 768 x 28 x 28), so read them as the call merges them, through the processor's own
+    kwargs class."""
     merged = processor._merge_kwargs(
-        Qwen3OmniMoeProcessorKwargs, tokenizer_init_kwargs=processor.tokenizer.init_kwargs
+        processor.valid_processor_kwargs, tokenizer_init_kwargs=processor.tokenizer.init_kwargs
     )
     return dict(merged["videos_kwargs"]["size"])
 
@@ -126,7 +126,7 @@ def expand_audio_placeholders(processor, ids: list[int], seqlens: torch.Tensor) 
     processor expands them (its rule, with its merged ``n_window``), given the clips' mel
     frame counts: no second mel pass over the clips just to count."""
     merged = processor._merge_kwargs(
-        Qwen3OmniMoeProcessorKwargs, tokenizer_init_kwargs=processor.tokenizer.init_kwargs
+        processor.valid_processor_kwargs, tokenizer_init_kwargs=processor.tokenizer.init_kwargs
     )
     n_window = merged["audio_kwargs"].get("n_window", 50)
     rows = iter(_get_feat_extract_output_lengths(seqlens, n_window).tolist())

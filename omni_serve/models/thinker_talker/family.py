@@ -64,8 +64,6 @@ class TalkerParts:
 
 class ThinkerTalkerFamily(Protocol):
     name: str
-    # The media a prompt may hold and still be answered in speech.
-    spoken_media: frozenset[str]
 
     def thinker_model(self, model_path: Path) -> ThinkerModel: ...
 

@@ -7,7 +7,7 @@ from transformers import AutoProcessor, Qwen2_5OmniForConditionalGeneration
 
 from tests.reference_qwen2_5_omni import reference_run
 
-KINDS = ("text", "audio", "image")
+KINDS = ("text", "audio", "image", "video", "video_audio")
 
 
 @pytest.fixture(scope="session")

@@ -49,9 +49,14 @@ async def thinker_stream(run, layer: int, rows_early: int):
 
 
 def speak_request(run) -> SpeakRequest:
-    thinker = ThinkerRequest("s", run.prompt_ids, SamplingConfig(), capture=True)
+    hears = {"use_audio_in_video": True} if run.kind == "video_audio" else None
+    thinker = ThinkerRequest(
+        "s", run.prompt_ids, SamplingConfig(), capture=True, mm_processor_kwargs=hears
+    )
     mask = run.inputs.get("feature_attention_mask")
     grid = run.inputs.get("image_grid_thw")
+    video_grid = run.inputs.get("video_grid_thw")
+    video_step = run.inputs.get("video_second_per_grid")
     return SpeakRequest(
         "s",
         thinker,
@@ -59,6 +64,8 @@ def speak_request(run) -> SpeakRequest:
         SPEAKER.lower(),
         {},
         image_grid_thw=None if grid is None else grid.tolist(),
+        video_grid_thw=None if video_grid is None else video_grid.tolist(),
+        video_second_per_grid=None if video_step is None else video_step.tolist(),
         audio_seqlens=None if mask is None else mask.sum(-1).tolist(),
     )
 

@@ -1,5 +1,5 @@
 """Golden tests: the torch engine running the Qwen2.5-Omni Talker reproduces transformers'
-Talker codes (greedy) for text, audio and image prompts, alone, batched and streamed."""
+Talker codes (greedy) for text, audio, image and video prompts, alone, batched and streamed."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def builder(tiny_model):
 
 
 def new_engine(tiny_model, builder, max_batch_size: int = 4) -> TorchAREngine:
-    runner = TalkerRunner(tiny_model.talker, builder.pad_row, max_batch_size, max_len=512)
+    runner = TalkerRunner(tiny_model.talker, builder.pad_row, max_batch_size, max_len=1024)
     return TorchAREngine(runner, stop_token_ids=runner.stop_token_ids)
 
 
@@ -37,6 +37,9 @@ def talker_request(model, builder, run, request_id: str, stream: bool = False):
         run.last_hidden[n],
         model.speaker_map[SPEAKER]["bos_token"],
         image_grid_thw=run.inputs.get("image_grid_thw"),
+        video_grid_thw=run.inputs.get("video_grid_thw"),
+        video_second_per_grid=run.inputs.get("video_second_per_grid"),
+        use_audio_in_video=run.kind == "video_audio",
         audio_seqlens=mask.sum(-1) if mask is not None else None,
     )
     last = len(generated) - 1
