@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
+from omni_serve.compat.transformers import qwen2_5_omni_dit_broadcast_block_mask
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
 
 SAMPLE_RATE = 24_000
@@ -79,6 +80,7 @@ class Token2WavDecoder:
 
     def __init__(self, token2wav: Any, speakers: dict[str, dict], settings: Token2WavSettings):
         self.dit = token2wav.code2wav_dit_model.eval()
+        qwen2_5_omni_dit_broadcast_block_mask(self.dit)
         embed = self.dit.input_embed
         if not isinstance(embed.spk_encoder, RepeatedInputMemo):
             embed.spk_encoder = RepeatedInputMemo(embed.spk_encoder)
