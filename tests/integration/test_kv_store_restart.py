@@ -14,7 +14,7 @@ from omni_serve.testing.serve_process import ServeProcess
 
 pytestmark = pytest.mark.integration
 URL = "http://127.0.0.1:8000"
-PIPELINE = "pipeline_config=configs/pipelines/qwen3_omni_tiny.yaml"  # 1 GiB of memory tier
+PIPELINE = "pipeline_config=tests/integration/pipelines/qwen3_omni_text_sessions.yaml"
 
 
 def _chat(messages: list[dict]) -> dict:
