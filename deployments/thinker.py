@@ -64,6 +64,7 @@ class ThinkerDeployment(ReleasesSharedMemory):
             self.embed_tokens,
             model.accept_layer,
             model.placeholders,
+            everywhere=model.reply_layer is not None,
         )
         self.engine = VLLMEngine(
             str(model_path),
@@ -121,7 +122,8 @@ class ThinkerDeployment(ReleasesSharedMemory):
         rows: dict[int, list[torch.Tensor]] = {k: [] for k in layers}
         sent_rows = False
         reply_layer = self.model.reply_layer if layers else None
-        seen = 0  # rows of ``reply_layer`` so far: the prompt's, then a reply token's each
+        seen = None  # positions of ``reply_layer``'s rows so far: cached ones, then captured
+        reply: list[int] = []
         async with contextlib.aclosing(self.engine.generate(ar)) as chunks:
             async for chunk in chunks:
                 # The prompt as the engine ran it (placeholders expanded; an embeddings prompt
@@ -133,10 +135,12 @@ class ThinkerDeployment(ReleasesSharedMemory):
                     turn.ids = []
                     break  # no kept rows for the cached media: run without caches
                 out = _thinker_chunk(chunk, by_embeds)
+                reply += chunk.token_ids
                 for k, v in chunk.hidden.items():
                     rows[k].append(v)
                 if reply_layer is not None and reply_layer in chunk.hidden:
                     new = chunk.hidden[reply_layer]
+                    seen = chunk.num_cached_tokens if seen is None else seen  # never captured
                     out.reply_rows = reply_rows(new, seen, len(turn.ids))
                     seen += new.shape[0]
                 if request.capture and not layers and not sent_rows:
@@ -147,6 +151,7 @@ class ThinkerDeployment(ReleasesSharedMemory):
                     out.prompt_rows = self.turns.prompt_rows(rows, cached, finished, turn)
                     sent_rows = out.prompt_rows is not None
                 if chunk.kv_transfer_params:  # the last chunk
+                    self.turns.keep_reply(turn, rows, chunk.num_cached_tokens, reply)
                     prefix = chunk.kv_transfer_params.get(PREFIX_KEY)
                     out.session_kv = self.turns.with_rows(prefix, turn)
                 yield out

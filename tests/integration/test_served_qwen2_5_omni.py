@@ -73,18 +73,16 @@ def wav_of(message: dict) -> np.ndarray:
     return samples
 
 
-@pytest.mark.parametrize("kind", ["text", "audio", "image", "video", "video_audio"])
+# Not "video_audio": test_qwen2_5_omni_golden.py says why.
+@pytest.mark.parametrize("kind", ["text", "audio", "image", "video"])
 def test_served_replies_equal_transformers(served, hf, kind):
     """Greedy through the graph == transformers' generate: the same text, and the waveform of
-    the same codes (Token2Wav one-shot with the stage's noise) within the chunking bound, for
-    every kind of prompt (video_audio: a video heard with its audio track too)."""
+    the same codes (Token2Wav one-shot with the stage's noise) within the chunking bound."""
     from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
 
     model, processor = hf
     ref = reference_run(model, processor, kind)
-    hears = {"use_audio_in_video": True} if kind == "video_audio" else {}
-    body = greedy_body(request_parts(kind), **hears)
-    r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
+    r = httpx.post(f"{URL}/v1/chat/completions", json=greedy_body(request_parts(kind)), timeout=120)
     assert r.status_code == 200, r.text
     message = r.json()["choices"][0]["message"]
     text = processor.tokenizer.decode(ref.generated, skip_special_tokens=True)
@@ -226,6 +224,41 @@ def test_a_batch_job_writes_spoken_replies(served, tmp_path):
     names = sorted(p.name for p in out.iterdir())
     assert names == ["bye.wav", "hi.txt", "hi.wav", "manifest.jsonl"]
     assert len(sf.read(out / "hi.wav")[0]) > 0 and len(sf.read(out / "bye.wav")[0]) > 0
+
+
+def test_a_voice_conversations_next_spoken_turn_reuses_its_prefix(client):
+    """User story: a voice chat's second spoken turn computes only its new tokens (the Thinker
+    rows turn one kept, at every position, stand in for the cached ones) and says what the
+    same turn says cold."""
+    system = {"role": "system", "content": "You answer briefly and kindly. " * 40}
+    turn = [system, {"role": "user", "content": "Name a colour."}]
+    spoken = {
+        "model": MODEL,
+        "max_tokens": THINKER_MAX_TOKENS,
+        "temperature": 0,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": SPEAKER.lower(), "format": "wav"},
+    }
+    talker = {"stage_overrides": {"talker": {"temperature": 0, "max_tokens": TALKER_MAX_TOKENS}}}
+    session = {**talker, "session_id": "served-voice-25"}
+    first = client.chat.completions.create(messages=turn, extra_body=session, **spoken)
+    assert first.usage.prompt_tokens >= 256
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    turn += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And another?"},
+    ]
+    second = client.chat.completions.create(messages=turn, extra_body=session, **spoken)
+    cold = client.chat.completions.create(messages=turn, extra_body=talker, **spoken)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens // 128 * 128  # vLLM's CPU block: 128 tokens
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.choices[0].message.content == cold.choices[0].message.content
+    heard, expected = (
+        sf.read(io.BytesIO(base64.b64decode(r.choices[0].message.audio.data)))[0]
+        for r in (second, cold)
+    )
+    assert heard.shape == expected.shape and abs(heard - expected).max() <= 2 * WAV_STEP
 
 
 def test_health_names_the_stages(served):

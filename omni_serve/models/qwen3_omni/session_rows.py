@@ -10,6 +10,11 @@ tokens and media. So a spoken turn keeps its rows at media positions (``SessionR
 next spoken turn reads caches wherever those rows cover the cached media, and computes the
 rest. Whether they cover it is known only once the engine says how many tokens it found
 cached (``covers``); if they do not, the turn runs again without caches.
+
+A Talker that reads the Thinker's rows at every position (Qwen2.5-Omni's, of its last layer)
+needs them at every cached position, not only media ones: such a turn keeps ``everywhere``,
+its prompt's rows and those of its reply's tokens, so that the next turn, whose prompt starts
+with both, may read caches up to the end of that reply.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ class SessionRows:
 
     ids: list[int]  # the prompt as the Thinker ran it (media placeholders expanded)
     media: dict[str, list[str]]  # digests of its media items, per modality, in prompt order
-    ref: TensorRef  # accept-layer rows at the media positions of ``ids``, in position order
+    ref: TensorRef  # accept-layer rows at the kept positions of ``ids``, in position order
     placeholders: dict[str, int] = field(default_factory=dict)  # modality -> token id
+    # Rows at every position of ``ids`` (the prompt, then its reply's tokens), not only media.
+    everywhere: bool = False
 
 
 def digest(item: Any) -> str:
@@ -68,12 +75,20 @@ def media_mask(ids: list[int], placeholders: dict[str, int]) -> torch.Tensor:
     return torch.isin(torch.tensor(ids), torch.tensor(list(placeholders.values())))
 
 
+def kept_mask(ids: list[int], placeholders: dict[str, int], everywhere: bool) -> torch.Tensor:
+    """The positions of ``ids`` whose rows a turn keeps."""
+    if everywhere:
+        return torch.ones(len(ids), dtype=torch.bool)
+    return media_mask(ids, placeholders)
+
+
 def covers(kept: SessionRows, ids: list[int], media: dict[str, list[str]], cached: int) -> bool:
-    """Whether ``kept`` holds the rows of every media position among the first ``cached``
-    tokens of this prompt (``ids`` expanded, ``media`` its digests): those tokens and items
-    must be the kept prompt's, and no media may lie in a cached part beyond it."""
+    """Whether ``kept`` holds the rows of every media position (of every position, where it
+    keeps them ``everywhere``) among the first ``cached`` tokens of this prompt (``ids``
+    expanded, ``media`` its digests): those tokens and items must be the kept prompt's, and
+    no media (no token at all, ``everywhere``) may lie in a cached part beyond it."""
     same = min(cached, len(kept.ids))
-    if ids[:same] != kept.ids[:same]:
+    if ids[:same] != kept.ids[:same] or (kept.everywhere and cached > len(kept.ids)):
         return False
     for modality, token_id in kept.placeholders.items():
         starts = [s for s in item_starts(ids, token_id) if s < cached]
@@ -87,21 +102,25 @@ def covers(kept: SessionRows, ids: list[int], media: dict[str, list[str]], cache
 def assemble(
     kept: SessionRows | None, kept_rows: torch.Tensor | None, captured: torch.Tensor, cached: int
 ) -> torch.Tensor:
-    """Accept-layer rows of the whole prompt: kept rows at the cached media positions, captured
-    rows (of positions ``cached`` onward) after them. Cached text positions stay zero: the
-    Talker reads token embeddings there."""
+    """Accept-layer rows of the whole prompt: kept rows at the cached media positions (at every
+    cached position, ``everywhere``), captured rows (of positions ``cached`` onward) after
+    them. Cached text positions a turn kept no rows for stay zero: the Talker reads token
+    embeddings there."""
     full = captured.new_zeros(cached + captured.shape[0], captured.shape[1])
     full[cached:] = captured
     if kept is not None and kept_rows is not None and cached:
-        positions = media_mask(kept.ids, kept.placeholders).nonzero().flatten()
+        mask = kept_mask(kept.ids, kept.placeholders, kept.everywhere)
+        positions = mask.nonzero().flatten()
         take = positions < cached
         full[positions[take]] = kept_rows[take].to(full.dtype)
     return full
 
 
-def rows_to_keep(ids: list[int], rows: torch.Tensor, placeholders: dict[str, int]) -> torch.Tensor:
-    """A turn's accept-layer rows at its media positions (what ``SessionRows.ref`` holds)."""
-    return rows[media_mask(ids, placeholders)].contiguous()
+def rows_to_keep(
+    ids: list[int], rows: torch.Tensor, placeholders: dict[str, int], everywhere: bool = False
+) -> torch.Tensor:
+    """A turn's accept-layer rows at its kept positions (what ``SessionRows.ref`` holds)."""
+    return rows[: len(ids)][kept_mask(ids, placeholders, everywhere)].contiguous()
 
 
 def media_digests(

@@ -2,8 +2,9 @@
 
 A session's turn exports its prompt's KV for the next turn (``kv_params``), and a spoken turn
 hands the Talker its prompt's rows (``prompt_rows``) and keeps the rows at its media positions
-for the session's next spoken turn (``session_rows``). Those kept rows ride the exported KV
-prefix as its companion, so they follow the KV wherever it goes.
+(at every position, its reply's included, for a Talker that reads them ``everywhere``) for the
+session's next spoken turn (``session_rows``). Those kept rows ride the exported KV prefix as
+its companion, so they follow the KV wherever it goes.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ class ThinkerTurns:
 
     ``rows``: the channel the Talker's prompt rows go on; ``sessions``: the ``session_kv``
     edge's channel (None: no KV handover); ``accept_layer``: the layer whose rows the Talker
-    reads at media positions; ``placeholders``: modality -> placeholder token id."""
+    reads at media positions; ``placeholders``: modality -> placeholder token id;
+    ``everywhere``: the Talker reads ``accept_layer`` at every position and for every reply
+    token (``ThinkerModel.reply_layer``), so a turn keeps them all."""
 
     def __init__(
         self,
@@ -66,10 +69,11 @@ class ThinkerTurns:
         embed_tokens: torch.Tensor,
         accept_layer: int,
         placeholders: dict[str, int],
+        everywhere: bool = False,
     ) -> None:
         self.rows, self.sessions = rows, sessions
         self.embed_tokens, self.accept_layer = embed_tokens, accept_layer
-        self.placeholders = placeholders
+        self.placeholders, self.everywhere = placeholders, everywhere
 
     @property
     def hands_over_kv(self) -> bool:
@@ -142,6 +146,8 @@ class ThinkerTurns:
         if cached:
             new = torch.cat(rows[self.accept_layer])[: len(ids) - cached]
             accept = assemble(turn.kept, turn.kept_rows, new, cached)
+            if self.everywhere:  # kept with the reply's rows, at the turn's end (keep_reply)
+                return self.rows.put({self.accept_layer: accept})
             self._keep(turn, accept)
             embeds = self.embed_tokens[torch.tensor(ids)]
             return self.rows.put({0: embeds, self.accept_layer: accept})
@@ -154,15 +160,34 @@ class ThinkerTurns:
         def fill(out: dict[int, torch.Tensor]) -> None:
             for k, parts in rows.items():
                 cat_into(out[k], parts)
-            self._keep(turn, out[self.accept_layer])  # a copy: read before the commit
+            if not self.everywhere:
+                self._keep(turn, out[self.accept_layer])  # a copy: read before the commit
 
         return put_in_place(self.rows, like, fill)
 
-    def _keep(self, turn: Turn, accept: torch.Tensor) -> None:
-        """The accept-layer rows at the turn's media positions, for its session's next turn."""
+    def keep_reply(
+        self, turn: Turn, rows: dict[int, list[torch.Tensor]], cached: int, reply: list[int]
+    ) -> None:
+        """At a turn's end, where the Talker reads rows ``everywhere``: keep those of its prompt
+        and of its reply's tokens (all but the last, whose row the Thinker never computes), as
+        the next turn's prompt starts with both."""
+        if not self.everywhere or not turn.ids or not rows.get(self.accept_layer):
+            return
+        captured = torch.cat(rows[self.accept_layer])
+        if turn.media is None or self.sessions is None or turn.kept_rows is None and cached:
+            return  # nothing to keep, or cached rows nobody kept
+        accept = assemble(turn.kept, turn.kept_rows, captured, cached)
+        ids = [*turn.ids, *reply][: accept.shape[0]]
+        self._keep(turn, accept[: len(ids)], ids)
+
+    def _keep(self, turn: Turn, accept: torch.Tensor, ids: list[int] | None = None) -> None:
+        """The accept-layer rows at the turn's kept positions, for its session's next turn."""
         if turn.media is not None and self.sessions is not None:
-            keep = rows_to_keep(turn.ids, accept, self.placeholders)
-            turn.new = SessionRows(turn.ids, turn.media, self.sessions.put(keep), self.placeholders)
+            ids = ids or turn.ids
+            keep = rows_to_keep(ids, accept, self.placeholders, self.everywhere)
+            turn.new = SessionRows(
+                ids, turn.media, self.sessions.put(keep), self.placeholders, self.everywhere
+            )
 
     @staticmethod
     def with_rows(encoded: str | None, turn: Turn) -> str | None:
@@ -177,6 +202,7 @@ class ThinkerTurns:
             "ids": companion.ids,
             "media": companion.media,
             "placeholders": companion.placeholders,
+            "everywhere": companion.everywhere,
         }
         turn.handed = companion
         return prefix.encode()

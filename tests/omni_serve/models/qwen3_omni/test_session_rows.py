@@ -80,3 +80,35 @@ def test_media_digests_follow_the_content_per_item():
     found = media_digests({"image": {"image_embeds": rows}}, None, encoded, merge_size=2)
     assert found["image"] == [digest(rows[:2]), digest(rows[2:])]
     assert found["video"] == [digest(rows[:4])]
+
+
+def kept_everywhere() -> SessionRows:
+    """Turn one's prompt and its reply's tokens (6, 7), rows kept at every position."""
+    return SessionRows([*TURN_ONE, 6, 7], MEDIA_ONE, None, PLACEHOLDERS, everywhere=True)
+
+
+@pytest.mark.parametrize(
+    ("cached", "ids", "media", "expected"),
+    [
+        (8, TURN_TWO, MEDIA_TWO, True),  # turn one's prompt
+        (10, TURN_TWO, MEDIA_TWO, True),  # and its reply: rows kept for it too
+        (11, TURN_TWO, MEDIA_TWO, False),  # a cached text token with no kept row
+        (6, TURN_TWO, {"audio": ["other", "clip-2"]}, False),  # same placeholders, other audio
+        (4, [1, 9, A, A, A, 3, 4, 5, 6, 7], MEDIA_TWO, False),  # an edited conversation
+    ],
+)
+def test_rows_kept_everywhere_cover_every_cached_position_they_hold(cached, ids, media, expected):
+    assert covers(kept_everywhere(), ids, media, cached) is expected
+
+
+def test_rows_kept_everywhere_stand_in_at_every_cached_position():
+    kept_rows = torch.arange(1, 11, dtype=torch.float32)[:, None]  # positions 0-9
+    captured = torch.full((len(TURN_TWO) - 9, 1), -1.0)
+    full = assemble(kept_everywhere(), kept_rows, captured, cached=9)
+    assert full[:9, 0].tolist() == list(range(1, 10)) and torch.equal(full[9:], captured)
+
+
+def test_a_turn_keeping_rows_everywhere_keeps_them_all_up_to_its_ids():
+    rows = torch.arange(len(TURN_TWO) + 1, dtype=torch.float32)[:, None]  # one row ahead
+    kept_rows = rows_to_keep(TURN_TWO, rows, PLACEHOLDERS, everywhere=True)
+    assert kept_rows[:, 0].tolist() == list(range(len(TURN_TWO)))
