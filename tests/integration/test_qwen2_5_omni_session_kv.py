@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from deployments.thinker import ThinkerDeployment
-from omni_serve.config.loading import load_pipeline_config
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.models.thinker_talker.messages import ThinkerRequest, from_wire, unpack_rows
 from omni_serve.transport import take
 from omni_serve.transport.kv_blocks import KVPrefix
 from omni_serve.transport.session_prefixes import free_prefix
+from tests.integration.thinker_replicas import two_replicas
 
 pytestmark = pytest.mark.integration
 BLOCK = 128  # vLLM's CPU block size
@@ -27,25 +26,10 @@ CONFIG = Path(__file__).parents[2] / "configs/pipelines/qwen2_5_omni_tiny.yaml"
 ROW_TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 
 
-async def _new_replica(pipeline: dict) -> ThinkerDeployment:
-    cls = ThinkerDeployment.func_or_class
-    replica = object.__new__(cls)
-    await cls.__init__(replica, pipeline)
-    return replica
-
-
 @pytest.fixture(scope="module")
 async def replicas(tiny_qwen2_5_omni_path):
-    pipeline = load_pipeline_config(CONFIG).model_dump()
-    pipeline["model"] = str(tiny_qwen2_5_omni_path)
-    for edge in pipeline["edges"]:
-        if edge["payload"] == "session_kv":  # the tiny model's blocks would ride inline
-            edge["channel"]["backend"] = "shared_memory"
-    first, second = await _new_replica(pipeline), await _new_replica(pipeline)
-    yield first, second
-    for replica in (first, second):
-        replica._watchdog.cancel()  # else it exits this process when the engine stops
-        await replica.engine.shutdown()
+    async for pair in two_replicas(CONFIG, tiny_qwen2_5_omni_path):
+        yield pair
 
 
 async def _spoken_turn(replica, request_id: str, prompt: list[int], session_kv=None, session=True):

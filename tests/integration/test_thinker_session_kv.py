@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from deployments.thinker import ThinkerDeployment
 from omni_serve.config.kv_store import KVStoreConfig
-from omni_serve.config.loading import load_pipeline_config
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.kv_store.content_key import PromptContent
 from omni_serve.kv_store.tiered_store import TieredPrefixStore
@@ -22,6 +20,7 @@ from omni_serve.transport import make_channel, release, take
 from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.kv_blocks import EXPORT_KEY, PREFIX_KEY, KVPrefix
 from omni_serve.transport.session_prefixes import free_prefix
+from tests.integration.thinker_replicas import two_replicas
 
 pytestmark = pytest.mark.integration
 BLOCK = 128  # vLLM's CPU block size
@@ -31,25 +30,10 @@ GREEDY = SamplingConfig(max_tokens=4, temperature=0.0)
 CONFIG = Path(__file__).parents[2] / "configs/pipelines/qwen3_omni_tiny.yaml"
 
 
-async def _new_replica(pipeline: dict) -> ThinkerDeployment:
-    cls = ThinkerDeployment.func_or_class
-    replica = object.__new__(cls)
-    await cls.__init__(replica, pipeline)
-    return replica
-
-
 @pytest.fixture(scope="module")
 async def replicas(tiny_omni_path):
-    pipeline = load_pipeline_config(CONFIG).model_dump()
-    pipeline["model"] = str(tiny_omni_path)
-    for edge in pipeline["edges"]:
-        if edge["payload"] == "session_kv":  # the tiny model's blocks would ride inline
-            edge["channel"]["backend"] = "shared_memory"
-    first, second = await _new_replica(pipeline), await _new_replica(pipeline)
-    yield first, second
-    for replica in (first, second):
-        replica._watchdog.cancel()  # else it exits this process when the engine stops
-        await replica.engine.shutdown()
+    async for pair in two_replicas(CONFIG, tiny_omni_path):
+        yield pair
 
 
 async def _turn(
