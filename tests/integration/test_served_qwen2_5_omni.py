@@ -73,16 +73,18 @@ def wav_of(message: dict) -> np.ndarray:
     return samples
 
 
-# Not "video_audio": test_qwen2_5_omni_golden.py says why.
-@pytest.mark.parametrize("kind", ["text", "audio", "image", "video"])
+@pytest.mark.parametrize("kind", ["text", "audio", "image", "video", "video_audio"])
 def test_served_replies_equal_transformers(served, hf, kind):
     """Greedy through the graph == transformers' generate: the same text, and the waveform of
-    the same codes (Token2Wav one-shot with the stage's noise) within the chunking bound."""
+    the same codes (Token2Wav one-shot with the stage's noise) within the chunking bound
+    (video_audio: a video the model hears too, its sound track interleaved with its frames)."""
     from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
 
     model, processor = hf
     ref = reference_run(model, processor, kind)
-    r = httpx.post(f"{URL}/v1/chat/completions", json=greedy_body(request_parts(kind)), timeout=120)
+    hears = {"use_audio_in_video": kind == "video_audio"}
+    body = greedy_body(request_parts(kind), **hears)
+    r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     message = r.json()["choices"][0]["message"]
     text = processor.tokenizer.decode(ref.generated, skip_special_tokens=True)
