@@ -39,13 +39,13 @@ from omni_serve.api.transcriptions import (
 from omni_serve.config import PipelineConfig
 from omni_serve.media.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.media.decode import audio_format
-from omni_serve.models.qwen3_omni.chat_flow import ChatEvent
-from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
 from omni_serve.models.qwen3_omni.transcribe_prompt import (
     instruction,
     transcription_messages,
     unknown_language,
 )
+from omni_serve.models.thinker_talker.chat_flow import ChatEvent
+from omni_serve.models.thinker_talker.family import SAMPLE_RATE
 from omni_serve.observability.metrics import ApiMetrics
 
 log = logging.getLogger("ray.serve")

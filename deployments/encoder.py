@@ -24,7 +24,7 @@ from omni_serve.engines.encoders.base import TorchEncoderEngine
 from omni_serve.engines.encoders.item_cache import EncodedItemCache
 from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
-from omni_serve.models.qwen3_omni.media_payload import media_from_payload
+from omni_serve.models.thinker_talker.media_payload import media_from_payload
 from omni_serve.transport import TensorRef, channel_stats, take
 from omni_serve.transport.base import cat_into, put_in_place
 

@@ -34,7 +34,7 @@ from omni_serve.media.audio_codec import STREAMABLE_FORMATS
 from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.media.decode import MediaError
 from omni_serve.media.proxy import ProxyUnreachable
-from omni_serve.models.qwen3_omni.chat_flow import (
+from omni_serve.models.thinker_talker.chat_flow import (
     ChatEvent,
     ChatOptions,
     ChatResult,
@@ -42,9 +42,9 @@ from omni_serve.models.qwen3_omni.chat_flow import (
     collect,
     stream_chat,
 )
-from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
-from omni_serve.models.qwen3_omni.request import PreparedPrompt, over_media_limits
+from omni_serve.models.thinker_talker.family import SAMPLE_RATE
+from omni_serve.models.thinker_talker.prompt_worker import PromptWorker
+from omni_serve.models.thinker_talker.request import PreparedPrompt, over_media_limits
 from omni_serve.observability.metrics import ApiMetrics
 from omni_serve.transport.session_prefixes import free_prefix
 

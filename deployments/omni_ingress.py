@@ -46,9 +46,9 @@ from omni_serve.config import PipelineConfig
 from omni_serve.engines.ar.vllm_engine import DEFAULT_ENGINE_ARGS
 from omni_serve.media.audio_codec import encode_audio
 from omni_serve.models import resolve_model
-from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
 from omni_serve.models.registry import thinker_talker_family
+from omni_serve.models.thinker_talker.family import SAMPLE_RATE
+from omni_serve.models.thinker_talker.prompt_worker import PromptWorker
 from omni_serve.observability.metrics import ApiMetrics
 
 log = logging.getLogger("ray.serve")
@@ -95,7 +95,7 @@ class OmniIngress(AudioRoutes, VoiceSocketRoutes, RealtimeRoutes, ReleasesShared
         self.metrics = ApiMetrics(to_ray=in_serve_replica())
         self.chat = OmniChat(
             self.config,
-            PromptWorker(AutoProcessor.from_pretrained(model_path), self.config.api),
+            PromptWorker(AutoProcessor.from_pretrained(model_path), self.config.api, family),
             clients,
             self.metrics,
             voices=voices,

@@ -1,5 +1,6 @@
-"""How the Qwen3-Omni ingress calls its stages: the ``StageClients`` that
-``omni_serve.models.qwen3_omni.chat_flow`` drives, over Serve handles and the ingress's channels.
+"""How the Thinker-Talker ingress calls its stages: the ``StageClients`` that
+``omni_serve.models.thinker_talker.chat_flow`` drives, over Serve handles and the ingress's
+channels.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments import handle_calls
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
-from omni_serve.models.qwen3_omni.media_payload import media_payload
+from omni_serve.models.thinker_talker.media_payload import media_payload
 from omni_serve.models.thinker_talker.messages import (
     SpeakEvent,
     SpeakRequest,

@@ -24,14 +24,14 @@ from omni_serve.api.realtime.session import RealtimeSession
 from omni_serve.api.realtime.settings import Ask, Limits
 from omni_serve.api.socket_session import IdleTimeout
 from omni_serve.config import PipelineConfig
-from omni_serve.models.qwen3_omni.chat_flow import ChatEvent
-from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.request import media_limit
 from omni_serve.models.qwen3_omni.transcribe_prompt import (
     SPEECH_LANGUAGES,
     instruction,
     transcription_messages,
 )
+from omni_serve.models.thinker_talker.chat_flow import ChatEvent
+from omni_serve.models.thinker_talker.family import SAMPLE_RATE
+from omni_serve.models.thinker_talker.request import media_limit
 
 POLICY_VIOLATION = 1008  # the close code for a session this server will not hold
 

@@ -25,8 +25,6 @@ from deployments.common import (
 from omni_serve.api.errors import StageRejectedInput
 from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
 from omni_serve.engines.ar.vllm_engine import VLLMEngine, channel_kv_transfer_config
-from omni_serve.models.qwen3_omni.thinker_inputs import engine_inputs
-from omni_serve.models.qwen3_omni.thinker_turns import ThinkerTurns, Turn
 from omni_serve.models.registry import thinker_talker_family
 from omni_serve.models.thinker_talker.messages import (
     TOKEN_EMBEDDINGS,
@@ -35,6 +33,8 @@ from omni_serve.models.thinker_talker.messages import (
     reply_rows,
     to_wire,
 )
+from omni_serve.models.thinker_talker.thinker_inputs import engine_inputs
+from omni_serve.models.thinker_talker.thinker_turns import ThinkerTurns, Turn
 from omni_serve.transport import channel_stats, release
 from omni_serve.transport.kv_blocks import PREFIX_KEY
 from omni_serve.transport.stats import merged

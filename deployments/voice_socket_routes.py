@@ -23,7 +23,7 @@ from omni_serve.api.speech import SpeechRequest
 from omni_serve.api.websocket import IdleTimeout, VoiceSocket, error_event
 from omni_serve.config import PipelineConfig
 from omni_serve.media.audio_codec import encode_audio
-from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
+from omni_serve.models.thinker_talker.family import SAMPLE_RATE
 
 log = logging.getLogger("ray.serve")
 

@@ -22,9 +22,10 @@ from PIL import Image
 
 from omni_serve.config import ApiSettings
 from omni_serve.media.chat_parts import ChatMessage
-from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
-from omni_serve.models.qwen3_omni.request import prepare_prompt
+from omni_serve.models.qwen3_omni.family import FAMILY
 from omni_serve.models.registry import resolve_model
+from omni_serve.models.thinker_talker.prompt_worker import PromptWorker
+from omni_serve.models.thinker_talker.request import prepare_prompt
 from omni_serve.testing.loop_stall import burst, median
 from omni_serve.testing.media import png_data_url, wav_b64
 
@@ -55,13 +56,13 @@ async def main(requests: int, rounds: int) -> dict:
     processor = AutoProcessor.from_pretrained(resolve_model("tiny-qwen3-omni"))
     api = ApiSettings()
     chats = [media_chat(i) for i in range(requests)]
-    worker = PromptWorker(processor, api)
+    worker = PromptWorker(processor, api, FAMILY)
 
     async def inline(chat):
-        return prepare_prompt(processor, chat, api)
+        return prepare_prompt(processor, chat, api, family=FAMILY)
 
     await worker.chat(chats[0])  # warm both paths once
-    prepare_prompt(processor, chats[0], api)
+    prepare_prompt(processor, chats[0], api, family=FAMILY)
     runs: dict[str, list[dict]] = {"inline": [], "worker": []}
     for _ in range(rounds):  # interleaved, so both see the same machine
         runs["inline"].append(await burst(inline, chats))

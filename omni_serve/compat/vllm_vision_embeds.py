@@ -11,7 +11,7 @@ declares audio only, so embeddings for the vision modalities are refused:
   places a video's M-RoPE positions in time (without it vLLM assumes 2 s per temporal patch),
   and parsed with the Qwen2.5-Omni field factory, the one that knows that field. The prompt
   update reads each video item's ``use_audio_in_video`` (a KeyError when absent), so the
-  request carries it too (``omni_serve.models.qwen3_omni.thinker_inputs.video_embeds_input``).
+  request carries it too (``omni_serve.models.thinker_talker.thinker_inputs.video_embeds_input``).
 Second symptom, once parsed: "Expected number of multimodal embeddings to match number of
 input items: 1, but got 6": the embeds path returns one tensor, which vLLM iterates row by
 row; split it per image or video.

@@ -29,7 +29,7 @@ async def test_videos_sent_as_frames_come_back_as_their_rows(tiny_omni_path):
     from omni_serve.engines.encoders.item_cache import EncodedItemCache
     from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
     from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
-    from omni_serve.models.qwen3_omni.media_payload import media_payload
+    from omni_serve.models.thinker_talker.media_payload import media_payload
 
     encoders = Qwen3OmniEncoders(tiny_omni_path)
     stage = object.__new__(EncoderDeployment.func_or_class)

@@ -16,8 +16,9 @@ from deployments.omni_chat import OmniChat
 from omni_serve.api.errors import ApiError
 from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.config import ApiSettings
-from omni_serve.models.qwen3_omni import prompt_worker
-from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
+from omni_serve.models.qwen3_omni.family import FAMILY
+from omni_serve.models.thinker_talker import prompt_worker
+from omni_serve.models.thinker_talker.prompt_worker import PromptWorker
 from omni_serve.observability.metrics import ApiMetrics
 from omni_serve.testing.forward_proxy import forward_proxy
 from omni_serve.testing.media import png_data_url, wav_b64
@@ -28,7 +29,7 @@ def make_chat(processor, api: ApiSettings, **stores) -> OmniChat:
     """The chat path of a speaking pipeline, with no stages behind it."""
     return OmniChat(
         types.SimpleNamespace(api=api, served_model_name="qwen3-omni"),
-        PromptWorker(processor, api),
+        PromptWorker(processor, api, FAMILY),
         clients=None,
         metrics=ApiMetrics(),
         voices={"ethan"},

@@ -16,9 +16,9 @@ from deployments.omni_chat import OmniChat
 from deployments.session_store import SessionStore, SessionStoreClient
 from omni_serve.config.kv_store import KVStoreConfig
 from omni_serve.kv_store.tiered_store import TieredPrefixStore
-from omni_serve.models.qwen3_omni.chat_flow import ChatOptions, collect
-from omni_serve.models.qwen3_omni.request import PreparedPrompt
+from omni_serve.models.thinker_talker.chat_flow import ChatOptions, collect
 from omni_serve.models.thinker_talker.messages import ThinkerChunk, ThinkerRequest
+from omni_serve.models.thinker_talker.request import PreparedPrompt
 from omni_serve.observability.metrics import ApiMetrics
 from omni_serve.testing.local_handle import LocalHandle
 from omni_serve.transport import SharedMemoryChannel

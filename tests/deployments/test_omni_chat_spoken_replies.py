@@ -13,8 +13,8 @@ from deployments.spoken_reply_store import SpokenReplyClient, SpokenReplyStore
 from omni_serve.api.errors import ApiError
 from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.config import ApiSettings
-from omni_serve.models.qwen3_omni.chat_flow import ChatEvent, ChatOptions, ChatResult, collect
-from omni_serve.models.qwen3_omni.request import PreparedPrompt
+from omni_serve.models.thinker_talker.chat_flow import ChatEvent, ChatOptions, ChatResult, collect
+from omni_serve.models.thinker_talker.request import PreparedPrompt
 from omni_serve.testing.local_handle import LocalHandle
 from tests.deployments.test_omni_chat_prompts import make_chat
 

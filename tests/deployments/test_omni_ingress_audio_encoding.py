@@ -14,7 +14,7 @@ from deployments.omni_ingress import OmniIngress
 from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.api.speech import SpeechRequest
 from omni_serve.config import ApiSettings
-from omni_serve.models.qwen3_omni.chat_flow import ChatEvent, ChatOptions, ChatResult
+from omni_serve.models.thinker_talker.chat_flow import ChatEvent, ChatOptions, ChatResult
 from omni_serve.observability.metrics import ApiMetrics
 
 IngressClass = next(k for k in OmniIngress.func_or_class.__mro__[1:] if k.__name__ == "OmniIngress")

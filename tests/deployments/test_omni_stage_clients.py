@@ -71,7 +71,7 @@ async def test_audio_clips_reach_the_encoder_as_one_channel_ref_and_their_length
 async def test_images_go_on_the_channel_as_their_rgb_pixels():
     from PIL import Image
 
-    from omni_serve.models.qwen3_omni.media_payload import media_from_payload
+    from omni_serve.models.thinker_talker.media_payload import media_from_payload
 
     ingress, encoder = clients()
     images = [Image.fromarray(np.full((8, 12, 3), v, np.uint8)) for v in (5, 9)]
@@ -83,7 +83,7 @@ async def test_images_go_on_the_channel_as_their_rgb_pixels():
 
 
 async def test_videos_go_on_the_channel_as_their_uint8_frames():
-    from omni_serve.models.qwen3_omni.media_payload import media_from_payload
+    from omni_serve.models.thinker_talker.media_payload import media_from_payload
 
     ingress, encoder = clients()
     videos = [np.full((4, 16, 16, 3), 9, np.uint8), np.full((2, 8, 8, 3), 3, np.uint8)]

@@ -12,7 +12,7 @@ from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_em
 from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner
-from omni_serve.models.qwen3_omni.thinker_inputs import thinker_prompt
+from omni_serve.models.thinker_talker.thinker_inputs import thinker_prompt
 from tests.reference import (
     SPEAKER,
     TALKER_MAX_TOKENS,
@@ -210,7 +210,7 @@ async def test_encoder_stage_video_rows_give_the_monolithic_result(
     """A video's rows from the encoder stage's tower as video_embeds (with its grid and seconds
     per temporal patch): the Thinker's tokens and hidden rows equal transformers'."""
     from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
-    from omni_serve.models.qwen3_omni.thinker_inputs import video_embeds_input
+    from omni_serve.models.thinker_talker.thinker_inputs import video_embeds_input
     from tests.reference import processor_inputs
 
     inputs = processor_inputs(omni_processor, "video")

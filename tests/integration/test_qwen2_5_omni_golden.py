@@ -14,7 +14,6 @@ from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.engines.ar.vllm_engine import VLLMEngine
 from omni_serve.models.qwen2_5_omni.family import FAMILY
 from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
-from omni_serve.models.qwen3_omni.thinker_inputs import thinker_prompt, video_grids
 from omni_serve.models.thinker_talker.messages import (
     CodecFrame,
     SpeakRequest,
@@ -23,6 +22,7 @@ from omni_serve.models.thinker_talker.messages import (
     reply_rows,
 )
 from omni_serve.models.thinker_talker.speech_session import speak
+from omni_serve.models.thinker_talker.thinker_inputs import thinker_prompt, video_grids
 from tests.reference import (
     VIDEO_FPS,
     prompt_messages,

@@ -9,8 +9,9 @@ import pytest
 
 from omni_serve.config import ApiSettings
 from omni_serve.media.chat_parts import ChatMessage
-from omni_serve.models.qwen3_omni.request import prepare_prompt
+from omni_serve.models.qwen3_omni.family import FAMILY
 from omni_serve.models.qwen3_omni.transcribe_prompt import instruction
+from omni_serve.models.thinker_talker.request import prepare_prompt
 from omni_serve.testing.media import wav_b64
 
 pytestmark = pytest.mark.integration
@@ -47,7 +48,7 @@ def test_the_transcription_prompt_is_vllms(tiny_omni_path, omni_processor, task,
         {"type": "text", "text": instruction(task, language, prompt)},
     ]
     ours = prepare_prompt(
-        omni_processor, [ChatMessage(role="user", content=content)], ApiSettings()
+        omni_processor, [ChatMessage(role="user", content=content)], ApiSettings(), family=FAMILY
     ).prompt_ids
     theirs = omni_processor.tokenizer.encode(vllm_prompt(tiny_omni_path, task, language, prompt))
     assert ours == theirs

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
-from omni_serve.models.qwen3_omni.thinker_inputs import thinker_prompt
+from omni_serve.models.thinker_talker.thinker_inputs import thinker_prompt
 from tests.reference import prompt_messages
 
 pytestmark = pytest.mark.integration

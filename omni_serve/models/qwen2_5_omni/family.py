@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,6 +40,15 @@ class Qwen25OmniFamily:
             accept_layer=last,
             reply_layer=last,
         )
+
+    def audio_tokens(self, processor: Any, frames: torch.Tensor) -> torch.Tensor:
+        """``Qwen2_5OmniProcessor``'s rule: the audio tower's conv, then its 2x pooling."""
+        return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+    def longest_clip(self, processor: Any) -> int | None:
+        """``Qwen2_5OmniProcessor`` pads and truncates each clip to the feature extractor's
+        window (30 s), as vLLM calls it."""
+        return processor.feature_extractor.n_samples
 
     def voices(self, model_path: Path) -> list[str]:
         return sorted(v.lower() for v in load_speakers(model_path))

@@ -23,7 +23,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 from omni_serve.engines.encoders.base import EncoderOutput
 from omni_serve.engines.encoders.item_cache import EncodedItemCache, encode_with_cache
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
-from omni_serve.models.qwen3_omni.session_rows import digest
+from omni_serve.models.thinker_talker.session_rows import digest
 
 
 def _split_vision(out: EncoderOutput, grid_thw: torch.Tensor, merge: int) -> list[torch.Tensor]:

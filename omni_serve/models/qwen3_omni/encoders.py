@@ -19,7 +19,7 @@ from PIL import Image
 
 from omni_serve.engines.encoders.base import EncoderOutput
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_submodule
-from omni_serve.models.qwen3_omni.thinker_inputs import clip_features, video_frame_size
+from omni_serve.models.thinker_talker.thinker_inputs import clip_features, video_frame_size
 
 
 class Qwen3OmniEncoders:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
+from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
+    _get_feat_extract_output_lengths,
+)
 
 from omni_serve.config import EngineSettings
 from omni_serve.engines.codec.chunked import CodecInfo
@@ -34,6 +38,19 @@ class Qwen3OmniFamily:
             embed_tokens=load_thinker_embeddings(model_path),
             accept_layer=config.talker_config.accept_hidden_layer,
         )
+
+    def audio_tokens(self, processor: Any, frames: torch.Tensor) -> torch.Tensor:
+        """The processor's rule with its merged ``n_window`` (the audio tower's chunking)."""
+        merged = processor._merge_kwargs(
+            processor.valid_processor_kwargs,
+            tokenizer_init_kwargs=processor.tokenizer.init_kwargs,
+        )
+        n_window = merged["audio_kwargs"].get("n_window", 50)
+        return _get_feat_extract_output_lengths(frames, n_window)
+
+    def longest_clip(self, processor: Any) -> int | None:
+        """None: the processor extracts a clip's features whole (no truncation)."""
+        return None
 
     def voices(self, model_path: Path) -> list[str]:
         return sorted(v.lower() for v in load_config(model_path).talker_config.speaker_id)

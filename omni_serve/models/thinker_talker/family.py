@@ -20,6 +20,10 @@ from omni_serve.engines.ar.torch_engine import StepRunner
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
 from omni_serve.models.thinker_talker.speech_session import TalkerFeed
 
+# The rate the families' codecs speak at (Qwen3-Omni's Code2wav and Qwen2.5-Omni's Token2Wav
+# both make 24 kHz audio): the API encodes replies at it, and Realtime's PCM16 is 24 kHz too.
+SAMPLE_RATE = 24_000
+
 
 class CodecDecoder(Protocol):
     """What the codec stage runs: chunk jobs in, one float32 waveform per job out."""
@@ -69,6 +73,14 @@ class ThinkerTalkerFamily(Protocol):
 
     def voices(self, model_path: Path) -> list[str]:
         """The voices the Talker speaks in, lower-case (the API's ``voice`` values)."""
+
+    def audio_tokens(self, processor: Any, frames: torch.Tensor) -> torch.Tensor:
+        """How many Thinker positions each clip of ``frames`` mel frames takes: the family's
+        processor rule (prompts count their length without a second mel pass)."""
+
+    def longest_clip(self, processor: Any) -> int | None:
+        """The most samples of one audio clip the Thinker hears (None: no bound). A longer clip
+        would be cut short by the processor, unseen: the ingress refuses it instead."""
 
     def load_talker(
         self,

@@ -6,7 +6,7 @@ import json
 
 from omni_serve.api.protocol import reply_usage
 from omni_serve.api.sse import ChunkWriter
-from omni_serve.models.qwen3_omni.chat_flow import ChatEvent, ChatResult
+from omni_serve.models.thinker_talker.chat_flow import ChatEvent, ChatResult
 
 
 def _data(event: str) -> dict:

@@ -11,7 +11,7 @@ from PIL import Image
 from omni_serve.engines.encoders.item_cache import EncodedItemCache
 from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
-from omni_serve.models.qwen3_omni.thinker_inputs import clip_features as alone
+from omni_serve.models.thinker_talker.thinker_inputs import clip_features as alone
 from tests.reference import sample_audio, sample_image, sample_video
 
 

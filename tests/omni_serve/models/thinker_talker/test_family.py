@@ -59,3 +59,12 @@ def test_voices_are_the_api_values(name):
     config, path = pipeline(name)
     voices = thinker_talker_family(name).voices(path)
     assert "ethan" in voices and voices == sorted(v.lower() for v in voices)
+
+
+def test_every_familys_codec_speaks_at_the_shared_rate():
+    """The API and Realtime encode every family's replies at ``SAMPLE_RATE``."""
+    from omni_serve.models.qwen2_5_omni import token2wav
+    from omni_serve.models.qwen3_omni import codec
+    from omni_serve.models.thinker_talker.family import SAMPLE_RATE
+
+    assert codec.SAMPLE_RATE == token2wav.SAMPLE_RATE == SAMPLE_RATE

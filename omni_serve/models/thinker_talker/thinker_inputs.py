@@ -12,13 +12,10 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import (
     smart_resize as image_smart_resize,
 )
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import smart_resize
-from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
-    _get_feat_extract_output_lengths,
-)
 
-from omni_serve.models.qwen3_omni.media_payload import media_from_payload
-from omni_serve.models.qwen3_omni.session_rows import digest, media_digests
+from omni_serve.models.thinker_talker.media_payload import media_from_payload
 from omni_serve.models.thinker_talker.messages import ThinkerRequest
+from omni_serve.models.thinker_talker.session_rows import digest, media_digests
 from omni_serve.transport import take
 
 
@@ -121,15 +118,11 @@ def clip_features(feature_extractor, clip: Any) -> torch.Tensor:
     return out["input_features"][0][:, out["attention_mask"][0].bool()]
 
 
-def expand_audio_placeholders(processor, ids: list[int], seqlens: torch.Tensor) -> list[int]:
+def expand_audio_placeholders(processor, ids: list[int], rows_per_clip: list[int]) -> list[int]:
     """``ids`` with each clip's one audio placeholder repeated once per audio-tower row, as the
-    processor expands them (its rule, with its merged ``n_window``), given the clips' mel
-    frame counts: no second mel pass over the clips just to count."""
-    merged = processor._merge_kwargs(
-        processor.valid_processor_kwargs, tokenizer_init_kwargs=processor.tokenizer.init_kwargs
-    )
-    n_window = merged["audio_kwargs"].get("n_window", 50)
-    rows = iter(_get_feat_extract_output_lengths(seqlens, n_window).tolist())
+    processor expands them (the family's ``audio_tokens`` counts the rows from the clips' mel
+    frames: no second mel pass over the clips just to count)."""
+    rows = iter(rows_per_clip)
     audio = processor.tokenizer.convert_tokens_to_ids(processor.audio_token)
     out: list[int] = []
     for token in ids:

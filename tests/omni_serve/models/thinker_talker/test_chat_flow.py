@@ -14,11 +14,11 @@ import torch
 from PIL import Image
 
 from omni_serve.engines.codec.chunked import CodecInfo
-from omni_serve.models.qwen3_omni.chat_flow import ChatOptions, collect, stream_chat
-from omni_serve.models.qwen3_omni.media_payload import media_from_payload
-from omni_serve.models.qwen3_omni.request import PreparedPrompt
-from omni_serve.models.qwen3_omni.session_rows import digest
+from omni_serve.models.thinker_talker.chat_flow import ChatOptions, collect, stream_chat
+from omni_serve.models.thinker_talker.media_payload import media_from_payload
 from omni_serve.models.thinker_talker.messages import CodecFrame, SpeakRequest, ThinkerChunk
+from omni_serve.models.thinker_talker.request import PreparedPrompt
+from omni_serve.models.thinker_talker.session_rows import digest
 
 
 def heavy_values_in(value: Any) -> list[Any]:

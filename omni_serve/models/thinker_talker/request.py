@@ -20,6 +20,7 @@ from omni_serve.media.chat_parts import (
     VideoPart,
 )
 from omni_serve.media.decode import (
+    MediaError,
     check_container,
     input_audio_bytes,
     load_audio,
@@ -28,7 +29,8 @@ from omni_serve.media.decode import (
 )
 from omni_serve.media.fetch import RemoteMedia
 from omni_serve.media.video import load_video, load_video_audio
-from omni_serve.models.qwen3_omni.thinker_inputs import (
+from omni_serve.models.thinker_talker.family import ThinkerTalkerFamily
+from omni_serve.models.thinker_talker.thinker_inputs import (
     audio_frames,
     expand_audio_placeholders,
     image_grids,
@@ -219,11 +221,15 @@ def prepare_prompt(
     api: ApiSettings,
     decoded: dict[str, Any] | None = None,
     use_audio_in_video: bool = False,
+    *,
+    family: ThinkerTalkerFamily,
 ) -> PreparedPrompt:
     """``decoded``: what ``decode_media`` made (parts missing from it are decoded here).
+    ``family``: the model's family, whose rules the prompt follows (audio clips' lengths).
     ``use_audio_in_video``: each video's audio track is an audio item of the prompt (with no
     placeholder of its own: the processors interleave its tokens with the video's)."""
     decoded = decoded or {}
+    longest = family.longest_clip(processor)
     audios, images, videos, template_messages = [], [], [], []
     for m_idx, message in enumerate(messages):
         if isinstance(message.content, str):
@@ -239,6 +245,7 @@ def prepare_prompt(
             if item is None:
                 item = _decode(processor, part, api, param, {}, use_audio_in_video)
             if isinstance(part, AudioPart | AudioUrlPart):
+                _check_clip_length(processor, item, longest, param)
                 audios.append(item)
                 parts.append({"type": "audio"})
             elif isinstance(part, ImagePart):
@@ -247,6 +254,7 @@ def prepare_prompt(
             else:
                 if use_audio_in_video:
                     item, track = item
+                    _check_clip_length(processor, track, longest, param)
                     audios.append(track)
                 videos.append(item)
                 parts.append({"type": "video"})
@@ -270,8 +278,17 @@ def prepare_prompt(
     if audios:
         prepared.audio_seqlens = audio_frames(processor, audios)
         if not images and not videos:  # audio alone: through the encoder stage
-            prepared.expanded_ids = expand_audio_placeholders(
-                processor, ids, prepared.audio_seqlens
-            )
+            rows = family.audio_tokens(processor, prepared.audio_seqlens).tolist()
+            prepared.expanded_ids = expand_audio_placeholders(processor, ids, rows)
             prepared.audio_clips = list(audios)  # their features are made by the encoder
     return prepared
+
+
+def _check_clip_length(processor, clip: np.ndarray, longest: int | None, param: str) -> None:
+    if longest is not None and len(clip) > longest:
+        rate = processor.feature_extractor.sampling_rate
+        message = (
+            f"this model hears at most {longest / rate:g} s of audio per clip; this one is "
+            f"{len(clip) / rate:.1f} s (split it into several clips)"
+        )
+        raise MediaError(message, param)

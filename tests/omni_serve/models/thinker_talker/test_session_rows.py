@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from omni_serve.models.qwen3_omni.session_rows import (
+from omni_serve.models.thinker_talker.session_rows import (
     SessionRows,
     assemble,
     covers,

@@ -1,4 +1,4 @@
-"""One Qwen3-Omni chat request across the stages: Thinker → (Talker → Code2wav).
+"""One chat request of a Thinker-Talker family across the stages: Thinker → (Talker → codec).
 
 Streaming is the path: ``stream_chat`` yields text deltas as the Thinker makes them and audio
 chunks as Code2wav decodes them (a small first chunk of codec frames, then steady chunks);
@@ -23,9 +23,8 @@ import torch
 
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
-from omni_serve.models.qwen3_omni.codec import SAMPLE_RATE
-from omni_serve.models.qwen3_omni.media_payload import media_payload
-from omni_serve.models.qwen3_omni.request import PreparedPrompt
+from omni_serve.models.thinker_talker.family import SAMPLE_RATE
+from omni_serve.models.thinker_talker.media_payload import media_payload
 from omni_serve.models.thinker_talker.messages import (
     CodecFrame,
     ShippedMedia,
@@ -34,6 +33,7 @@ from omni_serve.models.thinker_talker.messages import (
     ThinkerChunk,
     ThinkerRequest,
 )
+from omni_serve.models.thinker_talker.request import PreparedPrompt
 
 
 class StageClients(Protocol):

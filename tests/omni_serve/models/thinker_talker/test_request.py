@@ -8,17 +8,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers import AutoProcessor
 
 from omni_serve.config import ApiSettings
 from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.media.decode import MediaError
-from omni_serve.models.qwen3_omni.request import (
+from omni_serve.models.qwen3_omni.family import FAMILY
+from omni_serve.models.thinker_talker.request import (
     decode_media,
     has_media_parts,
     over_media_limits,
     prepare_prompt,
 )
-from omni_serve.models.qwen3_omni.thinker_inputs import (
+from omni_serve.models.thinker_talker.thinker_inputs import (
     audio_frames,
     clip_features,
     min_audio_samples,
@@ -56,7 +58,9 @@ def test_video_grids_are_the_processors(omni_processor, shape):
 
 def test_a_video_part_becomes_frames_a_rate_and_grids(omni_processor):
     api = ApiSettings(video_fps=4.0)
-    prompt = prepare_prompt(omni_processor, [video_message(video_data_url(gray_frames(10)))], api)
+    prompt = prepare_prompt(
+        omni_processor, [video_message(video_data_url(gray_frames(10)))], api, family=FAMILY
+    )
     video_token = omni_processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
     assert prompt.prompt_ids.count(video_token) == 1  # vLLM expands it
     frames = prompt.multi_modal_data["video"]
@@ -96,7 +100,7 @@ def test_media_decoded_ahead_are_named_by_their_part_and_used(omni_processor):
     assert decoded[video].shape[0] == 2  # 1 s at 2 fps
     assert decoded[audio].shape == (8000,) and decoded[picture].size == (84, 56)
     ahead = {video: gray_frames(3, step=70), audio: tone[:4000], picture: image.resize((28, 28))}
-    prompt = prepare_prompt(omni_processor, messages, api, ahead)
+    prompt = prepare_prompt(omni_processor, messages, api, ahead, family=FAMILY)
     assert prompt.multi_modal_data["video"] is ahead[video]
     assert prompt.multi_modal_data["audio"][0] is ahead[audio]  # (samples, rate)
     assert prompt.multi_modal_data["image"] is ahead[picture]
@@ -112,7 +116,8 @@ def test_an_audio_url_part_is_the_clip_an_input_audio_part_is(omni_processor):
         {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}},
     ]
     by_url, inline = (
-        prepare_prompt(omni_processor, [user_message(part, TEXT)], ApiSettings()) for part in parts
+        prepare_prompt(omni_processor, [user_message(part, TEXT)], ApiSettings(), family=FAMILY)
+        for part in parts
     )
     assert by_url.prompt_ids == inline.prompt_ids and by_url.counts["audio"] == 1
     assert np.array_equal(by_url.multi_modal_data["audio"][0], inline.multi_modal_data["audio"][0])
@@ -142,7 +147,9 @@ def test_a_heard_video_brings_its_track_as_the_prompts_audio(omni_processor):
     tone = (np.round(np.sin(np.arange(24000) / 7) * 0.3 * 32768) / 32768).astype(np.float32)
     url = video_data_url(gray_frames(10, step=20), lossless=True, audio=tone)
     api = ApiSettings()
-    prompt = prepare_prompt(omni_processor, [video_message(url)], api, use_audio_in_video=True)
+    prompt = prepare_prompt(
+        omni_processor, [video_message(url)], api, use_audio_in_video=True, family=FAMILY
+    )
     tokens = omni_processor.tokenizer.convert_tokens_to_ids(["<|video_pad|>", "<|audio_pad|>"])
     assert [prompt.prompt_ids.count(t) for t in tokens] == [1, 0]
     assert prompt.counts == {"audio": 1, "image": 0, "video": 1}
@@ -194,7 +201,7 @@ def test_a_clips_features_do_not_depend_on_the_clips_beside_it(omni_processor):
         ]
         return [ChatMessage.model_validate({"role": "user", "content": parts})]
 
-    beside = prepare_prompt(omni_processor, chat(short, longer), api)
+    beside = prepare_prompt(omni_processor, chat(short, longer), api, family=FAMILY)
     assert np.array_equal(beside.audio_clips[0], short)
     assert beside.audio_seqlens.tolist() == [75, 125]
     alone = clip_features(omni_processor.feature_extractor, short)
@@ -229,26 +236,42 @@ def test_a_clip_too_short_for_the_features_is_refused(omni_processor):
 def test_image_grids_are_the_processors(omni_processor, shape):
     from PIL import Image
 
-    from omni_serve.models.qwen3_omni.thinker_inputs import image_grids
+    from omni_serve.models.thinker_talker.thinker_inputs import image_grids
 
     image = Image.fromarray(np.zeros((*shape, 3), np.uint8))
     expected = omni_processor.image_processor(images=[image], return_tensors="pt")
     assert image_grids(omni_processor, [image]).tolist() == expected["image_grid_thw"].tolist()
 
 
-@pytest.mark.parametrize("seconds", [[1.5], [0.75, 2.5, 0.1], [31.0, 4.0]])
-def test_audio_placeholders_expand_as_the_processor_expands_them(omni_processor, seconds):
+PRESET_FIXTURES = {"qwen3_omni": "tiny_omni_path", "qwen2_5_omni": "tiny_qwen2_5_omni_path"}
+
+
+CLIP_SECONDS = [[1.5], [0.75, 2.5, 0.1], [30.0, 4.0]]
+
+
+@pytest.mark.parametrize(
+    ("family", "seconds"),
+    [("qwen3_omni", s) for s in [*CLIP_SECONDS, [31.0, 4.0]]]
+    + [("qwen2_5_omni", s) for s in CLIP_SECONDS],  # it hears 30 s at most
+)
+def test_audio_placeholders_expand_as_the_processor_expands_them(family, seconds, request):
+    """Each family's rule (its ``audio_tokens``) counts what its own processor expands."""
+    from omni_serve.models.registry import thinker_talker_family
     from tests.reference import sample_audio
 
+    path = request.getfixturevalue(PRESET_FIXTURES[family])
+    processor = AutoProcessor.from_pretrained(path)
     clips = [np.resize(sample_audio(), int(16000 * s)) for s in seconds]
     parts = [
         {"type": "input_audio", "input_audio": {"data": wav_b64(c, 16000, "FLOAT")}} for c in clips
     ]
     text_part = {"type": "text", "text": "What is said?"}
     messages = [ChatMessage.model_validate({"role": "user", "content": [*parts, text_part]})]
-    prompt = prepare_prompt(omni_processor, messages, ApiSettings(max_audio_seconds=60))
-    text = omni_processor.tokenizer.decode(prompt.prompt_ids)
-    theirs = omni_processor(text=text, audio=clips, return_tensors="pt")["input_ids"][0]
+    api = ApiSettings(max_audio_seconds=60)
+    rules = thinker_talker_family(family)
+    prompt = prepare_prompt(processor, messages, api, family=rules)
+    text = processor.tokenizer.decode(prompt.prompt_ids)
+    theirs = processor(text=text, audio=clips, return_tensors="pt")["input_ids"][0]
     assert prompt.expanded_ids == theirs.tolist()
 
 
@@ -258,7 +281,10 @@ def test_a_developer_message_is_the_system_prompt(omni_processor):
         [ChatMessage(role=role, content="Answer briefly."), ChatMessage(role="user", content="Hi")]
         for role in ("developer", "system")
     ]
-    prompts = [prepare_prompt(omni_processor, chat, ApiSettings()).prompt_ids for chat in chats]
+    prompts = [
+        prepare_prompt(omni_processor, chat, ApiSettings(), family=FAMILY).prompt_ids
+        for chat in chats
+    ]
     assert prompts[0] == prompts[1]
     system = omni_processor.tokenizer.encode("<|im_start|>system")
     assert prompts[0][: len(system)] == system
@@ -279,10 +305,13 @@ def test_a_prompts_content_key_places_each_images_digest_where_its_placeholder_s
 
     system = ChatMessage.model_validate({"role": "system", "content": "Be brief. " * 30})
     asked = [system, user_message(_image_part(10), TEXT)]
-    same = prepare_prompt(omni_processor, asked, ApiSettings()).content
-    again = prepare_prompt(omni_processor, asked, ApiSettings()).content
+    same = prepare_prompt(omni_processor, asked, ApiSettings(), family=FAMILY).content
+    again = prepare_prompt(omni_processor, asked, ApiSettings(), family=FAMILY).content
     other = prepare_prompt(
-        omni_processor, [system, user_message(_image_part(200), TEXT)], ApiSettings()
+        omni_processor,
+        [system, user_message(_image_part(200), TEXT)],
+        ApiSettings(),
+        family=FAMILY,
     ).content
     pad = omni_processor.tokenizer.convert_tokens_to_ids(omni_processor.image_token)
     ((offset, digest),) = same.media
@@ -290,3 +319,24 @@ def test_a_prompts_content_key_places_each_images_digest_where_its_placeholder_s
     assert same == again and other.token_ids == same.token_ids and other.media != same.media
     ours, theirs = (block_hashes(c, 16, "ns") for c in (same, other))
     assert shared_blocks(ours, theirs) == offset // 16  # equal up to the image's block
+
+
+@pytest.mark.parametrize("family", ["qwen3_omni", "qwen2_5_omni"])
+def test_a_clip_longer_than_the_model_hears_is_refused_naming_it(family, request):
+    """Qwen2.5-Omni's processor cuts a clip at 30 s (vLLM would hear only that much, and the
+    Talker would place the whole): a 400 naming the part. Qwen3-Omni hears it whole."""
+    from omni_serve.models.registry import thinker_talker_family
+
+    processor = AutoProcessor.from_pretrained(request.getfixturevalue(PRESET_FIXTURES[family]))
+    clip = np.full(16000 * 31, 0.1, np.float32)
+    part = {"type": "input_audio", "input_audio": {"data": wav_b64(clip, 16000, "FLOAT")}}
+    messages = [user_message(part, TEXT)]
+    api = ApiSettings(max_audio_seconds=60)
+    rules = thinker_talker_family(family)
+    if family == "qwen3_omni":
+        assert prepare_prompt(processor, messages, api, family=rules).counts["audio"] == 1
+        return
+    with pytest.raises(MediaError) as caught:
+        prepare_prompt(processor, messages, api, family=rules)
+    assert caught.value.param == "messages[0].content[0]"
+    assert "at most 30 s of audio per clip; this one is 31.0 s" in str(caught.value)

@@ -14,9 +14,10 @@ from PIL import Image
 from omni_serve.config import ApiSettings
 from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.media.decode import MediaError
-from omni_serve.models.qwen3_omni import prompt_worker
-from omni_serve.models.qwen3_omni.prompt_worker import PromptWorker
-from omni_serve.models.qwen3_omni.request import prepare_prompt
+from omni_serve.models.qwen3_omni.family import FAMILY
+from omni_serve.models.thinker_talker import prompt_worker
+from omni_serve.models.thinker_talker.prompt_worker import PromptWorker
+from omni_serve.models.thinker_talker.request import prepare_prompt
 from omni_serve.testing.media import gray_frames, png_data_url, video_data_url, wav_b64
 
 
@@ -37,12 +38,12 @@ TEXT = {"type": "text", "text": "What is in these?"}
 async def test_the_prompt_is_the_one_built_in_place(omni_processor):
     api = ApiSettings()
     messages = chat(AUDIO, IMAGE, VIDEO, TEXT)
-    worker = PromptWorker(omni_processor, api)
+    worker = PromptWorker(omni_processor, api, FAMILY)
     try:
         got = await worker.chat(messages)
     finally:
         worker.close()
-    expected = prepare_prompt(omni_processor, messages, api)
+    expected = prepare_prompt(omni_processor, messages, api, family=FAMILY)
     assert got.prompt_ids == expected.prompt_ids
     assert got.counts == expected.counts == {"audio": 1, "image": 1, "video": 1}
     assert got.image_grid_thw.tolist() == expected.image_grid_thw.tolist()
@@ -62,14 +63,15 @@ async def test_processor_work_runs_on_one_thread_and_decoding_side_by_side(monke
         both_decoding.wait()
         return {"decoded": True}
 
-    def prepare(processor, messages, api, decoded, *_):
+    def prepare(processor, messages, api, decoded, *_, family):
         prompt_threads.append(threading.current_thread())
+        assert family is FAMILY  # the worker's family's rules build the prompt
         assert decoded == ({"decoded": True} if len(messages[0].content) == 2 else {})
         return "prompt"
 
     monkeypatch.setattr(prompt_worker, "decode_media", decode)
     monkeypatch.setattr(prompt_worker, "prepare_prompt", prepare)
-    worker = PromptWorker(object(), ApiSettings())
+    worker = PromptWorker(object(), ApiSettings(), FAMILY)
     try:
         prompts = await asyncio.gather(*(worker.chat(chat(IMAGE, TEXT)) for _ in range(2)))
         prompts.append(await worker.chat(chat(TEXT)))  # no media: nothing to decode
@@ -85,7 +87,7 @@ async def test_processor_work_runs_on_one_thread_and_decoding_side_by_side(monke
 
 async def test_a_bad_part_raises_naming_it(omni_processor):
     bad = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    worker = PromptWorker(omni_processor, ApiSettings())
+    worker = PromptWorker(omni_processor, ApiSettings(), FAMILY)
     try:
         with pytest.raises(MediaError) as caught:
             await worker.chat(chat(TEXT, bad))
@@ -95,7 +97,7 @@ async def test_a_bad_part_raises_naming_it(omni_processor):
 
 
 async def test_speech_replies_with_the_text_then_im_end(omni_processor):
-    worker = PromptWorker(omni_processor, ApiSettings())
+    worker = PromptWorker(omni_processor, ApiSettings(), FAMILY)
     try:
         prompt, reply = await worker.speech("Hello there.")
     finally:

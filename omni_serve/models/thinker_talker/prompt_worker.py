@@ -12,13 +12,15 @@ its calls set the fast tokenizer's padding and truncation state before encoding
 from __future__ import annotations
 
 import asyncio
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from omni_serve.config import ApiSettings
 from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.media.fetch import FetchPolicy, fetch_media
-from omni_serve.models.qwen3_omni.request import (
+from omni_serve.models.thinker_talker.family import ThinkerTalkerFamily
+from omni_serve.models.thinker_talker.request import (
     PreparedPrompt,
     decode_media,
     has_media_parts,
@@ -28,9 +30,10 @@ from omni_serve.models.qwen3_omni.request import (
 
 
 class PromptWorker:
-    def __init__(self, processor: Any, api: ApiSettings) -> None:
+    def __init__(self, processor: Any, api: ApiSettings, family: ThinkerTalkerFamily) -> None:
         self.processor = processor
         self.api = api
+        self.family = family
         self._processor_thread = ThreadPoolExecutor(1, thread_name_prefix="omni-prompt")
         domains = api.allowed_media_domains
         self._fetch_policy = FetchPolicy(
@@ -51,8 +54,9 @@ class PromptWorker:
             decoded = await asyncio.to_thread(
                 decode_media, self.processor, messages, self.api, fetched, use_audio_in_video
             )
+        prepare = functools.partial(prepare_prompt, family=self.family)
         return await self._on_processor_thread(
-            prepare_prompt, self.processor, messages, self.api, decoded, use_audio_in_video
+            prepare, self.processor, messages, self.api, decoded, use_audio_in_video
         )
 
     async def _fetch(self, messages: list[ChatMessage]) -> dict[str, bytes]:
@@ -68,7 +72,8 @@ class PromptWorker:
         return await self._on_processor_thread(self._speech, text)
 
     def _speech(self, text: str) -> tuple[PreparedPrompt, list[int]]:
-        prompt = prepare_prompt(self.processor, [ChatMessage(role="user", content=text)], self.api)
+        message = ChatMessage(role="user", content=text)
+        prompt = prepare_prompt(self.processor, [message], self.api, family=self.family)
         tokenizer = self.processor.tokenizer
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         return prompt, tokenizer(text)["input_ids"] + [im_end]

@@ -16,8 +16,13 @@ from typing import Any
 
 import torch
 
-from omni_serve.models.qwen3_omni.session_rows import SessionRows, assemble, covers, rows_to_keep
 from omni_serve.models.thinker_talker.messages import ThinkerRequest
+from omni_serve.models.thinker_talker.session_rows import (
+    SessionRows,
+    assemble,
+    covers,
+    rows_to_keep,
+)
 from omni_serve.transport import Channel, ChannelError, TensorRef, take
 from omni_serve.transport.base import cat_into, put_in_place
 from omni_serve.transport.kv_blocks import (

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omni_serve.models.qwen3_omni.media_payload import media_from_payload, media_payload
-from omni_serve.models.qwen3_omni.session_rows import digest
+from omni_serve.models.thinker_talker.media_payload import media_from_payload, media_payload
+from omni_serve.models.thinker_talker.session_rows import digest
 from omni_serve.transport import make_channel, take
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_serve.models.qwen3_omni.thinker_inputs import splice_rows
+from omni_serve.models.thinker_talker.thinker_inputs import splice_rows
 
 AUDIO = 9
 TABLE = torch.arange(10 * 4, dtype=torch.float32).reshape(10, 4)  # token id -> embedding
