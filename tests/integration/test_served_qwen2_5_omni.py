@@ -137,6 +137,22 @@ def test_openai_client_chats_in_both_voices_and_refuses_others(client):
         )
 
 
+def test_a_clip_longer_than_the_model_hears_is_a_400_naming_it(client):
+    """Qwen2.5-Omni hears 30 s of a clip at most: the openai client gets the reason and the part
+    (not a reply that heard part of it)."""
+    from omni_serve.testing.media import wav_b64
+
+    clip = wav_b64(np.full(16000 * 31, 0.1, np.float32), 16000, "PCM_16")
+    audio = {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}
+    with pytest.raises(openai.BadRequestError, match="at most 30 s of audio per clip") as caught:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": [audio, {"type": "text", "text": "Hi"}]}],
+            max_tokens=4,
+        )
+    assert caught.value.body["param"] == "messages[0].content[0]"
+
+
 def test_text_to_speech_speaks(client):
     """/v1/audio/speech: the Thinker prefills the text's tokens too (this Talker reads each
     reply token's hidden row), so the speech is not empty."""
