@@ -1,4 +1,4 @@
-"""The Qwen3-Omni ingress's audio routes: speech (text to speech) and transcriptions and
+"""The omni ingress's audio routes: speech (text to speech) and transcriptions and
 translations (speech to text), OpenAI's ``/v1/audio/*``. The voice WebSocket is
 ``voice_socket_routes.py``.
 

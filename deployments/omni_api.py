@@ -1,4 +1,4 @@
-"""The FastAPI app of the Qwen3-Omni ingress. Its routes are methods of ``OmniIngress`` and of
+"""The FastAPI app of the omni ingress. Its routes are methods of ``OmniIngress`` and of
 the route mixins it is made of (``audio_routes``), which all decorate this one app."""
 
 from __future__ import annotations

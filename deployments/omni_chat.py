@@ -1,4 +1,4 @@
-"""The Qwen3-Omni chat path that every route of its ingress calls: the REST chat and audio
+"""The omni chat path that every route of its ingress calls: the REST chat and audio
 routes, the WebSocket and the Realtime API.
 
 ``OmniChat`` checks a request's options, builds its prompt (off the event loop: see

@@ -1,4 +1,4 @@
-"""The Qwen3-Omni ingress: the OpenAI-compatible HTTP API over the stage deployments.
+"""The omni ingress: the OpenAI-compatible HTTP API over a Thinker-Talker family's stages.
 
 Its routes are split by API (chat here, ``AudioRoutes``, ``VoiceSocketRoutes``,
 ``RealtimeRoutes``), all over one chat path (``OmniChat``); ``/v1/models``, ``/health`` and

@@ -1,4 +1,4 @@
-"""The Qwen3-Omni ingress's ``/v1/realtime``: OpenAI's Realtime API over a WebSocket
+"""The omni ingress's ``/v1/realtime``: OpenAI's Realtime API over a WebSocket
 (``omni_serve.api.realtime``), each answer through the ingress's chat path.
 
 A mixin of ``OmniIngress``, as ``AudioRoutes`` is: the route maps an answer's ``Ask`` (and a

@@ -1,4 +1,4 @@
-"""The Qwen3-Omni ingress's voice WebSocket, ``/v1/audio/stream``: requests one at a time, the
+"""The omni ingress's voice WebSocket, ``/v1/audio/stream``: requests one at a time, the
 client's voice in as binary PCM16 frames, text and speech streamed out
 (``omni_serve.api.websocket``).
 
