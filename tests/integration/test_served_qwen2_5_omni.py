@@ -1,7 +1,8 @@
 """User story: the second omni family, Qwen2.5-Omni, served from its Serve config YAML,
 runs on the same deployments and API as Qwen3-Omni: the openai client gets replies equal to
 transformers' (text, and audio within Token2Wav's chunking bound), streamed or not; text to
-speech, the voice WebSocket, the Realtime API and batch jobs speak; bad input gets a 400."""
+speech, the voice WebSocket, the Realtime API and batch jobs speak; transcriptions hear; bad
+input gets a 400."""
 
 from __future__ import annotations
 
@@ -217,6 +218,28 @@ async def test_a_realtime_client_gets_a_spoken_answer(served):
     assert done.type == "response.done"  # max_output_tokens may cut it: "incomplete"
     assert done.response.status in ("completed", "incomplete")
     assert len(audio) > 0 and len(audio) % (480 * 2) == 0
+
+
+def test_a_transcription_is_what_the_chat_hears_and_a_long_clip_is_refused(client):
+    """User story: the openai client's audio.transcriptions on Qwen2.5-Omni: the Thinker hears
+    the clip and is told what to do after it (the text a greedy chat with those two parts
+    gets); a clip over the 30 s this model hears is a 400 naming the form's file."""
+    from omni_serve.testing.media import wav_b64
+
+    wav = base64.b64decode(wav_b64(0.3 * np.sin(np.arange(16000) / 8).astype(np.float32), 16000))
+    heard = client.audio.transcriptions.create(
+        model=MODEL, file=("clip.wav", wav), extra_body={"max_completion_tokens": 8}
+    )
+    clip = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode()}}
+    told = {"type": "text", "text": "Transcribe this audio."}
+    chat = client.chat.completions.create(
+        model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [clip, told]}]
+    )
+    assert heard.text == chat.choices[0].message.content
+    long = base64.b64decode(wav_b64(np.full(16000 * 31, 0.1, np.float32), 16000, "PCM_16"))
+    with pytest.raises(openai.BadRequestError, match="at most 30 s of audio") as refused:
+        client.audio.transcriptions.create(model=MODEL, file=("long.wav", long))
+    assert refused.value.body["param"] == "file"
 
 
 def test_a_batch_job_writes_spoken_replies(served, tmp_path):
