@@ -67,6 +67,7 @@ bench: setup
 	$(PY) load_tests/bench_speech.py --repeats 3
 	$(PY) load_tests/bench_speech_curves.py concurrency
 	$(PY) load_tests/bench_speech_curves.py length
+	$(PY) load_tests/bench_image.py --repeats 3
 	$(PY) load_tests/bench_channel.py --repeats 3
 	$(PY) load_tests/bench_realtime.py --repeats 3
 	$(PY) load_tests/bench_session_tiers.py --repeats 3

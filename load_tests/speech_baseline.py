@@ -1,21 +1,21 @@
 """The baseline: transformers' own ``generate`` (Qwen3-Omni's or Qwen2.5-Omni's), one request
 after another, as a plain script would serve it, given the same cores as the served graph.
 
-A fair baseline uses all N cores the served side uses, in its best shape: N processes of one
-torch thread each (every core busy with its own request), or one process with N threads.
-``run_baselines`` runs all three shapes (1 x 1, 1 x N, N x 1) in fresh processes pinned to the
-cores, so each starts from the same state; the best throughput is the one to compare with.
+``run_baselines`` runs it in every same-core shape (``baseline_shapes``).
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from baseline_shapes import run_shapes  # noqa: E402
 
 import omni_serve  # noqa: F401  (torchvision compat)
 from omni_serve.compat.transformers import qwen3_omni_talker_audio_config
@@ -104,40 +104,6 @@ def generate_speech(model, processor, inputs, text_tokens: int, frames: int) -> 
     return wav
 
 
-def _process(core_set: list[int], threads: int, barrier, results, args: tuple) -> None:
-    os.sched_setaffinity(0, set(core_set))
-    results.put(run_baseline(*args, threads=threads, ready=barrier.wait))
-
-
-def run_shape(processes: int, threads: int, cores: list[int], args: tuple) -> dict:
-    """``processes`` fresh processes of ``threads`` threads each, on ``cores`` (one core per
-    process when processes > 1, all of them otherwise), started together after their
-    warm-ups. The level's wall time runs from the common start to the last one's end."""
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(processes), ctx.Queue()
-    pins = [[c] for c in cores[:processes]] if processes > 1 else [cores]
-    workers = [
-        ctx.Process(target=_process, args=(pins[i], threads, barrier, results, args))
-        for i in range(processes)
-    ]
-    for worker in workers:
-        worker.start()
-    runs = [results.get() for _ in workers]
-    for worker in workers:
-        worker.join()
-    start = min(r["started"] for r in runs)
-    wall = max(r["started"] + r["wall_s"] for r in runs) - start
-    records = [record for r in runs for record in r["records"]]
-    return {
-        "concurrency": processes,
-        "wall_s": wall,
-        "records": records,
-        "processes": processes,
-        "threads": threads,
-        "cores": len(cores),
-    }
-
-
 def run_baselines(
     model_dir: Path,
     prompts: list[str],
@@ -150,8 +116,4 @@ def run_baselines(
     """Each shape serves ``requests`` replies per process: ``{"1x1": ..., "1xN": ...,
     "Nx1": ...}`` (processes x threads)."""
     args = (model_dir, prompts, requests, text_tokens, frames, family)
-    n = len(cores)
-    shapes = {"1x1": (1, 1, cores[:1])}
-    if n > 1:
-        shapes.update({f"1x{n}": (1, n, cores), f"{n}x1": (n, 1, cores)})
-    return {name: run_shape(p, t, c, args) for name, (p, t, c) in shapes.items()}
+    return run_shapes(run_baseline, cores, args)
