@@ -157,3 +157,46 @@ def test_the_session_tiers_table_reads_missed_targets_and_budgets_as_missed():
     assert "budgets **exceeded**" in text
     del figures["speedup_disk_8k"]  # no turn came from disk
     assert "from disk: no hit" in "\n".join(headlines.render_session_tiers(summary))
+
+
+def test_the_image_table_shows_every_side_and_reads_a_missed_cache_target_as_missed():
+    level = {"images_per_s": fig(0.15), "latency_p50_s": fig(6.5), "errors": fig(0)}
+    cache = {"speedup": fig(1.9), "cached_steps": fig(14), "psnr_min_db": fig(35.9)}
+    summary = {
+        "command": "python load_tests/bench_image.py --repeats 1",
+        "commit": "abc",
+        "repeats": 1,
+        "machine": {"cores": 2, "cpu": "x"},
+        "sides": {
+            "served": {
+                "model": "small-qwen-image",
+                "pipeline": "configs/pipelines/qwen_image_small.yaml",
+                "cores": 2,
+                "size": 512,
+                "steps": 28,
+                "requests_per_level": "max(4, 1 x concurrency)",
+            },
+            "baselines": {"2x1": {"processes": 2, "threads": 1}},
+            "trained_threshold": 0.12,
+        },
+        "figures": {
+            "step_cache": {"forced": cache, "trained_threshold": {**cache, "speedup": fig(1.0)}},
+            "baselines": {"2x1": {"images_per_s": fig(0.14), "latency_p50_s": fig(14.0)}},
+            "served": {"c1": level, "c16": level},
+            "served_without_step_cache": {"c1": {**level, "images_per_s": fig(0.1)}},
+            "ratios": {
+                "served_c16_over_best_baseline": fig(1.07),
+                "served_step_cache_speedup_c1": fig(1.5),
+            },
+        },
+    }
+    text = "\n".join(headlines.render_image(summary))
+    assert "| diffusers `QwenImagePipeline` | 2 x 1 | 0.140 | 14.00 | - |" in text
+    assert "| served, c=16 | graph on 2 cores | 0.150 | 6.50 | 0 |" in text
+    assert "| served, no step cache, c=1 | graph on 2 cores | 0.100 |" in text
+    assert "| a trained checkpoint's threshold (0.12) | 1.00x | 14.0 | 35.9 |" in text
+    assert "Served at c=16 against the best same-core diffusers shape: 1.07x." in text
+    assert "served: c=1 1.50x (denoising only: 1.90x)" in text
+    assert "Step cache >= 1.8x: met (>= 1.8)" in text
+    summary["figures"]["step_cache"]["forced"]["speedup"] = fig(1.2)
+    assert "Step cache >= 1.8x: **not met**" in "\n".join(headlines.render_image(summary))
