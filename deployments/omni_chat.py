@@ -78,6 +78,7 @@ class OmniChat:
         replies: SpokenReplyClient | None = None,
     ) -> None:
         self.config, self.prompts, self.clients, self.metrics = config, prompts, clients, metrics
+        self.requests_in_flight = 0  # this replica's chats running now: its load
         self.voices, self.speaks = voices, speaks
         self.context_tokens, self.media_limits = context_tokens, media_limits
         self.sessions, self.replies = sessions, replies
@@ -213,6 +214,14 @@ class OmniChat:
             if not done:  # failed or cancelled: free it unless the Thinker loaded it already
                 free_prefix(options.session_kv)
 
+    def _began(self) -> None:
+        self.metrics.in_flight.inc()
+        self.requests_in_flight += 1
+
+    def _ended(self) -> None:
+        self.metrics.in_flight.dec()
+        self.requests_in_flight -= 1
+
     def deadline(self, body: ChatCompletionRequest | SpeechRequest) -> float | None:
         return request_deadline(body.timeout_s, self.config.api.request_timeout_s)
 
@@ -226,7 +235,7 @@ class OmniChat:
         """A chat run whole (again from the start if a replica died before it answered),
         within its deadline; a failure is the API's error (504, 503, 400, 500)."""
         request_id = uuid.uuid4().hex
-        self.metrics.in_flight.inc()
+        self._began()
         try:
             return await await_within(
                 handle_calls.rerun_after_replica_death(
@@ -243,7 +252,7 @@ class OmniChat:
             self.metrics.requests.labels(outcome(failure)).inc()
             raise failure from None
         finally:
-            self.metrics.in_flight.dec()
+            self._ended()
 
     async def sse(
         self, body, prompt, options, request_id, writer, audio_id: str | None = None
@@ -251,7 +260,7 @@ class OmniChat:
         """A chat streamed as server-sent events ``writer`` shapes (``omni_serve.api.sse``):
         past the deadline or on a stage failure the headers are out, so an error event ends
         the stream."""
-        self.metrics.in_flight.inc()
+        self._began()
         try:
             for line in writer.start():
                 yield line
@@ -273,7 +282,7 @@ class OmniChat:
             self.metrics.requests.labels(outcome(failure)).inc()
             yield writer.error(failure.message, failure.type)
         finally:
-            self.metrics.in_flight.dec()
+            self._ended()
         yield DONE
 
     async def observed(
@@ -281,7 +290,7 @@ class OmniChat:
     ) -> AsyncIterator[ChatEvent]:
         """A streamed answer counted in /metrics as a chat is: in flight while it runs, then
         its outcome and timings (with ``prepare_s``: building its prompt, before the stages)."""
-        self.metrics.in_flight.inc()
+        self._began()
         status = "cancelled"
         try:
             async with contextlib.aclosing(events):  # closed with this stream, not collected
@@ -295,7 +304,7 @@ class OmniChat:
             status = "error"
             raise
         finally:
-            self.metrics.in_flight.dec()
+            self._ended()
             self.metrics.requests.labels(status).inc()
 
     def _observe_result(self, result: ChatResult) -> None:

@@ -73,6 +73,7 @@ class RealtimeRoutes:
             api.max_audio_bytes,
             api.realtime_early_answer_ms,
             self._realtime_transcript,
+            self._start_cushion_s,
         )
         try:
             await session.run()
@@ -80,6 +81,12 @@ class RealtimeRoutes:
             return
         finally:
             await session.close()
+
+    def _start_cushion_s(self) -> float:
+        """Audio to hold back at an answer's start: ``realtime_start_cushion_ms`` for each
+        other chat this replica is running (the answer asking is one of them)."""
+        others = max(0, self.chat.requests_in_flight - 1)
+        return self.config.api.realtime_start_cushion_ms * others / 1000
 
     async def _realtime_answer(self, ask: Ask) -> AsyncIterator[ChatEvent]:
         """An answer's events from the chat path, under the session's id (one Thinker replica

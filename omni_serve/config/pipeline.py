@@ -177,6 +177,15 @@ class ApiSettings(_Strict):
         "start the answer unseen, so its first audio is ready when the silence window ends; "
         "speech that resumes discards it. None = answer only when the turn ends.",
     )
+    realtime_start_cushion_ms: int = Field(
+        400,
+        ge=0,
+        description="/v1/realtime: audio held back at the start of an answer, for each other "
+        "chat the ingress replica is running, then sent at once. Concurrent answers' first "
+        "frames come slower than real time, and a client that plays on arrival falls silent "
+        "mid-sentence; this trades turn latency under load for unbroken speech. Alone, an "
+        "answer holds nothing. 0 = send audio as it is made.",
+    )
     spoken_reply_ttl_s: float = Field(
         3600.0,
         ge=0,

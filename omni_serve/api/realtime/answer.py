@@ -6,6 +6,11 @@ A stopped answer (``response.cancel``, or barge-in) ends with ``response.done`` 
 ``cancelled`` and why; leaving the chat's event stream closes it, which stops the answer in
 every stage. On barge-in the item keeps only what the client had played: the audio sent,
 bounded by the time since its first delta (a client plays as it receives).
+
+An answer's first audio may be held back (the session's ``start_cushion_s``): on a loaded
+server the first frames of concurrent answers come slower than real time, and a client that
+plays on arrival then falls silent mid-sentence. Held audio goes out as one delta once it
+reaches the cushion, or when the answer ends; an answer stopped before that sends none.
 """
 
 from __future__ import annotations
@@ -103,6 +108,7 @@ class Answer:
         self._opened = False
         self._previous: str | None = None
         self._first_audio_at: float | None = None
+        self._held = bytearray()  # audio not yet sent: the start cushion
 
     def stop(self, reason: str) -> None:
         self.reason = self.reason or reason
@@ -143,6 +149,7 @@ class Answer:
                         result = event.result
                     else:
                         await self._delta(event)
+            await self._send_held()
         except asyncio.CancelledError:
             if session.gone:
                 raise
@@ -159,6 +166,7 @@ class Answer:
                         audio_end_ms=played,
                     )
         except Exception as exc:
+            await self._send_held()  # made before the failure: the client gets it
             failure = exc if isinstance(exc, ApiError) else stage_failure(exc)
             if not isinstance(exc, ApiError):
                 log.exception("realtime answer failed in a stage")
@@ -253,12 +261,26 @@ class Answer:
             await session.emit("response.output_text.delta", **where, delta=event.text)
         elif event.kind == "audio":
             pcm = encode_audio(event.audio, PCM_RATE, "pcm16")
-            self.part.pcm += pcm
-            await session.emit(
-                "response.output_audio.delta", **where, delta=base64.b64encode(pcm).decode()
-            )
             if self._first_audio_at is None:
-                self._first_audio_at = time.monotonic()
+                self._held += pcm
+                if len(self._held) / BYTES_PER_MS / 1000 < session.start_cushion_s():
+                    return
+                await self._send_held()
+            else:
+                await self._send_audio(pcm)
+
+    async def _send_held(self) -> None:
+        if self._held:
+            pcm, self._held = bytes(self._held), bytearray()
+            await self._send_audio(pcm)
+
+    async def _send_audio(self, pcm: bytes) -> None:
+        self.part.pcm += pcm
+        await self.session.emit(
+            "response.output_audio.delta", **self._where(), delta=base64.b64encode(pcm).decode()
+        )
+        if self._first_audio_at is None:
+            self._first_audio_at = time.monotonic()
 
     async def _close(self, status: str) -> None:
         session, where = self.session, self._where()

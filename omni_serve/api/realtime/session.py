@@ -66,8 +66,12 @@ class RealtimeSession(SocketSession):
         max_buffer_bytes: int,
         early_answer_ms: int | None = None,
         transcribe: Transcribe | None = None,
+        start_cushion_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
         super().__init__(ws, idle_timeout_s)
+        # Seconds of an answer's first audio to hold back, asked at each of its first chunks:
+        # it grows with the server's load (``Answer``).
+        self.start_cushion_s = start_cushion_s
         self.respond, self.limits, self.max_buffer_bytes = respond, limits, max_buffer_bytes
         self.early_answer_ms = early_answer_ms
         self.settings = Settings.initial(limits)

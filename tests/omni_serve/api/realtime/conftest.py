@@ -58,6 +58,7 @@ class ScriptedChat:
     endless: bool = False
     refuse: ApiError | None = None
     early_answer_ms: int | None = None  # the sessions' setting
+    start_cushion_s: float = 0.0  # the sessions' setting
     asks: list[Ask] = field(default_factory=list)
     asked_at: list[float] = field(default_factory=list)
     closed: list[float] = field(default_factory=list)  # when each answer's stream was closed
@@ -128,6 +129,7 @@ def realtime_server():
             max_buffer_bytes=2_000_000,
             early_answer_ms=chat.early_answer_ms,
             transcribe=chat.transcribe,
+            start_cushion_s=lambda: chat.start_cushion_s,
         )
         try:
             await session.run()
