@@ -13,7 +13,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from omni_serve.transport.shared_memory import FREE, HEADER, PREFIX, SHM_DIR
+from omni_serve.transport.hosts import SHM_DIR
+from omni_serve.transport.shm_pool import FREE, HEADER, PREFIX
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ the lease runs out; a producer that dies makes reads fail at once.
 
 The agent also registers memory that another backend owns and lends out (``lend``): the
 pooled segments of ``shared_memory_direct``, whose frees it passes back to that backend.
-
 """
 
 from __future__ import annotations
@@ -32,10 +31,7 @@ from typing import Any
 
 import torch
 
-from omni_serve.transport.base import (
-    ALIGN,
-    ChannelError,
-)
+from omni_serve.transport.base import ALIGN, ChannelError
 from omni_serve.transport.direct_buffers import (
     FREE,
     HEADER,

@@ -192,14 +192,14 @@ async def test_auto_sends_what_a_full_shared_memory_cannot_take_through_the_obje
 ):
     """A request is answered when /dev/shm is full, and the log (and /metrics, through the
     producer's ``overflowed`` count) says why it got slower."""
-    from omni_serve.transport import ChannelFull, channel_stats, shared_memory, take
+    from omni_serve.transport import ChannelFull, channel_stats, shared_memory, shm_pool, take
     from omni_serve.transport import channels as transport
 
     def full(size, pooled):
         raise ChannelFull("no room for a segment in /dev/shm")
 
-    monkeypatch.setattr(shared_memory, "_create", full)
-    monkeypatch.setattr(shared_memory, "_pool", shared_memory._SegmentPool())
+    monkeypatch.setattr(shm_pool, "create_segment", full)
+    monkeypatch.setattr(shared_memory, "_pool", shm_pool.SegmentPool())
     monkeypatch.setattr(transport, "_overflowed", False)
     overflowed = channel_stats()["overflowed"]
     auto, payload = AutoChannel(inline_max_bytes=1024), torch.arange(4096.0)

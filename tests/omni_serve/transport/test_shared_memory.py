@@ -13,7 +13,14 @@ import time
 import pytest
 import torch
 
-from omni_serve.transport import AutoChannel, ChannelError, SharedMemoryChannel, take
+from omni_serve.transport import (
+    AutoChannel,
+    ChannelError,
+    ChannelFull,
+    SharedMemoryChannel,
+    shm_pool,
+    take,
+)
 from omni_serve.transport import shared_memory as shm
 
 
@@ -135,7 +142,7 @@ async def test_a_released_segment_is_reused_and_stale_refs_stay_dead():
 
 
 async def test_dicts_and_payloads_beyond_the_pool_budget(fresh_pool, monkeypatch):
-    monkeypatch.setattr(shm, "POOL_BYTES", 0)
+    monkeypatch.setattr(shm_pool, "POOL_BYTES", 0)
     big = torch.ones(1024, 1100)  # no pooled segment to reuse: an empty pool
     ref = SharedMemoryChannel().put({"a": big, 7: torch.zeros(3, dtype=torch.int8)})
     assert "-o-" in ref.key  # one-shot
@@ -155,7 +162,7 @@ async def test_a_ref_from_another_host_is_refused_with_the_fix():
 
 
 async def test_a_ref_from_another_process_reads_back_and_its_orphan_is_swept(monkeypatch):
-    monkeypatch.setattr(shm, "SWEEP_EVERY_S", float("inf"))  # only the sweep below runs
+    monkeypatch.setattr(shm_pool, "SWEEP_EVERY_S", float("inf"))  # only the sweep below runs
     code = (
         "import os, pickle, sys, torch; from omni_serve.transport import SharedMemoryChannel;"
         "ref = SharedMemoryChannel().put(torch.arange(1000).view(10, 100).to(torch.bfloat16));"
@@ -181,7 +188,7 @@ def test_a_segment_whose_consumer_died_is_reclaimed_after_the_lease(monkeypatch)
     assert channel.put(torch.ones(100)).key != lost.key
     segment = shm._pool.segments[lost.key]
     gen, state, _ = segment.state()
-    shm.HEADER.pack_into(segment.view, 0, gen, state, time.time() - 2 * shm.LEASE_S)
+    shm.HEADER.pack_into(segment.view, 0, gen, state, time.time() - 2 * shm_pool.LEASE_S)
     assert channel.put(torch.ones(100)).key == lost.key
 
 
@@ -195,7 +202,7 @@ def test_auto_uses_shared_memory_for_large_payloads_without_a_cluster():
 @pytest.fixture
 def fresh_pool(monkeypatch):
     """This process's producer pool, empty; its segments unlinked afterwards."""
-    pool = shm._SegmentPool()
+    pool = shm_pool.SegmentPool()
     monkeypatch.setattr(shm, "_pool", pool)
     yield pool
     pool.close()
@@ -205,7 +212,7 @@ async def test_a_new_size_over_the_budget_evicts_free_segments_not_ones_in_use(
     fresh_pool, monkeypatch
 ):
     pool = fresh_pool
-    monkeypatch.setattr(shm, "POOL_BYTES", 4 << 20)
+    monkeypatch.setattr(shm_pool, "POOL_BYTES", 4 << 20)
     channel = SharedMemoryChannel()
     small = channel.put(torch.ones(3 << 18))  # 3 MB: a 4 MB segment, the whole budget
     held = await channel.get(small)  # in use: not evictable
@@ -215,7 +222,7 @@ async def test_a_new_size_over_the_budget_evicts_free_segments_not_ones_in_use(
     del held
     gc.collect()  # the last view of the small payload dies: its segment is free again
     channel.free(small)
-    monkeypatch.setattr(shm, "POOL_BYTES", 8 << 20)
+    monkeypatch.setattr(shm_pool, "POOL_BYTES", 8 << 20)
     grown = channel.put(torch.ones(4 << 18))  # 4 + 8 > 8 MB: the free small one makes room
     assert "-p-" in grown.key and not (shm.SHM_DIR / small.key).exists()
     assert pool.pooled_bytes == 8 << 20 and list(pool.segments) == [grown.key]
@@ -295,15 +302,15 @@ def test_outside_ray_a_full_shm_is_raised_not_sent_to_a_ray_of_its_own(monkeypat
     import ray
 
     def full(size, pooled):
-        raise shm.ChannelFull("no room for a segment in /dev/shm")
+        raise ChannelFull("no room for a segment in /dev/shm")
 
     def no_put(*args, **kwargs):
         raise AssertionError("ray.put from a process outside Ray")
 
-    monkeypatch.setattr(shm, "_create", full)
+    monkeypatch.setattr(shm_pool, "create_segment", full)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "put", no_put)
-    with pytest.raises(shm.ChannelFull, match="no room"):
+    with pytest.raises(ChannelFull, match="no room"):
         AutoChannel(inline_max_bytes=1024).put(torch.zeros(4096))
 
 

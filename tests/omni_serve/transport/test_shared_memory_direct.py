@@ -18,6 +18,7 @@ from omni_serve.transport import (
     direct_endpoint,
     hosts,
     shared_memory,
+    shm_pool,
     take,
 )
 from tests.omni_serve.transport.peer import (
@@ -116,7 +117,7 @@ async def test_a_segment_the_pool_unlinks_is_no_longer_lent(elsewhere, monkeypat
     pool = shared_memory._pool.segments.values()
     in_use = sum(s.size for s in pool if s.state()[1] != shared_memory.FREE)
     largest = max(s.size for s in pool)  # earlier tests' segments may still be pooled
-    monkeypatch.setattr(shared_memory, "POOL_BYTES", in_use + 2 * largest)
+    monkeypatch.setattr(shm_pool, "POOL_BYTES", in_use + 2 * largest)
     # A size no pooled segment has (2 * largest), in a budget with room for nothing else:
     # every free segment is evicted.
     bigger = channel.put(torch.ones(largest // 4 + 1024))
@@ -131,7 +132,7 @@ async def test_a_segment_the_pool_unlinks_is_no_longer_lent(elsewhere, monkeypat
 def test_a_payload_the_pool_cannot_take_is_refused_not_given_a_one_shot_segment(monkeypatch):
     """Registering a one-shot segment for one read would cost more than the object store,
     where ``auto`` sends what raises ``ChannelFull``."""
-    monkeypatch.setattr(shared_memory, "POOL_BYTES", 1 << 20)
+    monkeypatch.setattr(shm_pool, "POOL_BYTES", 1 << 20)
     before = set(shared_memory.SHM_DIR.glob(f"{shared_memory.PREFIX}*"))
     with pytest.raises(ChannelFull, match="OMNI_SHM_POOL_BYTES"):
         SharedMemoryDirectChannel().put(torch.ones(4 << 20, dtype=torch.uint8))
