@@ -39,13 +39,12 @@ from omni_serve.api.transcriptions import (
 from omni_serve.config import PipelineConfig
 from omni_serve.media.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
 from omni_serve.media.decode import audio_format
-from omni_serve.models.qwen3_omni.transcribe_prompt import (
-    instruction,
-    transcription_messages,
-    unknown_language,
-)
 from omni_serve.models.thinker_talker.chat_flow import ChatEvent
 from omni_serve.models.thinker_talker.family import SAMPLE_RATE
+from omni_serve.models.thinker_talker.transcribe_prompt import (
+    TranscriptionPrompt,
+    transcription_messages,
+)
 from omni_serve.observability.metrics import ApiMetrics
 
 log = logging.getLogger("ray.serve")
@@ -68,6 +67,7 @@ class AudioRoutes:
     config: PipelineConfig
     chat: OmniChat
     metrics: ApiMetrics
+    transcription: TranscriptionPrompt  # the family's
 
     @app.post("/v1/audio/speech")
     async def speech(self, body: SpeechRequest) -> Response:
@@ -108,15 +108,16 @@ class AudioRoutes:
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(self, form: Annotated[TranscriptionForm, Form()]) -> Response:
         """Speech to text: the Thinker hears the clip and is asked for its words."""
-        if form.language and (why := unknown_language(form.language)):
+        if form.language and (why := self.transcription.unknown_language(form.language)):
             raise ApiError(400, why, "language")
-        asked = instruction("transcribe", form.language, form.prompt)
+        asked = self.transcription.instruction("transcribe", form.language, form.prompt)
         return await self._transcribe(form, asked, form.stream)
 
     @app.post("/v1/audio/translations")
     async def translations(self, form: Annotated[TranslationForm, Form()]) -> Response:
         """Speech to English text."""
-        return await self._transcribe(form, instruction("translate", None, form.prompt))
+        asked = self.transcription.instruction("translate", None, form.prompt)
+        return await self._transcribe(form, asked)
 
     async def _transcribe(
         self, form: TranslationForm, asked: str, stream: bool = False

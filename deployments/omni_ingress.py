@@ -77,6 +77,7 @@ class OmniIngress(AudioRoutes, VoiceSocketRoutes, RealtimeRoutes, ReleasesShared
         # Without a Talker (a text-only pipeline: the Thinking and Captioner checkpoints have
         # none) the app answers in text and refuses audio output.
         family = thinker_talker_family(self.config.family)
+        self.transcription = family.transcription
         voices = set(family.voices(model_path)) if talker else set()
         playground.configure(
             self.config.api.playground, "speech", self.config.served_model_name, sorted(voices)

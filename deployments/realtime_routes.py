@@ -24,14 +24,13 @@ from omni_serve.api.realtime.session import RealtimeSession
 from omni_serve.api.realtime.settings import Ask, Limits
 from omni_serve.api.socket_session import IdleTimeout
 from omni_serve.config import PipelineConfig
-from omni_serve.models.qwen3_omni.transcribe_prompt import (
-    SPEECH_LANGUAGES,
-    instruction,
-    transcription_messages,
-)
 from omni_serve.models.thinker_talker.chat_flow import ChatEvent
 from omni_serve.models.thinker_talker.family import SAMPLE_RATE
 from omni_serve.models.thinker_talker.request import media_limit
+from omni_serve.models.thinker_talker.transcribe_prompt import (
+    TranscriptionPrompt,
+    transcription_messages,
+)
 
 POLICY_VIOLATION = 1008  # the close code for a session this server will not hold
 
@@ -41,6 +40,7 @@ assert SAMPLE_RATE == PCM_RATE, "Realtime audio is 24 kHz PCM16: the model's rat
 class RealtimeRoutes:
     config: PipelineConfig
     chat: OmniChat
+    transcription: TranscriptionPrompt  # the family's
 
     @app.websocket("/v1/realtime")
     async def realtime(self, ws: WebSocket, model: str | None = None) -> None:
@@ -62,7 +62,7 @@ class RealtimeRoutes:
             frozenset(self.chat.voices),
             api.max_tokens_limit,
             min(api.default_max_tokens, api.max_tokens_limit),
-            frozenset(SPEECH_LANGUAGES),
+            frozenset(self.transcription.languages),
             media_limit(self.chat.media_limits, "audio"),
         )
         session = RealtimeSession(
@@ -118,7 +118,7 @@ class RealtimeRoutes:
         Thinker hears the clip, is told to transcribe it, and answers in text. Under no
         session id, so it neither takes the conversation's replica slot nor replaces the KV
         prefix the conversation's next turn resumes from."""
-        asked_for = instruction("transcribe", asked.language, asked.prompt)
+        asked_for = self.transcription.instruction("transcribe", asked.language, asked.prompt)
         body = ChatCompletionRequest.model_validate(
             {
                 "model": self.config.served_model_name,

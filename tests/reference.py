@@ -51,7 +51,8 @@ def sample_video() -> np.ndarray:
     return (np.random.RandomState(1).rand(5, 64, 96, 3) * 255).astype(np.uint8)
 
 
-def processor_inputs(processor, kind: str) -> dict:
+def processor_inputs(processor, kind: str, track: np.ndarray | None = None) -> dict:
+    """``track``: a video's audio track other than ``sample_track`` (``video_audio``)."""
     text = processor.apply_chat_template(
         prompt_messages(kind), add_generation_prompt=True, tokenize=False
     )
@@ -64,7 +65,10 @@ def processor_inputs(processor, kind: str) -> dict:
         kwargs.update(videos=[sample_video()], fps=VIDEO_FPS)
     if kind == "video_audio":
         kwargs.update(
-            videos=[sample_video()], audio=[sample_track()], fps=VIDEO_FPS, use_audio_in_video=True
+            videos=[sample_video()],
+            audio=[sample_track() if track is None else track],
+            fps=VIDEO_FPS,
+            use_audio_in_video=True,
         )
     return dict(processor(text=text, return_tensors="pt", **kwargs))
 

@@ -10,7 +10,6 @@ import pytest
 from omni_serve.config import ApiSettings
 from omni_serve.media.chat_parts import ChatMessage
 from omni_serve.models.qwen3_omni.family import FAMILY
-from omni_serve.models.qwen3_omni.transcribe_prompt import instruction
 from omni_serve.models.thinker_talker.request import prepare_prompt
 from omni_serve.testing.media import wav_b64
 
@@ -45,7 +44,7 @@ def test_the_transcription_prompt_is_vllms(tiny_omni_path, omni_processor, task,
     clip = np.zeros(16000, np.float32)
     content = [
         {"type": "input_audio", "input_audio": {"data": wav_b64(clip, 16000)}},
-        {"type": "text", "text": instruction(task, language, prompt)},
+        {"type": "text", "text": FAMILY.transcription.instruction(task, language, prompt)},
     ]
     ours = prepare_prompt(
         omni_processor, [ChatMessage(role="user", content=content)], ApiSettings(), family=FAMILY

@@ -20,13 +20,19 @@ from omni_serve.models.qwen2_5_omni.talker_inputs import TalkerInputBuilder, med
 from omni_serve.models.qwen2_5_omni.talker_runner import TalkerRunner
 from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
 from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts, ThinkerModel
+from omni_serve.models.thinker_talker.transcribe_prompt import TranscriptionPrompt
 
 # transformers' Qwen2.5-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05}
+# The languages Qwen2.5-Omni's model card evaluates speech recognition in (Common Voice 15:
+# en, zh, yue, fr; Fleurs, WenetSpeech and VoxPopuli add none), by ISO 639-1 code (Cantonese
+# by ISO 639-3). The card lists no wider set.
+SPEECH_LANGUAGES = {"en": "English", "zh": "Chinese", "yue": "Cantonese", "fr": "French"}
 
 
 class Qwen25OmniFamily:
     name = "qwen2_5_omni"
+    transcription = TranscriptionPrompt(SPEECH_LANGUAGES)
 
     def thinker_model(self, model_path: Path) -> ThinkerModel:
         """The Talker reads the Thinker's last layer (the final norm's output) everywhere."""

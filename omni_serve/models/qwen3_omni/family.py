@@ -21,13 +21,37 @@ from omni_serve.models.qwen3_omni.codec import load_code2wav_decoder
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder, media_token_ids
 from omni_serve.models.qwen3_omni.talker_static_runner import talker_runner
 from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts, ThinkerModel
+from omni_serve.models.thinker_talker.transcribe_prompt import TranscriptionPrompt
 
 # transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
+# Qwen3-Omni's speech input languages as its model card lists them, by ISO 639-1 code
+# (Cantonese by ISO 639-3).
+SPEECH_LANGUAGES = {
+    "en": "English",
+    "zh": "Chinese",
+    "ko": "Korean",
+    "ja": "Japanese",
+    "de": "German",
+    "ru": "Russian",
+    "it": "Italian",
+    "fr": "French",
+    "es": "Spanish",
+    "pt": "Portuguese",
+    "ms": "Malay",
+    "nl": "Dutch",
+    "id": "Indonesian",
+    "tr": "Turkish",
+    "vi": "Vietnamese",
+    "yue": "Cantonese",
+    "ar": "Arabic",
+    "ur": "Urdu",
+}
 
 
 class Qwen3OmniFamily:
     name = "qwen3_omni"
+    transcription = TranscriptionPrompt(SPEECH_LANGUAGES)
 
     def thinker_model(self, model_path: Path) -> ThinkerModel:
         config = load_config(model_path)

@@ -19,6 +19,7 @@ from omni_serve.config import EngineSettings
 from omni_serve.engines.ar.torch_engine import StepRunner
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
 from omni_serve.models.thinker_talker.speech_session import TalkerFeed
+from omni_serve.models.thinker_talker.transcribe_prompt import TranscriptionPrompt
 
 # The rate the families' codecs speak at (Qwen3-Omni's Code2wav and Qwen2.5-Omni's Token2Wav
 # both make 24 kHz audio): the API encodes replies at it, and Realtime's PCM16 is 24 kHz too.
@@ -68,6 +69,7 @@ class TalkerParts:
 
 class ThinkerTalkerFamily(Protocol):
     name: str
+    transcription: TranscriptionPrompt  # what a clip to transcribe is asked, in which languages
 
     def thinker_model(self, model_path: Path) -> ThinkerModel: ...
 

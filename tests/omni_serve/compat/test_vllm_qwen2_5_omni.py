@@ -1,9 +1,11 @@
-"""vLLM's Qwen2.5-Omni Thinker places a heard video's M-RoPE positions as transformers does."""
+"""vLLM's Qwen2.5-Omni Thinker places a heard video's M-RoPE positions as transformers does,
+whether the heard span ends in frames (a track shorter than the video) or in sound (longer)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoProcessor, Qwen2_5OmniForConditionalGeneration
@@ -16,11 +18,18 @@ from omni_serve.compat.vllm_qwen2_5_omni import Qwen2_5OmniThinkerHeardVideoPosi
 from tests.reference import processor_inputs
 
 
-@pytest.fixture(scope="module")
-def heard_video(tiny_qwen2_5_omni_path):
+def long_track() -> np.ndarray:
+    """5 s of sound under the 3 s sample video: the heard span's last chunk is sound."""
+    t = np.arange(16000 * 5) / 16000
+    return (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
+
+
+@pytest.fixture(scope="module", params=["ends_in_frames", "ends_in_sound"])
+def heard_video(request, tiny_qwen2_5_omni_path):
     """A text + heard-video prompt: its ids, transformers' positions, vLLM's features."""
     processor = AutoProcessor.from_pretrained(tiny_qwen2_5_omni_path)
-    inputs = processor_inputs(processor, "video_audio")
+    track = long_track() if request.param == "ends_in_sound" else None
+    inputs = processor_inputs(processor, "video_audio", track)
     thinker = Qwen2_5OmniForConditionalGeneration.from_pretrained(tiny_qwen2_5_omni_path).thinker
     config = thinker.config
     seqlens = inputs["feature_attention_mask"].sum(-1)
@@ -36,6 +45,8 @@ def heard_video(tiny_qwen2_5_omni_path):
     ids = inputs["input_ids"][0]
     bos = int((ids == config.audio_start_token_id).nonzero()[0])
     span = int(((ids == config.video_token_id) | (ids == config.audio_token_id)).sum())
+    last = config.audio_token_id if request.param == "ends_in_sound" else config.video_token_id
+    assert int(ids[bos + span]) == last, "the prompt does not end its span as the case says"
 
     def feature(modality: str, offset: int, **data: torch.Tensor) -> MultiModalFeatureSpec:
         items = {k: SimpleNamespace(data=v) for k, v in data.items()}

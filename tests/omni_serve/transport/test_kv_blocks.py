@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_serve.transport import make_channel, take
+from omni_serve.transport import make_channel, shm_pool, take
 from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.kv_blocks import KVPrefix, put_prefix, scatter
 
@@ -36,7 +36,7 @@ async def test_blocks_move_from_one_cache_into_other_block_ids_of_another(layout
 
 
 def test_an_export_that_fails_midway_gives_its_segment_back(monkeypatch):
-    pool = shm._SegmentPool()
+    pool = shm_pool.SegmentPool()
     monkeypatch.setattr(shm, "_pool", pool)
     source = _caches("cpu")
     dims = {k: 0 for k in source}

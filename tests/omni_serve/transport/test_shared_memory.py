@@ -263,8 +263,8 @@ def small_shm(tmp_path):
 FILL_SMALL_SHM = """
 import sys, torch
 from pathlib import Path
-from omni_serve.transport import ChannelFull, shared_memory as shm
-shm.SHM_DIR = Path(sys.argv[1])
+from omni_serve.transport import ChannelFull, shared_memory as shm, shm_pool
+shm.SHM_DIR = shm_pool.SHM_DIR = Path(sys.argv[1])  # the reader's and the pool's
 channel = shm.SharedMemoryChannel()
 channel.free(channel.put(torch.ones(3 << 18)))  # 3 MB in a 4 MB segment, back in the pool
 held = channel.put(torch.ones(10 << 18))  # a 16 MB segment: fits once the free one is gone

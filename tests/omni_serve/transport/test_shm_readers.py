@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from omni_serve.transport import SharedMemoryChannel, shm_readers, take
+from omni_serve.transport import SharedMemoryChannel, shm_pool, shm_readers, take
 from omni_serve.transport import shared_memory as shm
 from omni_serve.transport.shm_readers import PAGE, ReaderMappings, written_pages
 
@@ -22,7 +22,7 @@ from omni_serve.transport.shm_readers import PAGE, ReaderMappings, written_pages
 def readers(monkeypatch):
     """Fresh kept mappings for the backend (pagemap readable on this machine), and a fresh
     producer pool, so segment sizes do not depend on earlier tests."""
-    fresh, pool = ReaderMappings(), shm._SegmentPool()
+    fresh, pool = ReaderMappings(), shm_pool.SegmentPool()
     monkeypatch.setattr(shm, "_readers", fresh)
     monkeypatch.setattr(shm, "_pool", pool)
     yield fresh

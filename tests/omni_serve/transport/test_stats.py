@@ -11,6 +11,7 @@ from omni_serve.transport import (
     InlineChannel,
     SharedMemoryChannel,
     channel_stats,
+    shm_pool,
     take,
 )
 from omni_serve.transport import shared_memory as shm
@@ -47,7 +48,7 @@ async def test_a_ref_that_cannot_be_read_counts_as_failed_not_taken():
 
 
 def test_pool_bytes_are_the_segments_this_process_holds(monkeypatch):
-    monkeypatch.setattr(shm, "_pool", shm._SegmentPool())
+    monkeypatch.setattr(shm, "_pool", shm_pool.SegmentPool())
     assert channel_stats()["pool_bytes"] == 0
     try:
         ref = SharedMemoryChannel().put(torch.zeros(3 << 18))  # 3 MiB: a 4 MiB segment
