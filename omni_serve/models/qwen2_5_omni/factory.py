@@ -20,7 +20,6 @@ VOICES = ("Chelsie", "Ethan")
 SEED = 0
 FACTORY_VERSION = 1  # bump when the bytes a preset builds change
 REFERENCE_MEL_FRAMES = 60
-TARGET_AUDIO_RMS = 0.15
 
 
 def preset_config(preset: str) -> dict[str, Any]:
@@ -79,29 +78,16 @@ def _speakers(config: Any) -> dict[str, dict[str, Any]]:
 
 
 def _calibrate_loudness(token2wav: Any, speaker: dict[str, Any]) -> None:
-    """Scale BigVGAN's last conv so random codes decode to speech-like loudness (its output
-    is clamped to [-1, 1]: unscaled, it is either silent or a saturated square wave).
-    Deterministic: fixed codes and noise, one thread."""
+    """BigVGAN's output at speech-like loudness for fixed random codes and seeded noise."""
     import torch
+
+    from omni_serve.models.common.loudness import scale_to_loudness
 
     gen = torch.Generator().manual_seed(SEED)
     codes = torch.randint(0, 256, (1, 24), generator=gen)
-    out_conv = token2wav.code2wav_bigvgan_model.conv_post
-    captured: list[torch.Tensor] = []
-    handle = out_conv.register_forward_hook(lambda _m, _i, out: captured.append(out))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+
+    def decode() -> None:
         torch.manual_seed(SEED)  # the DiT starts from noise
-        with torch.no_grad():
-            token2wav(codes, conditioning=speaker["cond"], reference_mel=speaker["ref_mel"])
-    finally:
-        handle.remove()
-        torch.set_num_threads(threads)
-    rms = captured[0].double().pow(2).mean().sqrt().item()
-    # Rounded so float noise in the measurement cannot change the checkpoint's bytes.
-    scale = float(f"{TARGET_AUDIO_RMS / max(rms, 1e-12):.3g}")
-    with torch.no_grad():
-        out_conv.weight.mul_(scale)
-        if out_conv.bias is not None:
-            out_conv.bias.mul_(scale)
+        token2wav(codes, conditioning=speaker["cond"], reference_mel=speaker["ref_mel"])
+
+    scale_to_loudness(token2wav.code2wav_bigvgan_model.conv_post, decode)

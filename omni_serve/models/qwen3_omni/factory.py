@@ -69,36 +69,14 @@ def build(preset: str, directory: Path) -> None:
     save_processor(directory, vision_patch_size=config.thinker_config.vision_config.patch_size)
 
 
-TARGET_AUDIO_RMS = 0.15
-
-
 def _calibrate_code2wav_loudness(code2wav) -> None:
-    """Scale code2wav's last conv so random codes decode to speech-like loudness.
-
-    Its decoder's residual blocks grow the signal ~20x with fan-in init and the output is clamped
-    to [-1, 1], so unscaled audio is a saturated square wave. Deterministic: fixed codes.
-    """
+    """Code2wav's decoder, at speech-like loudness for fixed random codes."""
     import torch
+
+    from omni_serve.models.common.loudness import scale_to_loudness
 
     gen = torch.Generator().manual_seed(SEED)
     codes = torch.randint(
         0, code2wav.config.codebook_size, (1, code2wav.config.num_quantizers, 24), generator=gen
     )
-    out_conv = code2wav.decoder[-1].conv
-    captured: list[torch.Tensor] = []
-    handle = out_conv.register_forward_hook(lambda _m, _i, out: captured.append(out))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the measured rms must not depend on the thread count
-    try:
-        with torch.no_grad():
-            code2wav(codes)
-    finally:
-        handle.remove()
-        torch.set_num_threads(threads)
-    rms = captured[0].double().pow(2).mean().sqrt().item()
-    # Rounded so float noise in the measurement cannot change the checkpoint's bytes.
-    scale = float(f"{TARGET_AUDIO_RMS / max(rms, 1e-8):.3g}")
-    with torch.no_grad():
-        out_conv.weight.mul_(scale)
-        if out_conv.bias is not None:
-            out_conv.bias.mul_(scale)
+    scale_to_loudness(code2wav.decoder[-1].conv, lambda: code2wav(codes))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoProcessor, Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
 
-from omni_serve.models.qwen2_5_omni.factory import TARGET_AUDIO_RMS, VOICES
+from omni_serve.models.common.loudness import TARGET_AUDIO_RMS
+from omni_serve.models.qwen2_5_omni.factory import VOICES
 from omni_serve.models.qwen2_5_omni.tokens import token_id
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoProcessor, Qwen3OmniMoeConfig
 
-from omni_serve.models.qwen3_omni.factory import TARGET_AUDIO_RMS
+from omni_serve.models.common.loudness import TARGET_AUDIO_RMS
 
 
 def test_checkpoint_loads_with_real_classes(tiny_omni_path, hf_omni):
