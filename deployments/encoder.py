@@ -1,4 +1,5 @@
-"""Encoder stage: Qwen3-Omni's audio and vision towers on their own replicas.
+"""Encoder stage: the family's audio and vision towers on their own replicas (Qwen3-Omni's;
+Qwen2.5-Omni has none: its pipeline config refuses the stage).
 
 Audio rows: the Thinker takes the prompt as embeddings with them in the audio positions.
 Image and video rows (deepstack features concatenated on the last dim): the Thinker passes them
@@ -21,9 +22,7 @@ from ray import serve
 
 from deployments.common import ReleasesSharedMemory, edge_channel, export_stage_metrics, torch_stage
 from omni_serve.engines.encoders.base import TorchEncoderEngine
-from omni_serve.engines.encoders.item_cache import EncodedItemCache
-from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
-from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+from omni_serve.models.registry import thinker_talker_family
 from omni_serve.models.thinker_talker.media_payload import media_from_payload
 from omni_serve.transport import TensorRef, channel_stats, take
 from omni_serve.transport.base import cat_into, put_in_place
@@ -46,9 +45,11 @@ def _items(entry: Any) -> list[Any]:
 class EncoderDeployment(ReleasesSharedMemory):
     def __init__(self, pipeline: dict[str, Any], stage_name: str = "encoder") -> None:
         setup = torch_stage(pipeline, stage_name)
-        encoders = Qwen3OmniEncoders(setup.model_path, setup.dtype, setup.device)
         cache_mib = float(setup.stage.engine.args.get("cache_mib", DEFAULT_CACHE_MIB))
-        self.items = CachedEncoders(encoders, EncodedItemCache(int(cache_mib * 2**20)))
+        family = thinker_talker_family(setup.config.family)
+        self.items = family.load_encoders(
+            setup.model_path, setup.dtype, setup.device, int(cache_mib * 2**20)
+        )
         self.audio = TorchEncoderEngine(self.items.audio)
         self.vision = TorchEncoderEngine(self.items.images)
         self.video = TorchEncoderEngine(self.items.videos)

@@ -140,6 +140,14 @@ FAMILY_STAGE_ARGS: dict[tuple[str, str], frozenset[str]] = {
     ),
 }
 
+# The stage kinds each family's graph has. Qwen2.5-Omni has no encoder stage: its Thinker
+# encodes every prompt's media inside vLLM.
+FAMILY_STAGE_KINDS: dict[str, frozenset[str]] = {
+    "qwen3_omni": frozenset({"ingress", "encoder", "thinker", "talker", "code2wav"}),
+    "qwen2_5_omni": frozenset({"ingress", "thinker", "talker", "code2wav"}),
+    "qwen_image": frozenset({"ingress", "text_encoder", "dit", "vae"}),
+}
+
 # vLLM args that have a field of their own: one place to set each.
 VLLM_DEDICATED_ARGS = {
     "dtype": "dtype",
@@ -154,6 +162,12 @@ def check_stage_engine(
     """Raise ValueError naming the stage and the field when ``engine`` asks for something the
     stage would not do."""
     spec = STAGE_ENGINES[kind]
+    if family in FAMILY_STAGE_KINDS and kind not in FAMILY_STAGE_KINDS[family]:
+        has = ", ".join(sorted(FAMILY_STAGE_KINDS[family]))
+        raise ValueError(
+            f"stage {name!r}: family {family!r} has no {kind} stage (its stages: {has}); "
+            "remove the stage and its edges"
+        )
     if (family, kind) in FAMILY_STAGE_ARGS:
         spec = dataclasses.replace(spec, args=FAMILY_STAGE_ARGS[family, kind])
     a_stage = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} stage"

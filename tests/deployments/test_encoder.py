@@ -26,14 +26,12 @@ async def test_videos_sent_as_frames_come_back_as_their_rows(tiny_omni_path):
 
     from deployments.encoder import EncoderDeployment
     from omni_serve.engines.encoders.base import TorchEncoderEngine
-    from omni_serve.engines.encoders.item_cache import EncodedItemCache
-    from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
-    from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+    from omni_serve.models.qwen3_omni.family import FAMILY
     from omni_serve.models.thinker_talker.media_payload import media_payload
 
-    encoders = Qwen3OmniEncoders(tiny_omni_path)
     stage = object.__new__(EncoderDeployment.func_or_class)
-    stage.items = CachedEncoders(encoders, EncodedItemCache(64 << 20))
+    stage.items = FAMILY.load_encoders(tiny_omni_path, torch.float32, "cpu", 64 << 20)
+    encoders = stage.items.encoders
     stage.video, stage.channel, stage.clips = (
         TorchEncoderEngine(stage.items.videos),
         make_channel(),

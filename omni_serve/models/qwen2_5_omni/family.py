@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -84,6 +84,14 @@ class Qwen25OmniFamily:
         settings = Token2WavSettings.from_args(dict(engine.args))
         decoder = Token2WavDecoder(token2wav, load_speakers(model_path), settings)
         return decoder, decoder.codec_info()
+
+    def load_encoders(
+        self, model_path: Path, dtype: torch.dtype, device: str, cache_bytes: int
+    ) -> NoReturn:
+        raise ValueError(
+            "Qwen2.5-Omni has no encoder stage: its Thinker encodes every prompt's media "
+            "inside vLLM; remove the encoder stage and its edges"
+        )
 
 
 FAMILY = Qwen25OmniFamily()

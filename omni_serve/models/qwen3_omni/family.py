@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
@@ -22,6 +22,9 @@ from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder, media
 from omni_serve.models.qwen3_omni.talker_static_runner import talker_runner
 from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts, ThinkerModel
 from omni_serve.models.thinker_talker.transcribe_prompt import TranscriptionPrompt
+
+if TYPE_CHECKING:
+    from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
 
 # transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
@@ -110,6 +113,18 @@ class Qwen3OmniFamily:
             chunk_growth=float(args.get("chunk_growth", 2.0)),
         )
         return decoder, info
+
+    def load_encoders(
+        self, model_path: Path, dtype: torch.dtype, device: str, cache_bytes: int
+    ) -> CachedEncoders:
+        """The audio and vision towers on their own (``encoders.py``), behind the item cache.
+        Imported here: only the encoder stage loads the towers' modeling code."""
+        from omni_serve.engines.encoders.item_cache import EncodedItemCache
+        from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
+        from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+
+        towers = Qwen3OmniEncoders(model_path, dtype, device)
+        return CachedEncoders(towers, EncodedItemCache(cache_bytes))
 
 
 FAMILY = Qwen3OmniFamily()

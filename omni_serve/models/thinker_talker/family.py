@@ -9,6 +9,7 @@ finds it by the pipeline config's ``family``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ import torch
 from omni_serve.config import EngineSettings
 from omni_serve.engines.ar.torch_engine import StepRunner
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
+from omni_serve.engines.encoders.item_cache import EncodedItemCache
 from omni_serve.models.thinker_talker.speech_session import TalkerFeed
 from omni_serve.models.thinker_talker.transcribe_prompt import TranscriptionPrompt
 
@@ -67,6 +69,19 @@ class TalkerParts:
     stop_token_ids: tuple[int, ...]
 
 
+class MediaEncoders(Protocol):
+    """The encoder stage's work: each media item's Thinker rows (one tensor per item, on the
+    host), from its item cache where the item was sent before."""
+
+    cache: EncodedItemCache
+
+    def audio(self, samples: torch.Tensor, lengths: Sequence[int]) -> list[torch.Tensor]: ...
+
+    def images(self, images: Sequence[Any]) -> list[torch.Tensor]: ...
+
+    def videos(self, videos: Sequence[Any]) -> list[torch.Tensor]: ...
+
+
 class ThinkerTalkerFamily(Protocol):
     name: str
     transcription: TranscriptionPrompt  # what a clip to transcribe is asked, in which languages
@@ -98,3 +113,10 @@ class ThinkerTalkerFamily(Protocol):
         self, model_path: Path, dtype: torch.dtype, device: str, engine: EngineSettings
     ) -> tuple[CodecDecoder, CodecInfo]:
         """The codec stage's decoder and its streaming plan (from ``engine.args``)."""
+
+    def load_encoders(
+        self, model_path: Path, dtype: torch.dtype, device: str, cache_bytes: int
+    ) -> MediaEncoders:
+        """The encoder stage's towers behind an item cache of ``cache_bytes``. A family
+        without an encoder stage raises ValueError (its pipeline config is refused first:
+        ``omni_serve.config.engine.FAMILY_STAGE_KINDS``)."""

@@ -37,8 +37,11 @@ def minimal(**overrides) -> dict:
 
 
 def one_stage(name: str, stage_kind: str, /, **engine) -> dict:
-    """A pipeline of one stage with the given engine fields (``kind=`` is the engine's)."""
-    return minimal(stages=[{"name": name, "kind": stage_kind, "engine": engine}])
+    """A pipeline of one stage with the given engine fields (``kind=`` is the engine's), of
+    the family that has such a stage."""
+    family = "qwen_image" if stage_kind in ("text_encoder", "dit", "vae") else "qwen3_omni"
+    stages = [{"name": name, "kind": stage_kind, "engine": engine}]
+    return minimal(family=family, stages=stages)
 
 
 def test_defaults_fill_in():
@@ -69,6 +72,19 @@ def test_defaults_fill_in():
             minimal(api={"allow_private_media_addresses": True}),
             "api",
             "allow_private_media_addresses is set but allow_remote_urls is false",
+        ),
+        (
+            minimal(
+                family="qwen2_5_omni",
+                stages=[{"name": "encoder", "kind": "encoder", "engine": {"kind": "torch"}}],
+            ),
+            "<root>",
+            "stage 'encoder': family 'qwen2_5_omni' has no encoder stage (its stages: code2wav,",
+        ),
+        (
+            one_stage("d", "dit", kind="diffusers") | {"family": "qwen3_omni"},
+            "<root>",
+            "stage 'd': family 'qwen3_omni' has no dit stage",
         ),
         (
             minimal(edges=[{"source": "thinker", "target": "talker", "payload": "x"}]),
@@ -169,6 +185,7 @@ def test_a_parallel_dit_reserves_its_workers_on_one_node():
 
     config = parse_pipeline_config(
         minimal(
+            family="qwen_image",
             stages=[
                 {
                     "name": "dit",
@@ -184,7 +201,7 @@ def test_a_parallel_dit_reserves_its_workers_on_one_node():
                     },
                     "deployment": {"ray_actor_options": {"num_cpus": 0.1}},
                 }
-            ]
+            ],
         )
     )
     opts = config.stage("dit").serve_options()
@@ -198,9 +215,7 @@ def test_a_parallel_dit_reserves_its_workers_on_one_node():
 
     replica = Stage.options(**opts)._replica_config
     assert replica.placement_group_bundles == opts["placement_group_bundles"]
-    single = parse_pipeline_config(
-        minimal(stages=[{"name": "dit", "kind": "dit", "engine": {"kind": "diffusers"}}])
-    )
+    single = parse_pipeline_config(one_stage("dit", "dit", kind="diffusers"))
     assert "placement_group_bundles" not in single.stage("dit").serve_options()
 
 
