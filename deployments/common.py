@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,12 +202,23 @@ def pin_to_cores(cores: list[int] | None) -> None:
 
 class StageWorker:
     """One thread per replica for blocking torch work, so the replica's event loop keeps
-    answering health checks and queueing requests while a model runs."""
+    answering health checks and queueing requests while a model runs. ``busy_s``: seconds
+    spent running work so far (the stage's busy time on /metrics)."""
 
     def __init__(self, name: str) -> None:
         import concurrent.futures
 
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        self.busy_s = 0.0
 
     async def run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._timed, fn, args
+        )
+
+    def _timed(self, fn, args: tuple):
+        began = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.busy_s += time.perf_counter() - began

@@ -144,12 +144,15 @@ class DiTDeployment(ReleasesSharedMemory):
                 "max_batch": stats.max_batch,
                 "running": self.steps.active,
                 "joined_running": stats.joined_running,
+                "run_s": stats.busy_s,
                 "channel": channel_stats(),
             }
+        busy = {"run_s": self.worker.busy_s} if self.group is None else {}
         return {
             "steps": self.batches,
             "max_batch": self.max_batch,
             "running": self.running,
+            **busy,
             "channel": channel_stats(),
         }
 

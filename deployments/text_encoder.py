@@ -40,4 +40,10 @@ class TextEncoderDeployment(ReleasesSharedMemory):
         return True
 
     def stats(self) -> dict[str, Any]:
-        return {"steps": self.prompts, "max_batch": 0, "running": 0, "channel": channel_stats()}
+        return {
+            "steps": self.prompts,
+            "max_batch": 0,
+            "running": 0,
+            "run_s": self.worker.busy_s,
+            "channel": channel_stats(),
+        }

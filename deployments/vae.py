@@ -38,4 +38,10 @@ class VAEDeployment(ReleasesSharedMemory):
         return True
 
     def stats(self) -> dict[str, Any]:
-        return {"steps": self.images, "max_batch": 1, "running": 0, "channel": channel_stats()}
+        return {
+            "steps": self.images,
+            "max_batch": 1,
+            "running": 0,
+            "run_s": self.worker.busy_s,
+            "channel": channel_stats(),
+        }

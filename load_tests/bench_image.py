@@ -2,6 +2,8 @@
 
     .venv/bin/python load_tests/bench_image.py --repeats 3   # small-qwen-image 512x512, ~45 min
     .venv/bin/python load_tests/bench_image.py --quick       # tiny-qwen-image: a smoke run
+    .venv/bin/python load_tests/bench_image.py --curve-only --repeats 2   # the served curve
+                                                                          # with stage busy
 
 Each repeat measures:
 1. step caching, denoising only: the DiT with the pipeline's step cache against the same DiT
@@ -11,8 +13,10 @@ Each repeat measures:
    caches nothing here);
 2. the baseline: diffusers' ``QwenImagePipeline`` on the served graph's cores, in every shape
    (1 x 1, 1 x N, N x 1 processes x threads; ``baseline_shapes``);
-3. the served graph at each concurrency of ``--levels`` (images/s, p50 latency), and the
-   same graph without the step cache at c=1 and c=4: the cache's end-to-end speedup.
+3. the served graph at each concurrency of ``--levels`` (images/s, p50 latency, and each
+   stage's busy seconds per wall second from ``/metrics``: which stage saturates where the
+   curve bends), and the same graph without the step cache at c=1 and c=4: the cache's
+   end-to-end speedup.
 
 Writes docs/results/image.json (kept: medians and ranges over the repeats),
 docs/img/image_concurrency.png and load_tests/results/bench_image.json (every record).
@@ -37,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from baseline_shapes import run_shapes  # noqa: E402
 from image_baseline import run_pipeline  # noqa: E402
+from stage_busy import busy_per_wall_s, stage_busy  # noqa: E402
 from summary import ROOT, spread, write_summary  # noqa: E402
 
 from omni_serve.config import load_pipeline_config  # noqa: E402
@@ -103,15 +108,17 @@ async def served_level(concurrency: int, requests: int, size: int, steps: int) -
             else:
                 errors.append(r.text[:200])
 
-    start = time.perf_counter()
+    before, start = await asyncio.to_thread(stage_busy, URL), time.perf_counter()
     async with httpx.AsyncClient(timeout=1200) as client:
         await asyncio.gather(*(one(client, i) for i in range(requests)))
     wall = time.perf_counter() - start
+    after = await asyncio.to_thread(stage_busy, URL)
     return {
         "images_per_s": len(latencies) / wall,
         "latency_p50_s": statistics.median(latencies) if latencies else float("nan"),
         "errors": len(errors),
         "error_samples": errors[:3],
+        "busy_per_wall_s": busy_per_wall_s(before, after, wall),
     }
 
 
@@ -240,6 +247,37 @@ def plot(table: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def curve_only(args, pipeline: Path) -> int:
+    """The served curve alone, ``--repeats`` times: images/s, p50 latency and each stage's
+    busy seconds per wall second at every level (medians and ranges)."""
+    runs = [
+        serve_levels(pipeline, args.levels, args.rounds, args.size, args.steps)
+        for _ in range(args.repeats)
+    ]
+    table = {}
+    for level in runs[0]:
+        stages = sorted({s for run in runs for s in run[level]["busy_per_wall_s"]})
+        table[level] = {
+            "images_per_s": spread([run[level]["images_per_s"] for run in runs]),
+            "latency_p50_s": spread([run[level]["latency_p50_s"] for run in runs]),
+            "errors": sum(run[level]["errors"] for run in runs),
+            "busy_per_wall_s": {
+                s: spread([run[level]["busy_per_wall_s"].get(s, 0.0) for run in runs])
+                for s in stages
+            },
+        }
+    RESULTS.mkdir(exist_ok=True)
+    out = {"pipeline": str(pipeline), "size": args.size, "steps": args.steps, "table": table}
+    (RESULTS / "bench_image_curve.json").write_text(json.dumps({**out, "raw": runs}, indent=1))
+    for level, row in table.items():
+        busy = {s: round(v["median"], 2) for s, v in row["busy_per_wall_s"].items()}
+        print(
+            f"{level}: {row['images_per_s']['median']:.3f} images/s, p50 "
+            f"{row['latency_p50_s']['median']:.1f} s, errors {row['errors']}, busy {busy}"
+        )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="tiny model, small images")
@@ -248,6 +286,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=28)
     parser.add_argument("--levels", default="1,2,4,8,16", help="served concurrencies")
     parser.add_argument("--rounds", type=int, default=2, help="requests per level: rounds x c")
+    parser.add_argument(
+        "--curve-only",
+        action="store_true",
+        help="only the served curve with each stage's busy share (no baseline, no step cache "
+        "runs); writes load_tests/results/bench_image_curve.json, not the kept summary",
+    )
     args = parser.parse_args()
     args.levels = [int(c) for c in args.levels.split(",")]
     preset, pipeline = "small-qwen-image", ROOT / "configs/pipelines/qwen_image_small.yaml"
@@ -255,6 +299,8 @@ def main() -> int:
         preset, pipeline = "tiny-qwen-image", ROOT / "configs/pipelines/qwen_image_tiny.yaml"
         args.size, args.steps, args.levels, args.repeats = 128, 4, [1, 4], 1
     model_dir = ensure_model(preset)
+    if args.curve_only:
+        return curve_only(args, pipeline)
     cores = sorted(os.sched_getaffinity(0))
     runs = [one_repeat(args, model_dir, pipeline, cores) for _ in range(args.repeats)]
     RESULTS.mkdir(exist_ok=True)

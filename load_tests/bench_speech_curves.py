@@ -20,48 +20,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 import time
 from pathlib import Path
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_speech import PROMPTS, URL, summarize  # noqa: E402
 from speech_load import run_level  # noqa: E402
+from stage_busy import busy_per_wall_s, stage_busy  # noqa: E402
 from summary import ROOT, spread, write_summary  # noqa: E402
 
 from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
 
 FRAME_S = 0.08
-BUSY = re.compile(r"^omni_stage_busy_seconds\{(.*)\} ([0-9.e+-]+)$")
-STAGE = re.compile(r'stage="(\w+)"')
 PIPELINES = {
     "concurrency": "configs/pipelines/qwen3_omni_small.yaml",
     "length": "load_tests/configs/qwen3_omni_long_pipeline.yaml",
 }
 
 
-def stage_busy() -> dict[str, float]:
-    """Busy seconds per stage (all phases) so far, from the ingress's /metrics."""
-    text = httpx.get(f"{URL}/metrics", timeout=30).text
-    busy: dict[str, float] = {}
-    for line in text.splitlines():
-        match = BUSY.match(line)
-        stage = STAGE.search(match[1]) if match else None
-        if stage:
-            busy[stage[1]] = busy.get(stage[1], 0.0) + float(match[2])
-    return busy
-
-
 def measured_level(concurrency: int, requests: int, frames: int, cap_s: float) -> dict:
-    before, start = stage_busy(), time.perf_counter()
+    before, start = stage_busy(URL), time.perf_counter()
     level = asyncio.run(run_level(URL, PROMPTS, concurrency, requests, 32, frames, cap_s))
-    wall, after = time.perf_counter() - start, stage_busy()
+    wall, after = time.perf_counter() - start, stage_busy(URL)
     row = summarize(level)
-    row["busy_per_wall_s"] = {s: (after[s] - before.get(s, 0.0)) / wall for s in after}
+    row["busy_per_wall_s"] = busy_per_wall_s(before, after, wall)
     row["reply_s"] = frames * FRAME_S
     return {"summary": row, "raw": level}
 

@@ -44,8 +44,9 @@ class StageGauges:
         self.steps = gauge("omni_stage_steps", "Batched steps a stage has run.")
         self.busy = gauge(
             "omni_stage_busy_seconds",
-            "Seconds a stage's engine has spent per phase (prefill, decode, emit) since it "
-            "started; its rate over wall time is how busy the stage is.",
+            "Seconds a stage's engine has spent per phase (prefill, decode, emit; run for "
+            "stages of one phase: the text encoder, DiT and VAE) since it started; its rate "
+            "over wall time is how busy the stage is.",
             ("stage", "phase"),
         )
         self.channel_taken = {
@@ -78,7 +79,7 @@ class StageGauges:
         ):
             if key in stats:
                 series.labels(stage).set(stats[key])
-        for phase in ("prefill", "decode", "emit"):
+        for phase in ("prefill", "decode", "emit", "run"):
             if f"{phase}_s" in stats:
                 self.busy.labels(stage, phase).set(stats[f"{phase}_s"])
         for field, value in stats.get("item_cache", {}).items():

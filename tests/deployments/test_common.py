@@ -151,3 +151,19 @@ def test_a_stopped_replica_unlinks_its_shared_memory_and_a_hand_built_object_doe
     monkeypatch.setattr(common, "in_serve_replica", lambda: True)
     common.ReleasesSharedMemory().__del__()
     assert not segment.exists()
+
+
+async def test_a_stage_workers_busy_time_is_the_time_its_work_ran():
+    import time
+
+    import pytest
+
+    from deployments.common import StageWorker
+
+    worker = StageWorker("busy-test")
+    assert worker.busy_s == 0.0
+    assert await worker.run(lambda s: time.sleep(s) or "done", 0.05) == "done"
+    assert worker.busy_s >= 0.05
+    with pytest.raises(ValueError):
+        await worker.run(lambda: (time.sleep(0.02), int("x")))
+    assert worker.busy_s >= 0.07  # a failed call counts too

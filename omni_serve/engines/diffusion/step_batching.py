@@ -17,6 +17,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ class StepBatchStats:
     cancelled: int = 0
     joined_running: int = 0  # jobs that joined a group already past its first step
     max_batch: int = 0
+    busy_s: float = 0.0  # in the denoiser's calls (start and step)
 
 
 @dataclass
@@ -130,7 +132,11 @@ class StepBatcher:
                 if entry is None:
                     return False
                 try:
-                    entry.state = self.stepper.start(entry.job)
+                    began = time.perf_counter()
+                    try:
+                        entry.state = self.stepper.start(entry.job)
+                    finally:
+                        self.stats.busy_s += time.perf_counter() - began
                 except Exception as exc:  # a bad job fails alone
                     _settle(entry.future, exception=exc)
                 else:
@@ -176,14 +182,17 @@ class StepBatcher:
         group = self._running.get(key)
         if not group:
             return
+        began = time.perf_counter()
         try:
             self.stepper.step([e.state for e in group])
         except Exception as exc:
+            self.stats.busy_s += time.perf_counter() - began
             log.exception("denoising step failed for %d job(s)", len(group))
             for entry in group:
                 _settle(entry.future, exception=exc)
             del self._running[key]
             return
+        self.stats.busy_s += time.perf_counter() - began
         self.stats.steps += 1
         self.stats.max_batch = max(self.stats.max_batch, len(group))
         still = []

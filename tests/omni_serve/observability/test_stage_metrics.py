@@ -59,3 +59,9 @@ def test_an_encoders_item_cache_shows_by_field():
     text = _text(registry)
     for field, value in cache.items():
         assert f'omni_encoder_item_cache{{field="{field}",stage="encoder"}} {float(value)}' in text
+
+
+def test_a_one_phase_stages_busy_time_shows_as_its_run_phase():
+    registry = CollectorRegistry()
+    StageGauges(registry).observe("dit", {"steps": 3, "run_s": 12.5})
+    assert 'omni_stage_busy_seconds{phase="run",stage="dit"} 12.5' in _text(registry)

@@ -164,3 +164,22 @@ def test_close_cancels_the_jobs_still_running():
     batcher.close()
     assert isinstance(running.exception(timeout=0), JobCancelled)
     assert not batcher._thread.is_alive()
+
+
+def test_the_busy_time_counts_the_denoisers_calls_only():
+    """``stats.busy_s``: the DiT's busy seconds on /metrics (its rate is how saturated the stage
+    is); time waiting for jobs is not busy."""
+
+    class SlowStepper(CountingStepper):
+        def step(self, states: list[CountState]) -> None:
+            time.sleep(0.02)
+            super().step(states)
+
+    batcher = StepBatcher(SlowStepper(), max_batch_size=4, result=result)
+    try:
+        time.sleep(0.1)  # idle: not busy
+        assert batcher.stats.busy_s == 0.0
+        assert batcher.submit(CountJob("a", 5)).result(timeout=10) == ("a", 5)
+        assert batcher.stats.busy_s >= 5 * 0.02
+    finally:
+        batcher.close()
