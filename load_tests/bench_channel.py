@@ -52,7 +52,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from summary import spread, write_summary  # noqa: E402
+from channel_baselines import in_process_ms, memcpy_gbps  # noqa: E402
+from channel_figures import cross_node_figures, kept_figures, one_node_targets  # noqa: E402
+from summary import write_summary  # noqa: E402
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 RESULTS = Path(__file__).parent / "results"
@@ -100,7 +102,6 @@ TWO_HOSTS_BACKENDS = [
     "direct_beside",
 ]
 NODE_STORE_BYTES = 2 << 30  # each node's object store: 256 MB payloads with room to spare
-COLD_SPAN = 512 << 20  # 16x the L3: a cold memcpy's buffers
 
 
 def stream_gbps(producer, consumer, nbytes: int, backend: str) -> float:
@@ -113,54 +114,6 @@ def stream_gbps(producer, consumer, nbytes: int, backend: str) -> float:
         1:
     ]
     return nbytes * count / statistics.median(seconds) / 1e9
-
-
-def memcpy_gbps(nbytes: int, repeats: int, cold: bool = False) -> float:
-    """Single-thread copy rate. Hot: the same two buffers every time, so at 16 MB and below
-    much of them stays in this CPU's 32 MB L3 (a cache copy, 1.3-3x DRAM speed here). Cold:
-    pairs rotated over COLD_SPAN bytes, so each copy streams from and to DRAM, as a payload
-    made elsewhere and a segment last written a round ago do."""
-    torch.set_num_threads(1)
-    pairs = max(1, COLD_SPAN // (2 * nbytes)) if cold else 1
-    buffers = [(torch.ones(nbytes // 4), torch.empty(nbytes // 4)) for _ in range(pairs)]
-    for src, dst in buffers:
-        dst.copy_(src)  # pages touched before timing
-    start = time.perf_counter()
-    for i in range(repeats):
-        src, dst = buffers[i % pairs]
-        dst.copy_(src)
-    return nbytes * repeats / (time.perf_counter() - start) / 1e9
-
-
-def in_process_ms(nbytes: int, repeats: int) -> dict[str, float]:
-    """The shared-memory put and take alone, in one process: what a round costs beyond the
-    two actor calls; and what reading the taken payload costs the first time (its pages fault
-    into the consumer's fresh mapping) and the second (mapped), which rounds do not count
-    (their consumer answers the size without reading)."""
-    import asyncio
-
-    from omni_serve.transport import SharedMemoryChannel, take
-
-    channel, tensor = SharedMemoryChannel(), torch.ones(nbytes // 4)
-
-    async def rounds() -> dict[str, list[float]]:
-        times: dict[str, list[float]] = {"put": [], "take": [], "read": [], "reread": []}
-        for _ in range(repeats + 1):
-            marks = [time.perf_counter()]
-            ref = channel.put(tensor)
-            marks.append(time.perf_counter())
-            taken = await take(ref)
-            marks.append(time.perf_counter())
-            for _ in ("read", "reread"):
-                taken.sum()
-                marks.append(time.perf_counter())
-            del taken  # the segment goes back
-            for name, start, end in zip(times, marks[:-1], marks[1:], strict=True):
-                times[name].append(end - start)
-        return times  # the first put faults the new segment's pages in: dropped below
-
-    times = asyncio.run(rounds())
-    return {f"{name}_ms": statistics.median(t[1:]) * 1e3 for name, t in times.items()}
 
 
 def start_ray(mode: str):
@@ -402,90 +355,6 @@ def main() -> int:
         print(f"summary: {kept}")
     print("targets:", json.dumps(summary["targets"], indent=1))
     return 0
-
-
-def kept_figures(runs: list[list[dict]]) -> dict:
-    """Per size, over the runs: the auto backend's GB/s and added latency next to memcpy, the
-    pickled argument and the direct backend; and the issue's targets."""
-    by_size = {}
-    for i, row in enumerate(runs[0]):
-        rows = [run[i] for run in runs]
-        by_size[row["size"]] = {
-            "auto_gbps": spread([r["auto"]["gbps"] for r in rows]),
-            "auto_transfer_gbps": spread([r["auto"]["transfer_gbps"] for r in rows]),
-            "auto_added_ms": spread([r["auto"]["added_ms"] for r in rows]),
-            "memcpy_gbps": spread([r["memcpy_gbps"] for r in rows]),
-            "pickled_gbps": spread([r["pickled"]["gbps"] for r in rows]),
-            "direct_gbps": spread([r["direct"]["gbps"] for r in rows]),
-        }
-    targets = [one_node_targets(run) for run in runs]
-    keys = (
-        "auto_transfer_over_memcpy_min_at_16MB_plus",
-        "auto_over_memcpy_min_at_16MB_plus",
-        "auto_over_pickled_min_at_16MB_plus",
-        "added_ms_at_4KB",
-    )
-    return {"by_size": by_size, "targets": {k: spread([t[k] for t in targets]) for k in keys}}
-
-
-def cross_node_figures(rows: list[dict], backends: list[str]) -> dict:
-    """GB/s per backend by size, and each channel backend over pickled arguments."""
-    figures: dict = {}
-    channels = [b for b in backends if b not in ("pickled", "copy")]
-    for backend in [*channels, "pickled"]:
-        figures[f"{backend}_gbps_by_size"] = {r["size"]: r[backend]["gbps"] for r in rows}
-    for backend in channels:
-        figures[f"{backend}_over_pickled_by_size"] = {
-            r["size"]: r[backend]["gbps"] / r["pickled"]["gbps"] for r in rows
-        }
-    return figures
-
-
-def one_node_targets(rows: list[dict]) -> dict:
-    big = [r for r in rows if r["nbytes"] >= 16 << 20]
-
-    def worst(over: str, field: str = "gbps") -> float:
-        return min(
-            r["auto"][field] / (r[over] if over.startswith("memcpy") else r[over][field])
-            for r in big
-        )
-
-    return {
-        "auto_over_memcpy_min_at_16MB_plus": worst("memcpy_gbps"),
-        "auto_transfer_over_memcpy_min_at_16MB_plus": worst("memcpy_gbps", "transfer_gbps"),
-        "auto_transfer_over_memcpy_cold_min_at_16MB_plus": worst(
-            "memcpy_cold_gbps", "transfer_gbps"
-        ),
-        "auto_transfer_over_memcpy_cold_by_size": {
-            r["size"]: r["auto"]["transfer_gbps"] / r["memcpy_cold_gbps"] for r in big
-        },
-        "auto_over_pickled_min_at_16MB_plus": worst("pickled"),
-        "auto_transfer_over_copy_round_min_at_16MB_plus": worst("copy", "transfer_gbps"),
-        "copy_round_transfer_over_memcpy_by_size": {
-            r["size"]: r["copy"]["transfer_gbps"] / r["memcpy_gbps"] for r in big
-        },
-        "added_ms_at_4KB": rows[0]["auto"]["added_ms"],
-        "read_ms_beyond_private_read_by_size": {  # what reading a taken payload costs extra
-            r["size"]: r["auto_read"]["added_ms"]
-            - r["auto"]["added_ms"]
-            - (r["copy_read"]["added_ms"] - r["copy"]["added_ms"])
-            for r in rows
-        },
-        "auto_read_over_copy_read_round_by_size": {
-            r["size"]: r["auto_read"]["transfer_gbps"] / r["copy_read"]["transfer_gbps"]
-            for r in big
-        },
-        "auto_stream_over_memcpy_by_size": {
-            r["size"]: r["auto"]["stream_gbps"] / r["memcpy_gbps"] for r in big
-        },
-        "auto_stream_over_pickled_stream_by_size": {
-            r["size"]: r["auto"]["stream_gbps"] / r["pickled"]["stream_gbps"] for r in big
-        },
-        "direct_over_memcpy_min_at_16MB_plus": min(
-            r["direct"]["gbps"] / r["memcpy_gbps"] for r in big
-        ),
-        "direct_tcp_gbps_by_size": {r["size"]: r["direct_tcp"]["gbps"] for r in rows},
-    }
 
 
 if __name__ == "__main__":
