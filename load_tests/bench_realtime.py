@@ -296,14 +296,16 @@ def main() -> int:
         print(json.dumps(spread_by_level(runs, plan), indent=1))
         return 0  # the targets are judged on the full plan only
     figures = spread_by_level(runs, plan)
+
+    def within(name: str, at_most: float, stat: str = "median") -> bool | None:
+        """None: not measured (an answer that ended before the user talked over it)."""
+        return figures[name][stat] <= at_most if name in figures else None
+
     targets = {
-        "turn_latency_p50_at_1_within_0.5s": figures["turn_latency_p50_s_at_1"]["median"] <= 0.5,
-        f"no_underrun_at_{plan[-1]}": figures[f"underrun_max_s_at_{plan[-1]}"]["max"] == 0.0,
-        "barge_in_stop_within_0.2s": figures["barge_in_stop_max_s_at_1"]["median"] <= 0.2,
-        "barge_in_stages_idle_within_0.2s": figures.get(
-            "barge_in_stages_idle_max_s_at_1", {"median": 1e9}
-        )["median"]
-        <= 0.2,
+        "turn_latency_p50_at_1_within_0.5s": within("turn_latency_p50_s_at_1", 0.5),
+        f"no_underrun_at_{plan[-1]}": within(f"underrun_max_s_at_{plan[-1]}", 0.0, "max"),
+        "barge_in_stop_within_0.2s": within("barge_in_stop_max_s_at_1", 0.2),
+        "barge_in_stages_idle_within_0.2s": within("barge_in_stages_idle_max_s_at_1", 0.2),
     }
     summary = {"preset": preset, "figures": figures, "targets": targets}
     RESULTS.mkdir(exist_ok=True)
