@@ -34,7 +34,8 @@ MIN_SEGMENT = 1 << 20
 _claims = itertools.count(1)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a segment's producer (the pid in its name) still runs."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -51,7 +52,7 @@ def sweep_orphans(lease_s: float = LEASE_S) -> int:
     for path in SHM_DIR.glob(f"{PREFIX}*"):
         try:
             pid, kind, _ = path.name.removeprefix(PREFIX).split("-")
-            if _pid_alive(int(pid)) and (kind == "p" or now - path.stat().st_mtime < lease_s):
+            if pid_alive(int(pid)) and (kind == "p" or now - path.stat().st_mtime < lease_s):
                 continue
             path.unlink()
             removed += 1

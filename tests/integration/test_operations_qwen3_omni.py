@@ -394,4 +394,6 @@ def test_stopping_the_server_removes_its_shared_memory(served):
     }
     assert segments  # the stages' pools
     served.stop()
-    assert not [f for f in queues | segments if os.path.exists(f)]
+    # The engine process unlinks its queues as it exits, which can trail `serve run`'s own
+    # exit by a moment on a loaded machine: gone within seconds, not piling up.
+    gone_within(queues | segments, 30)

@@ -187,12 +187,12 @@ def test_health_names_the_stages(served):
 
 def _live_segments() -> dict[str, int]:
     """State (free / in use) of each shared-memory segment of a live producer."""
-    from omni_serve.transport import shared_memory as shm
+    from omni_serve.transport import shm_pool as shm
 
     states = {}
     for path in shm.SHM_DIR.glob(f"{shm.PREFIX}*"):
         pid = int(path.name.removeprefix(shm.PREFIX).split("-")[0])
-        if shm._pid_alive(pid):
+        if shm.pid_alive(pid):
             with open(path, "rb") as f:
                 states[path.name] = shm.HEADER.unpack(f.read(shm.HEADER.size))[1]
     return states
