@@ -78,7 +78,9 @@ class OmniChat:
         replies: SpokenReplyClient | None = None,
     ) -> None:
         self.config, self.prompts, self.clients, self.metrics = config, prompts, clients, metrics
-        self.requests_in_flight = 0  # this replica's chats running now: its load
+        # This replica's chats running now that make speech, by every way in: the Talker and
+        # Code2wav load that slows each answer's first audio (a text-only chat barely does).
+        self.speaking_in_flight = 0
         self.voices, self.speaks = voices, speaks
         self.context_tokens, self.media_limits = context_tokens, media_limits
         self.sessions, self.replies = sessions, replies
@@ -193,6 +195,7 @@ class OmniChat:
         if self.sessions is not None:
             options.session_kv = await self.sessions.find(options.session_id, prompt.content)
         done = False
+        self.speaking_in_flight += options.want_audio
         try:
             chat = stream_chat(self.clients, prompt, options, request_id)
             async with contextlib.aclosing(chat):  # a cancel stops the stages at once
@@ -211,16 +214,15 @@ class OmniChat:
                             await self.replies.keep(audio_id, event.result.text)
                     yield event
         finally:
+            self.speaking_in_flight -= options.want_audio
             if not done:  # failed or cancelled: free it unless the Thinker loaded it already
                 free_prefix(options.session_kv)
 
     def _began(self) -> None:
         self.metrics.in_flight.inc()
-        self.requests_in_flight += 1
 
     def _ended(self) -> None:
         self.metrics.in_flight.dec()
-        self.requests_in_flight -= 1
 
     def deadline(self, body: ChatCompletionRequest | SpeechRequest) -> float | None:
         return request_deadline(body.timeout_s, self.config.api.request_timeout_s)

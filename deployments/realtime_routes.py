@@ -8,9 +8,11 @@ events, and nothing else.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import WebSocket, WebSocketDisconnect
 
@@ -35,6 +37,23 @@ from omni_serve.models.thinker_talker.transcribe_prompt import (
 POLICY_VIOLATION = 1008  # the close code for a session this server will not hold
 
 assert SAMPLE_RATE == PCM_RATE, "Realtime audio is 24 kHz PCM16: the model's rate, unresampled"
+
+
+class _OwnAnswers:
+    """A session's own spoken answers still running, an early answer winding down among
+    them: its start cushion counts only the load beside it."""
+
+    def __init__(self) -> None:
+        self.running = 0
+
+    async def counted(self, events: AsyncIterator[ChatEvent]) -> AsyncIterator[ChatEvent]:
+        self.running += 1
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    yield event
+        finally:
+            self.running -= 1
 
 
 class RealtimeRoutes:
@@ -65,15 +84,16 @@ class RealtimeRoutes:
             frozenset(self.transcription.languages),
             media_limit(self.chat.media_limits, "audio"),
         )
+        own = _OwnAnswers()
         session = RealtimeSession(
             ws,
-            self._realtime_answer,
+            functools.partial(self._realtime_answer, own),
             limits,
             api.ws_idle_timeout_s,
             api.max_audio_bytes,
             api.realtime_early_answer_ms,
             self._realtime_transcript,
-            self._start_cushion_s,
+            functools.partial(self._start_cushion_s, own),
         )
         try:
             await session.run()
@@ -82,13 +102,14 @@ class RealtimeRoutes:
         finally:
             await session.close()
 
-    def _start_cushion_s(self) -> float:
+    def _start_cushion_s(self, own: _OwnAnswers) -> float:
         """Audio to hold back at an answer's start: ``realtime_start_cushion_ms`` for each
-        other chat this replica is running (the answer asking is one of them)."""
-        others = max(0, self.chat.requests_in_flight - 1)
+        spoken chat this replica runs beside the session's own (a transcript, text only,
+        does not count)."""
+        others = max(0, self.chat.speaking_in_flight - own.running)
         return self.config.api.realtime_start_cushion_ms * others / 1000
 
-    async def _realtime_answer(self, ask: Ask) -> AsyncIterator[ChatEvent]:
+    async def _realtime_answer(self, own: _OwnAnswers, ask: Ask) -> AsyncIterator[ChatEvent]:
         """An answer's events from the chat path, under the session's id (one Thinker replica
         and its KV prefix for the whole conversation) and the server's deadline."""
         spoken = {"modalities": ["text"]}
@@ -109,7 +130,8 @@ class RealtimeRoutes:
                 **spoken,
             }
         )
-        return await self._chat_events(body)
+        events = await self._chat_events(body)
+        return own.counted(events) if ask.audio else events
 
     async def _realtime_transcript(
         self, pcm: bytes, asked: InputTranscription

@@ -181,10 +181,11 @@ class ApiSettings(_Strict):
         400,
         ge=0,
         description="/v1/realtime: audio held back at the start of an answer, for each other "
-        "chat the ingress replica is running, then sent at once. Concurrent answers' first "
-        "frames come slower than real time, and a client that plays on arrival falls silent "
-        "mid-sentence; this trades turn latency under load for unbroken speech. Alone, an "
-        "answer holds nothing. 0 = send audio as it is made.",
+        "spoken chat the ingress replica is running (any way in; not the session's own, not "
+        "text-only chats), then sent at once. Concurrent answers' first frames come slower "
+        "than real time, and a client that plays on arrival falls silent mid-sentence; this "
+        "trades turn latency under load for unbroken speech. Alone, an answer holds nothing. "
+        "0 = send audio as it is made.",
     )
     spoken_reply_ttl_s: float = Field(
         3600.0,

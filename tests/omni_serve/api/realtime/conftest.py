@@ -57,6 +57,7 @@ class ScriptedChat:
     gap_s: float = 0.0
     endless: bool = False
     refuse: ApiError | None = None
+    fail_after: int | None = None  # words, then a stage fails mid-answer
     early_answer_ms: int | None = None  # the sessions' setting
     start_cushion_s: float = 0.0  # the sessions' setting
     asks: list[Ask] = field(default_factory=list)
@@ -100,6 +101,8 @@ class ScriptedChat:
                 if ask.audio:
                     yield Event("audio", audio=np.full(960, 0.1 * (i % 3 + 1), np.float32))
                 i += 1
+                if i == self.fail_after:
+                    raise RuntimeError("the talker replica died")
                 await asyncio.sleep(self.gap_s)
             yield Event("done", result=Result(7, list(range(i))))
         finally:
