@@ -22,7 +22,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from deployments import handle_calls
 from deployments.omni_api import app
-from deployments.omni_chat import OmniChat
+from deployments.omni_chat import OmniChat, outcome
 from omni_serve.api.deadline import RequestTimeout, await_within
 from omni_serve.api.errors import ApiError, check_model, stage_failure
 from omni_serve.api.protocol import ChatCompletionRequest
@@ -94,14 +94,19 @@ class AudioRoutes:
             return np.zeros(0, dtype=np.float32)
 
         try:
-            audio = await await_within(
-                handle_calls.rerun_after_replica_death(spoken), self.chat.deadline(body)
-            )
+            with self.chat.in_flight():
+                audio = await await_within(
+                    handle_calls.rerun_after_replica_death(spoken), self.chat.deadline(body)
+                )
         except RequestTimeout as exc:
+            self.metrics.requests.labels("timeout").inc()
             raise ApiError(504, str(exc), "timeout_s", type_="timeout_error") from None
         except Exception as exc:
             log.exception("speech request failed in a stage")
-            raise stage_failure(exc) from None
+            failure = stage_failure(exc)
+            self.metrics.requests.labels(outcome(failure)).inc()
+            raise failure from None
+        self.metrics.requests.labels("ok").inc()
         data = await asyncio.to_thread(encode_audio, audio, SAMPLE_RATE, fmt, body.speed)
         return Response(data, media_type=media_type)
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from deployments import handle_calls
@@ -218,11 +219,14 @@ class OmniChat:
             if not done:  # failed or cancelled: free it unless the Thinker loaded it already
                 free_prefix(options.session_kv)
 
-    def _began(self) -> None:
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """A request being served, for ``omni_requests_in_flight``."""
         self.metrics.in_flight.inc()
-
-    def _ended(self) -> None:
-        self.metrics.in_flight.dec()
+        try:
+            yield
+        finally:
+            self.metrics.in_flight.dec()
 
     def deadline(self, body: ChatCompletionRequest | SpeechRequest) -> float | None:
         return request_deadline(body.timeout_s, self.config.api.request_timeout_s)
@@ -237,7 +241,7 @@ class OmniChat:
         """A chat run whole (again from the start if a replica died before it answered),
         within its deadline; a failure is the API's error (504, 503, 400, 500)."""
         request_id = uuid.uuid4().hex
-        self._began()
+        self.metrics.in_flight.inc()
         try:
             return await await_within(
                 handle_calls.rerun_after_replica_death(
@@ -254,7 +258,7 @@ class OmniChat:
             self.metrics.requests.labels(outcome(failure)).inc()
             raise failure from None
         finally:
-            self._ended()
+            self.metrics.in_flight.dec()
 
     async def sse(
         self, body, prompt, options, request_id, writer, audio_id: str | None = None
@@ -262,7 +266,7 @@ class OmniChat:
         """A chat streamed as server-sent events ``writer`` shapes (``omni_serve.api.sse``):
         past the deadline or on a stage failure the headers are out, so an error event ends
         the stream."""
-        self._began()
+        self.metrics.in_flight.inc()
         try:
             for line in writer.start():
                 yield line
@@ -284,7 +288,7 @@ class OmniChat:
             self.metrics.requests.labels(outcome(failure)).inc()
             yield writer.error(failure.message, failure.type)
         finally:
-            self._ended()
+            self.metrics.in_flight.dec()
         yield DONE
 
     async def observed(
@@ -292,7 +296,7 @@ class OmniChat:
     ) -> AsyncIterator[ChatEvent]:
         """A streamed answer counted in /metrics as a chat is: in flight while it runs, then
         its outcome and timings (with ``prepare_s``: building its prompt, before the stages)."""
-        self._began()
+        self.metrics.in_flight.inc()
         status = "cancelled"
         try:
             async with contextlib.aclosing(events):  # closed with this stream, not collected
@@ -306,7 +310,7 @@ class OmniChat:
             status = "error"
             raise
         finally:
-            self._ended()
+            self.metrics.in_flight.dec()
             self.metrics.requests.labels(status).inc()
 
     def _observe_result(self, result: ChatResult) -> None:
@@ -317,7 +321,10 @@ class OmniChat:
         self, body: SpeechRequest, deadline: bool = True
     ) -> AsyncIterator[ChatEvent]:
         """Text to speech as a chat: the Thinker prefills the text (for its rows) and the
-        Talker speaks it as the reply."""
+        Talker speaks it as the reply. Within its deadline it is counted in /metrics as a
+        chat is; the caller of ``deadline=False`` (a whole reply, rerun after a replica
+        death) counts it itself."""
+        start = time.perf_counter()
         prompt, reply = await self.prompts.speech(body.input)
         sampling = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "seed": None}
         options = ChatOptions(
@@ -329,7 +336,10 @@ class OmniChat:
             session_id=body.session_id,
         )
         events = self.events(prompt, options, uuid.uuid4().hex)
-        return iterate_within(events, self.deadline(body)) if deadline else events
+        if not deadline:
+            return events
+        within = iterate_within(events, self.deadline(body))
+        return self.observed(within, time.perf_counter() - start)
 
     def check_speech(self, body: SpeechRequest, param: str) -> None:
         """A speech request's checks, before anything runs; ``param`` names the field that

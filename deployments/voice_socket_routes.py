@@ -9,6 +9,7 @@ A mixin of ``OmniIngress``, as ``AudioRoutes`` is: each request goes through its
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from contextlib import aclosing
 from typing import Any
@@ -73,9 +74,11 @@ class VoiceSocketRoutes:
         if not self.chat.speaks:  # a text-only pipeline: the text streams alone
             spoken = {"modalities": ["text"]}
         body = ChatCompletionRequest.model_validate({**fields, "stream": True, **spoken})
+        start = time.perf_counter()
         prompt, options = await self.chat.prepare(body)
+        prepare_s = time.perf_counter() - start
         events = self.chat.events(prompt, options, uuid.uuid4().hex)
-        return iterate_within(events, self.chat.deadline(body))
+        return self.chat.observed(iterate_within(events, self.chat.deadline(body)), prepare_s)
 
     async def _ws_answer(self, socket: VoiceSocket, response_id: str, events) -> None:
         await socket.send({"type": "response.created", "id": response_id})

@@ -21,7 +21,7 @@ class ApiMetrics:
         self.registry = CollectorRegistry()
         own = {"registry": self.registry, "to_ray": to_ray}
         self.requests = Series(
-            "counter", "omni_requests", "Chat requests by outcome.", ["status"], **own
+            "counter", "omni_requests", "Requests by outcome, every way in.", ["status"], **own
         )
         self.in_flight = Series("gauge", "omni_requests_in_flight", "Requests being served.", **own)
         self.stage_latency = Series(
