@@ -44,6 +44,7 @@ from omni_serve.transport.direct_buffers import (
 )
 from omni_serve.transport.direct_landings import Landings, pooled_size
 from omni_serve.transport.direct_notes import MAX_OWNERS, Notifier
+from omni_serve.transport.direct_read import nixl_read
 
 LEASE_S = 600.0  # a buffer in use for longer than this has lost its consumer
 POOL_BYTES = int(os.environ.get("OMNI_DIRECT_POOL_BYTES", 2 << 30))  # per pool, per process
@@ -356,28 +357,11 @@ class Endpoint:
             return buffer.memory[: where.size].to(device, copy=True)
 
     def _transfer(self, local: torch.Tensor, remote: list[tuple[int, int, int]], where: Where):
-        handle, state = None, "ERR"
-        deadline = time.monotonic() + TRANSFER_TIMEOUT_S
+        state = "ERR"
         try:
-            with self.lock:
-                handle = self.agent.initialize_xfer(
-                    "READ",
-                    self.agent.get_xfer_descs(local),
-                    self.agent.get_xfer_descs(remote, where.mem_type),
-                    where.agent,
-                )
-                state = self.agent.transfer(handle)
-            while state == "PROC" and time.monotonic() < deadline:
-                with self.lock:
-                    state = self.agent.check_xfer_state(handle)
-        except Exception as exc:  # nixl raises its own types (remote disconnected, not found)
-            state = "ERR"
-            raise ChannelError(f"reading direct ref from {where.agent} failed: {exc}") from exc
+            state = nixl_read(self.agent, self.lock, local, remote, where, TRANSFER_TIMEOUT_S)
         finally:
-            if handle is not None:
-                with self.lock:
-                    handle.release()
-            if state != "DONE":
+            if state != "DONE":  # the next ref from this owner adds it afresh
                 self._forget(where.agent)
         if state != "DONE":
             why = "timed out" if state == "PROC" else "failed (its producer may be gone)"
