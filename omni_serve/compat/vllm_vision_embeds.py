@@ -66,12 +66,10 @@ class _InfoWithVisionEmbeds(Qwen3OmniMoeThinkerProcessingInfo):
         return parser
 
 
-@MULTIMODAL_REGISTRY.register_processor(
-    Qwen3OmniMoeThinkerMultiModalProcessor,
-    info=_InfoWithVisionEmbeds,
-    dummy_inputs=Qwen3OmniMoeThinkerDummyInputsBuilder,
-)
-class Qwen3OmniThinkerWithVisionEmbeds(Qwen3OmniMoeThinkerForConditionalGeneration):
+class SplitsVisionEmbeds:
+    """The embeds path per image or video (the second symptom above; Qwen2.5-Omni's thinker
+    has it too): mixed into a vLLM Omni thinker, before it in the bases."""
+
     def _split_embeds(self, embeds, grid_thw: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if isinstance(embeds, list | tuple):
             return tuple(e.type(self.visual.dtype) for e in embeds)
@@ -88,3 +86,14 @@ class Qwen3OmniThinkerWithVisionEmbeds(Qwen3OmniMoeThinkerForConditionalGenerati
         if video_input["type"] != "video_embeds":
             return super()._process_video_input(video_input)
         return self._split_embeds(video_input["video_embeds"], video_input["video_grid_thw"])
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    Qwen3OmniMoeThinkerMultiModalProcessor,
+    info=_InfoWithVisionEmbeds,
+    dummy_inputs=Qwen3OmniMoeThinkerDummyInputsBuilder,
+)
+class Qwen3OmniThinkerWithVisionEmbeds(
+    SplitsVisionEmbeds, Qwen3OmniMoeThinkerForConditionalGeneration
+):
+    pass

@@ -140,11 +140,10 @@ FAMILY_STAGE_ARGS: dict[tuple[str, str], frozenset[str]] = {
     ),
 }
 
-# The stage kinds each family's graph has. Qwen2.5-Omni has no encoder stage: its Thinker
-# encodes every prompt's media inside vLLM.
+# The stage kinds each family's graph has.
 FAMILY_STAGE_KINDS: dict[str, frozenset[str]] = {
     "qwen3_omni": frozenset({"ingress", "encoder", "thinker", "talker", "code2wav"}),
-    "qwen2_5_omni": frozenset({"ingress", "thinker", "talker", "code2wav"}),
+    "qwen2_5_omni": frozenset({"ingress", "encoder", "thinker", "talker", "code2wav"}),
     "qwen_image": frozenset({"ingress", "text_encoder", "dit", "vae"}),
 }
 

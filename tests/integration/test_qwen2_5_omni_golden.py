@@ -169,3 +169,53 @@ def _engine_settings():
     from omni_serve.config import EngineSettings
 
     return EngineSettings(kind="torch", max_batch_size=2)
+
+
+@pytest.mark.parametrize("kind", ["audio", "image", "video"])
+async def test_the_encoder_stages_rows_give_transformers_thinker(
+    thinker, hf, tiny_qwen2_5_omni_path, kind
+):
+    """The encoder stage's rows (a clip's spliced into an embeddings prompt, an image's or a
+    video's as vLLM's ``*_embeds`` with their grids, on the prompt vLLM expands): the vLLM
+    Thinker's text and last-layer rows are transformers'."""
+    from omni_serve.models.qwen2_5_omni.encoders import Qwen25OmniEncoders
+    from omni_serve.models.thinker_talker.thinker_inputs import (
+        splice_rows,
+        video_embeds_input,
+    )
+
+    model, processor, runs = hf
+    run, model_info = runs[kind], FAMILY.thinker_model(tiny_qwen2_5_omni_path)
+    encoders = Qwen25OmniEncoders(tiny_qwen2_5_omni_path)
+    eos = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    media_kind = {"image": "images", "video": "videos"}.get(kind)
+    if media_kind:
+        sample = sample_image() if kind == "image" else sample_video()
+        ids, _ = thinker_prompt(processor, prompt_messages(kind), **{media_kind: [sample]})
+        prompt: dict = {"prompt_token_ids": ids}
+    with torch.no_grad():
+        if kind == "audio":
+            rows = encoders.encode_clips([sample_audio()]).embeds
+            audio_pad = model_info.placeholders["audio"]
+            embeds, _ = splice_rows(model_info.embed_tokens, run.prompt_ids, rows, audio_pad)
+            prompt, media = {"prompt_embeds": embeds}, None
+        elif kind == "image":
+            out = encoders.encode_images([sample_image()])
+            media = {"image": {"image_embeds": out.embeds, "image_grid_thw": out.meta["grid_thw"]}}
+        else:
+            out = encoders.encode_videos([sample_video()])
+            second = processor.video_processor.temporal_patch_size / VIDEO_FPS
+            media = {"video": video_embeds_input(out.embeds, out.meta["grid_thw"], [second])}
+    request = ARRequest(
+        f"encoded-{kind}",
+        **prompt,
+        multi_modal_data=media,
+        sampling=SamplingConfig(max_tokens=THINKER_MAX_TOKENS, stop_token_ids=[eos]),
+        capture_layers=(model_info.reply_layer,),
+    )
+    tokens, rows = [], []
+    async for chunk in thinker.generate(request):
+        tokens += chunk.token_ids
+        rows.append(chunk.hidden[model_info.reply_layer])
+    assert tokens == run.generated
+    torch.testing.assert_close(torch.cat(rows), run.last_hidden, atol=1e-4, rtol=0)

@@ -1,8 +1,8 @@
 """User story: the second omni family, Qwen2.5-Omni, served from its Serve config YAML,
-runs on the same deployments and API as Qwen3-Omni: the openai client gets replies equal to
-transformers' (text, and audio within Token2Wav's chunking bound), streamed or not; text to
-speech, the voice WebSocket, the Realtime API and batch jobs speak; transcriptions hear; bad
-input gets a 400."""
+runs on the same deployments and API as Qwen3-Omni (its encoder stage included): the openai
+client gets replies equal to transformers' (text, and audio within Token2Wav's chunking
+bound), streamed or not; text to speech, the voice WebSocket, the Realtime API and batch jobs
+speak; transcriptions hear; bad input gets a 400."""
 
 from __future__ import annotations
 
@@ -74,19 +74,30 @@ def wav_of(message: dict) -> np.ndarray:
     return samples
 
 
+def encoder_payloads() -> float:
+    """What the encoder stage has taken off the channel (one media payload a request)."""
+    lines = httpx.get(f"{URL}/metrics", timeout=30).text.splitlines()
+    taken = [line for line in lines if line.startswith("omni_channel_taken_payloads{")]
+    return sum(float(line.split()[-1]) for line in taken if 'stage="encoder"' in line)
+
+
 @pytest.mark.parametrize("kind", ["text", "audio", "image", "video", "video_audio"])
 def test_served_replies_equal_transformers(served, hf, kind):
     """Greedy through the graph == transformers' generate: the same text, and the waveform of
     the same codes (Token2Wav one-shot with the stage's noise) within the chunking bound
-    (video_audio: a video the model hears too, its sound track interleaved with its frames)."""
+    (video_audio: a video the model hears too, its sound track interleaved with its frames).
+    The encoder stage encoded the audio, image and video prompts' media; the Thinker the
+    heard video's."""
     from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
 
     model, processor = hf
     ref = reference_run(model, processor, kind)
     hears = {"use_audio_in_video": kind == "video_audio"}
     body = greedy_body(request_parts(kind), **hears)
+    before = encoder_payloads()
     r = httpx.post(f"{URL}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
+    assert encoder_payloads() == before + (kind in ("audio", "image", "video"))
     message = r.json()["choices"][0]["message"]
     text = processor.tokenizer.decode(ref.generated, skip_special_tokens=True)
     assert message["content"] == text.rstrip("\ufffd")
@@ -305,6 +316,7 @@ def test_a_voice_conversations_next_spoken_turn_reuses_its_prefix(client):
 def test_health_names_the_stages(served):
     assert httpx.get(f"{URL}/health", timeout=30).json()["stages"] == [
         "code2wav",
+        "encoder",
         "talker",
         "thinker",
     ]

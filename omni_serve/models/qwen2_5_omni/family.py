@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,9 @@ from omni_serve.models.qwen2_5_omni.talker_runner import TalkerRunner
 from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
 from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts, ThinkerModel
 from omni_serve.models.thinker_talker.transcribe_prompt import TranscriptionPrompt
+
+if TYPE_CHECKING:
+    from omni_serve.models.thinker_talker.encoder_items import CachedEncoders
 
 # transformers' Qwen2.5-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05}
@@ -87,11 +90,15 @@ class Qwen25OmniFamily:
 
     def load_encoders(
         self, model_path: Path, dtype: torch.dtype, device: str, cache_bytes: int
-    ) -> NoReturn:
-        raise ValueError(
-            "Qwen2.5-Omni has no encoder stage: its Thinker encodes every prompt's media "
-            "inside vLLM; remove the encoder stage and its edges"
-        )
+    ) -> CachedEncoders:
+        """The audio and vision towers on their own (``encoders.py``), behind the item cache.
+        Imported here: only the encoder stage loads the towers' modeling code."""
+        from omni_serve.engines.encoders.item_cache import EncodedItemCache
+        from omni_serve.models.qwen2_5_omni.encoders import Qwen25OmniEncoders
+        from omni_serve.models.thinker_talker.encoder_items import CachedEncoders
+
+        towers = Qwen25OmniEncoders(model_path, dtype, device)
+        return CachedEncoders(towers, EncodedItemCache(cache_bytes))
 
 
 FAMILY = Qwen25OmniFamily()

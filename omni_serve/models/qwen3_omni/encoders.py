@@ -17,6 +17,11 @@ import numpy as np
 import torch
 from PIL import Image
 
+# Private in transformers 5.19, and what the tower itself uses to size a clip's output.
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+    _get_feat_extract_output_lengths,
+)
+
 from omni_serve.engines.encoders.base import EncoderOutput
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_submodule
 from omni_serve.models.thinker_talker.thinker_inputs import clip_features, video_frame_size
@@ -43,11 +48,20 @@ class Qwen3OmniEncoders:
         self.audio.to(device=device, dtype=dtype)
         self.visual.to(device=device, dtype=dtype)
         self.device = torch.device(device)
+        self.merge = self.visual.spatial_merge_size
         processor = AutoProcessor.from_pretrained(checkpoint)
         self.feature_extractor = processor.feature_extractor
         self.image_processor = processor.image_processor
         self.video_processor = processor.video_processor
         self.video_size = video_frame_size(processor)  # the bounds the whole processor uses
+
+    def clip_features(self, clip: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """One clip's log-mel features [mel, frames], as if it came alone."""
+        return clip_features(self.feature_extractor, np.asarray(clip))
+
+    def clip_rows(self, feature_lens: torch.Tensor) -> torch.Tensor:
+        """How many rows the audio tower makes of clips of ``feature_lens`` mel frames."""
+        return _get_feat_extract_output_lengths(feature_lens, self.audio.n_window)
 
     def encode_audio(
         self, input_features: torch.Tensor, feature_lens: torch.Tensor
@@ -65,7 +79,7 @@ class Qwen3OmniEncoders:
     def encode_clips(self, clips: Sequence[np.ndarray | torch.Tensor]) -> EncoderOutput:
         """Clips as the Thinker's processor would get them (16 kHz float32 mono); rows of all,
         in order. Each clip's features are made as if it came alone (``clip_features``)."""
-        features = [clip_features(self.feature_extractor, np.asarray(clip)) for clip in clips]
+        features = [self.clip_features(clip) for clip in clips]
         lens = torch.tensor([f.shape[1] for f in features])
         return self.encode_audio(torch.cat(features, dim=1), lens)
 

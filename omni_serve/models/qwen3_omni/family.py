@@ -24,7 +24,7 @@ from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts, T
 from omni_serve.models.thinker_talker.transcribe_prompt import TranscriptionPrompt
 
 if TYPE_CHECKING:
-    from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
+    from omni_serve.models.thinker_talker.encoder_items import CachedEncoders
 
 # transformers' Qwen3-Omni generate() defaults for the Talker (it samples by default).
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
@@ -120,8 +120,8 @@ class Qwen3OmniFamily:
         """The audio and vision towers on their own (``encoders.py``), behind the item cache.
         Imported here: only the encoder stage loads the towers' modeling code."""
         from omni_serve.engines.encoders.item_cache import EncodedItemCache
-        from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
         from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
+        from omni_serve.models.thinker_talker.encoder_items import CachedEncoders
 
         towers = Qwen3OmniEncoders(model_path, dtype, device)
         return CachedEncoders(towers, EncodedItemCache(cache_bytes))

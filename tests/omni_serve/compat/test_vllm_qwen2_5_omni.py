@@ -14,7 +14,7 @@ from vllm.model_executor.models.qwen2_5_omni_thinker import (
 )
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 
-from omni_serve.compat.vllm_qwen2_5_omni import Qwen2_5OmniThinkerHeardVideoPositions
+from omni_serve.compat.vllm_qwen2_5_omni import Qwen2_5OmniThinkerForServing
 from tests.reference import processor_inputs
 
 
@@ -74,7 +74,7 @@ def positions(cls, heard_video) -> tuple[torch.Tensor, int]:
 
 def test_a_heard_videos_positions_are_transformers(heard_video):
     ids, expected, _, _ = heard_video
-    got, delta = positions(Qwen2_5OmniThinkerHeardVideoPositions, heard_video)
+    got, delta = positions(Qwen2_5OmniThinkerForServing, heard_video)
     assert torch.equal(got, expected)
     assert delta == int(expected.max()) + 1 - len(ids)
 

@@ -76,10 +76,10 @@ def test_defaults_fill_in():
         (
             minimal(
                 family="qwen2_5_omni",
-                stages=[{"name": "encoder", "kind": "encoder", "engine": {"kind": "torch"}}],
+                stages=[{"name": "t2i", "kind": "text_encoder", "engine": {"kind": "torch"}}],
             ),
             "<root>",
-            "stage 'encoder': family 'qwen2_5_omni' has no encoder stage (its stages: code2wav,",
+            "stage 't2i': family 'qwen2_5_omni' has no text_encoder stage (its stages: code2wav,",
         ),
         (
             one_stage("d", "dit", kind="diffusers") | {"family": "qwen3_omni"},

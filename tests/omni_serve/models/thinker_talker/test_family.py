@@ -70,19 +70,16 @@ def test_every_familys_codec_speaks_at_the_shared_rate():
     assert codec.SAMPLE_RATE == token2wav.SAMPLE_RATE == SAMPLE_RATE
 
 
-def test_the_encoder_stage_loads_its_towers_through_the_family():
-    """Qwen3-Omni's towers behind the item cache; Qwen2.5-Omni has no encoder stage (its
-    pipeline config is refused first: tests/omni_serve/config/test_pipeline_config.py)."""
-    config, path = pipeline("qwen3_omni")
-    encoders = thinker_talker_family("qwen3_omni").load_encoders(
+@pytest.mark.parametrize("family", ["qwen3_omni", "qwen2_5_omni"])
+def test_the_encoder_stage_loads_its_towers_through_the_family(family):
+    """Each family's towers behind the item cache: a clip's rows, then the cache's."""
+    _, path = pipeline(family)
+    encoders = thinker_talker_family(family).load_encoders(
         path, torch.float32, "cpu", cache_bytes=1 << 20
     )
     clip = torch.sin(torch.arange(16000) / 16000 * 2 * torch.pi * 440)
     with torch.no_grad():
         [rows] = encoders.audio(clip, [len(clip)])
-    assert rows.ndim == 2 and rows.shape[0] > 0 and encoders.cache.stats()["misses"] == 1
-    _, qwen2_5_path = pipeline("qwen2_5_omni")
-    with pytest.raises(ValueError, match="Qwen2.5-Omni has no encoder stage"):
-        thinker_talker_family("qwen2_5_omni").load_encoders(
-            qwen2_5_path, torch.float32, "cpu", cache_bytes=1 << 20
-        )
+        [again] = encoders.audio(clip, [len(clip)])
+    assert rows.ndim == 2 and rows.shape[0] > 0 and torch.equal(again, rows)
+    assert encoders.cache.stats()["misses"] == 1 and encoders.cache.stats()["hits"] == 1

@@ -9,38 +9,40 @@ import torch
 from PIL import Image
 
 from omni_serve.engines.encoders.item_cache import EncodedItemCache
-from omni_serve.models.qwen3_omni.encoder_items import CachedEncoders
+from omni_serve.models.qwen2_5_omni.encoders import Qwen25OmniEncoders
 from omni_serve.models.qwen3_omni.encoders import Qwen3OmniEncoders
-from omni_serve.models.thinker_talker.thinker_inputs import clip_features as alone
+from omni_serve.models.thinker_talker.encoder_items import CachedEncoders
 from tests.reference import sample_audio, sample_image, sample_video
 
 
-@pytest.fixture(scope="module")
-def encoders(tiny_omni_path):
-    return Qwen3OmniEncoders(tiny_omni_path)
+@pytest.fixture(scope="module", params=["qwen3_omni", "qwen2_5_omni"])
+def encoders(request):
+    if request.param == "qwen3_omni":
+        return Qwen3OmniEncoders(request.getfixturevalue("tiny_omni_path"))
+    return Qwen25OmniEncoders(request.getfixturevalue("tiny_qwen2_5_omni_path"))
 
 
 def cached(encoders) -> CachedEncoders:
     return CachedEncoders(encoders, EncodedItemCache(64 << 20))
 
 
-def clip_features(processor, clips: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
+def clip_features(encoders, clips: list[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
     """The clips' features side by side, each made alone."""
-    feats = [alone(processor.feature_extractor, clip) for clip in clips]
+    feats = [encoders.clip_features(clip) for clip in clips]
     return torch.cat(feats, dim=1), [f.shape[1] for f in feats]
 
 
 @torch.no_grad()
-def test_audio_clips_get_their_own_rows_and_a_resent_clip_is_not_encoded(encoders, omni_processor):
+def test_audio_clips_get_their_own_rows_and_a_resent_clip_is_not_encoded(encoders):
     tone, other, third = sample_audio(), sample_audio()[::-1].copy() * 0.5, sample_audio()[:8000]
-    both, lens = clip_features(omni_processor, [tone, other])
+    both, lens = clip_features(encoders, [tone, other])
     together = encoders.encode_audio(both, torch.tensor(lens)).embeds
     items = cached(encoders)
     found = items.audio(torch.from_numpy(np.concatenate([tone, other])), [len(tone), len(other)])
     assert [r.shape[0] for r in found] == [int(n) for n in _audio_rows(encoders, lens)]
     assert torch.equal(torch.cat(found), together)  # split per clip, nothing lost
     # The next turn: the second clip again, then a new one.
-    turn, turn_lens = clip_features(omni_processor, [other, third])
+    turn, turn_lens = clip_features(encoders, [other, third])
     again = items.audio(torch.from_numpy(np.concatenate([other, third])), [len(other), len(third)])
     assert torch.equal(again[0], found[1])
     alone_rows = encoders.encode_audio(turn[:, turn_lens[0] :], torch.tensor(turn_lens[1:])).embeds

@@ -1,0 +1,110 @@
+"""Qwen2.5-Omni's audio tower and vision tower as standalone encoders, for the encoder stage.
+
+They take what ``Qwen2_5OmniProcessor`` makes, made here from the media themselves, as for
+Qwen3-Omni (``models/qwen3_omni/encoders.py`` says why on the encoder's replicas). Two
+differences from Qwen3-Omni: the processor pads every clip to the feature extractor's 30 s
+window before its STFT (so a clip's last frames see zeros there, not a reflected edge, and
+the features here are made the same way), and the vision tower has no deepstack features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from omni_serve.engines.encoders.base import EncoderOutput
+from omni_serve.models.common.checkpoint_parts import load_submodule
+from omni_serve.models.qwen2_5_omni.checkpoint import load_config
+from omni_serve.models.thinker_talker.thinker_inputs import video_frame_size
+
+
+def padded_clip_features(feature_extractor, clip: np.ndarray) -> torch.Tensor:
+    """One clip's log-mel features [mel, frames] as ``Qwen2_5OmniProcessor`` makes them:
+    padded to the 30 s window, then only the clip's own frames."""
+    out = feature_extractor(
+        [np.asarray(clip, dtype=np.float32)],
+        sampling_rate=feature_extractor.sampling_rate,
+        return_attention_mask=True,
+        padding="max_length",
+        return_tensors="pt",
+    )
+    return out["input_features"][0][:, out["attention_mask"][0].bool()]
+
+
+class Qwen25OmniEncoders:
+    """``device``: where the towers run. Inputs may come on the CPU; outputs stay on the
+    device (the caller decides where they go next)."""
+
+    def __init__(
+        self, checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> None:
+        from transformers import AutoProcessor
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+            Qwen2_5OmniAudioEncoder,
+            Qwen2_5OmniVisionEncoder,
+        )
+
+        config = load_config(checkpoint).thinker_config
+        self.audio = Qwen2_5OmniAudioEncoder._from_config(config.audio_config)
+        load_submodule(self.audio, checkpoint, "thinker.audio_tower.")
+        self.visual = Qwen2_5OmniVisionEncoder._from_config(config.vision_config)
+        load_submodule(self.visual, checkpoint, "thinker.visual.")
+        self.audio.to(device=device, dtype=dtype)
+        self.visual.to(device=device, dtype=dtype)
+        self.device = torch.device(device)
+        self.merge = self.visual.spatial_merge_size
+        processor = AutoProcessor.from_pretrained(checkpoint)
+        self.feature_extractor = processor.feature_extractor
+        self.image_processor = processor.image_processor
+        self.video_processor = processor.video_processor
+        self.video_size = video_frame_size(processor)
+
+    def clip_features(self, clip: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """One clip's log-mel features [mel, frames], as the Thinker's processor makes them."""
+        return padded_clip_features(self.feature_extractor, np.asarray(clip))
+
+    def clip_rows(self, feature_lens: torch.Tensor) -> torch.Tensor:
+        """How many rows the audio tower makes of clips of ``feature_lens`` mel frames."""
+        return self.audio._get_feat_extract_output_lengths(feature_lens)[1]
+
+    def encode_audio(
+        self, input_features: torch.Tensor, feature_lens: torch.Tensor
+    ) -> EncoderOutput:
+        """``input_features`` [128, sum(F)] (mel bins x frames of all clips, unpadded)."""
+        after_cnn, _ = self.audio._get_feat_extract_output_lengths(feature_lens)
+        out = self.audio(
+            input_features.to(self.device, self.audio.dtype),
+            feature_lens=feature_lens.to(self.device),
+            aftercnn_lens=after_cnn.to(self.device),
+        )
+        return EncoderOutput(
+            embeds=out.last_hidden_state, meta={"feature_lens": feature_lens.clone()}
+        )
+
+    def encode_clips(self, clips: Sequence[np.ndarray | torch.Tensor]) -> EncoderOutput:
+        """Clips as the Thinker's processor would get them (16 kHz float32 mono); rows of all,
+        in order."""
+        features = [self.clip_features(clip) for clip in clips]
+        lens = torch.tensor([f.shape[1] for f in features])
+        return self.encode_audio(torch.cat(features, dim=1), lens)
+
+    def encode_image(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> EncoderOutput:
+        out = self.visual(
+            pixel_values.to(self.device, self.visual.dtype), grid_thw=grid_thw.to(self.device)
+        )
+        return EncoderOutput(embeds=out.pooler_output, meta={"grid_thw": grid_thw.clone()})
+
+    def encode_images(self, images: Sequence[Image.Image]) -> EncoderOutput:
+        """RGB images, as the Thinker's processor would get them; rows of all, in order."""
+        patches = self.image_processor(images=list(images), return_tensors="pt")
+        return self.encode_image(patches["pixel_values"], patches["image_grid_thw"])
+
+    def encode_videos(self, videos: Sequence[np.ndarray | torch.Tensor]) -> EncoderOutput:
+        """``videos``: uint8 frames [T, H, W, 3] each, already sampled (the API's rate)."""
+        frames = [v.numpy() if isinstance(v, torch.Tensor) else v for v in videos]
+        patches = self.video_processor(videos=frames, size=self.video_size, return_tensors="pt")
+        return self.encode_image(patches["pixel_values_videos"], patches["video_grid_thw"])
