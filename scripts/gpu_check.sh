@@ -25,12 +25,13 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 if [ "$only" = stages ] || [ "$only" = speech ]; then
   tests=0
   if [ "$only" = speech ]; then  # the speech stages' gpu tests first: graphed codes = eager's
-    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 150 python3 -m pytest -p no:cacheprovider \
+    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 180 python3 -m pytest -p no:cacheprovider \
       -p asyncio -p pytest_timeout --timeout 120 -v -rs \
-      tests/omni_serve/models/qwen3_omni/test_stages_on_gpu.py 2>&1 | tee "$out/pytest_gpu.log"
+      tests/omni_serve/models/qwen3_omni/test_stages_on_gpu.py \
+      tests/omni_serve/models/qwen2_5_omni/test_stages_on_gpu.py 2>&1 | tee "$out/pytest_gpu.log"
     tests=${PIPESTATUS[0]}
   fi
-  budget=$([ "$only" = speech ] && echo 390 || echo 540)
+  budget=$([ "$only" = speech ] && echo 360 || echo 540)
   timeout "$budget" python3 load_tests/bench_gpu_stages.py "$@" 2>&1 \
     | tee "$out/bench_gpu_stages.log" | tail -30
   cp load_tests/results/bench_gpu_stages.json "$out/" 2>/dev/null
@@ -42,6 +43,7 @@ PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 400 python3 -m pytest -p no:cacheprovid
   -p asyncio -p pytest_timeout --timeout 120 -v -rs \
   tests/omni_serve/transport/test_direct_gpu.py \
   tests/omni_serve/models/qwen3_omni/test_stages_on_gpu.py \
+  tests/omni_serve/models/qwen2_5_omni/test_stages_on_gpu.py \
   tests/omni_serve/models/qwen_image/test_stages_on_gpu.py \
   "tests/omni_serve/transport/test_hosts.py::test_without_ray_installed_payloads_go_and_come_back_on_one_host" \
   2>&1 | tee "$out/pytest_gpu.log"

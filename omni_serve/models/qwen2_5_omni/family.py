@@ -17,7 +17,7 @@ from omni_serve.models.qwen2_5_omni.checkpoint import (
     load_token2wav,
 )
 from omni_serve.models.qwen2_5_omni.talker_inputs import TalkerInputBuilder, media_token_ids
-from omni_serve.models.qwen2_5_omni.talker_runner import TalkerRunner
+from omni_serve.models.qwen2_5_omni.talker_static_runner import talker_runner
 from omni_serve.models.qwen2_5_omni.token2wav import Token2WavDecoder, Token2WavSettings
 from omni_serve.models.thinker_talker.family import CodecDecoder, TalkerParts, ThinkerModel
 from omni_serve.models.thinker_talker.transcribe_prompt import TranscriptionPrompt
@@ -70,12 +70,10 @@ class Qwen25OmniFamily:
         engine: EngineSettings,
         max_len: int,
     ) -> TalkerParts:
-        if engine.cuda_graphs:
-            raise ValueError("the Qwen2.5-Omni Talker has no graphed step yet: cuda_graphs off")
         talker, config = load_talker(model_path, dtype=dtype, device=device)
         embed = load_thinker_embeddings(model_path)
         builder = TalkerInputBuilder(talker, config, embed, load_speakers(model_path))
-        runner = TalkerRunner(talker, builder.pad_row, engine.max_batch_size, max_len)
+        runner = talker_runner(talker, builder.pad_row, engine, max_len)
         return TalkerParts(runner, builder, TALKER_DEFAULTS, runner.stop_token_ids)
 
     def load_codec(

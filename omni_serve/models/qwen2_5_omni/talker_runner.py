@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import apply_rotary_pos_emb
 
-from omni_serve.engines.ar.base import ARRequest
+from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.fed_slot_runner import FedSlotRunner
 from omni_serve.engines.ar.kv_cache import SlotKVCache
 from omni_serve.engines.ar.torch_engine import StepOutput
@@ -33,13 +33,23 @@ class TalkerState:
     trailing: deque = field(default_factory=deque)
     text_done: bool = False
     slot: int | None = None
+    # The static runner's (it samples on the device): the request's settings, and the codec
+    # ids its repetition penalty counts as seen before the first code.
+    sampling: SamplingConfig | None = None
+    history: list[int] = field(default_factory=list)
 
 
 class TalkerRunner(FedSlotRunner):
     def __init__(
-        self, talker: Any, pad_row: torch.Tensor, max_batch_size: int = 8, max_len: int = 4096
+        self,
+        talker: Any,
+        pad_row: torch.Tensor,
+        max_batch_size: int = 8,
+        max_len: int = 4096,
+        spare_slot: bool = False,
     ) -> None:
-        """``pad_row``: what a step reads once the text has run out (``tts_pad``'s row)."""
+        """``pad_row``: what a step reads once the text has run out (``tts_pad``'s row);
+        ``spare_slot``: a KV row the static step points padding at."""
         self.talker = talker.eval()
         self.model = talker.model
         self.max_batch_size = max_batch_size
@@ -55,6 +65,7 @@ class TalkerRunner(FedSlotRunner):
             max_len=max_len,
             dtype=self.dtype,
             device=self.device,
+            spare_slot=spare_slot,
         )
         # transformers' generate suppresses the codec bos; it stops on the codec end and pad.
         self._suppress = torch.tensor([cfg.tts_codec_start_token_id])

@@ -21,7 +21,6 @@ import torch
 
 from omni_serve.config import EngineSettings
 from omni_serve.engines.ar.base import ARRequest
-from omni_serve.engines.ar.device_sampling import fold_seed
 from omni_serve.engines.ar.step_graphs import (
     GraphMode,
     StepGraphs,
@@ -114,10 +113,7 @@ class StaticTalkerRunner(TalkerRunner):
         self._admit(state, hidden)
         slot_idx = torch.tensor([state.slot], device=self.device)
         token = self.step.sample_next(hidden, slot_idx, self.slots.rows(slot_idx))
-        s = self.slots
-        s.next_token[slot_idx] = token
-        s.seen[slot_idx, token] = True
-        s.counter[slot_idx] = 1
+        self.slots.took_first(slot_idx, token)
         return StepOutput(token=int(token[0]))
 
     @torch.no_grad()
@@ -144,19 +140,9 @@ class StaticTalkerRunner(TalkerRunner):
 
     def _admit(self, state: TalkerState, hidden: torch.Tensor) -> None:
         """Write a prefilled request's row of the slot table."""
-        s, slot, sampling = self.slots, state.slot, state.sampling
-        seed = sampling.seed
-        if seed is None:
-            seed = int(torch.randint(0, 1 << 32, ()))
-        s.last_hidden[slot] = hidden[0]
-        s.length[slot] = self.cache.lengths[slot]
-        s.rope_delta[slot] = state.rope_delta
-        s.seen[slot] = False
-        s.temperature[slot] = sampling.temperature
-        s.top_k[slot] = sampling.top_k
-        s.top_p[slot] = sampling.top_p
-        s.repetition_penalty[slot] = sampling.repetition_penalty
-        s.seed[slot] = fold_seed(seed)
+        slot = state.slot
+        self.slots.last_hidden[slot] = hidden[0]
+        self.slots.admit(slot, self.cache.lengths[slot], state.rope_delta, state.sampling)
 
     def _scratch_inputs(
         self, inputs: tuple[torch.Tensor, ...], static: tuple[int, ...]

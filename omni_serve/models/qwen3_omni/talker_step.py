@@ -31,54 +31,22 @@ from omni_serve.engines.ar.device_sampling import (
     uniform_streams,
 )
 from omni_serve.engines.ar.kv_cache import SlotKVCache
+from omni_serve.engines.ar.slot_table import SlotTable
 
 # transformers' code predictor draws with these when sampling (its generate() call).
 PREDICTOR_TEMPERATURE, PREDICTOR_TOP_K, PREDICTOR_TOP_P = 1.0, 50, 0.8
 
 
 @dataclass
-class TalkerSlots:
-    """Per-slot request state on the device, one row per KV-cache slot (spare included)."""
+class TalkerSlots(SlotTable):
+    """The slot table with each slot's last Talker output row (the code predictor's input)."""
 
-    last_hidden: torch.Tensor  # [S, H] the Talker's last output row
-    next_token: torch.Tensor  # [S] codebook 0 of the frame the next step makes
-    length: torch.Tensor  # [S] KV rows written
-    rope_delta: torch.Tensor  # [S]
-    seen: torch.Tensor  # [S, V] bool: codebook-0 tokens generated (repetition penalty)
-    temperature: torch.Tensor  # [S] float32, 0 = greedy
-    top_k: torch.Tensor  # [S] int64, <= 0 = off
-    top_p: torch.Tensor  # [S] float32
-    repetition_penalty: torch.Tensor  # [S] float32
-    seed: torch.Tensor  # [S] int64 (32 bits)
-    counter: torch.Tensor  # [S] int64: steps drawn so far
+    last_hidden: torch.Tensor  # [S, H]
 
     @classmethod
     def allocate(cls, slots: int, hidden: int, vocab: int, dtype, device) -> TalkerSlots:
-        def zeros(*shape, dtype=torch.int64):
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        return cls(
-            last_hidden=zeros(slots, hidden, dtype=dtype),
-            next_token=zeros(slots),
-            length=zeros(slots),
-            rope_delta=zeros(slots),
-            seen=zeros(slots, vocab, dtype=torch.bool),
-            temperature=zeros(slots, dtype=torch.float32),
-            top_k=zeros(slots),
-            top_p=zeros(slots, dtype=torch.float32) + 1,
-            repetition_penalty=zeros(slots, dtype=torch.float32) + 1,
-            seed=zeros(slots),
-            counter=zeros(slots),
-        )
-
-    def rows(self, slot_idx: torch.Tensor) -> RowSampling:
-        return RowSampling(
-            temperature=self.temperature[slot_idx],
-            top_k=self.top_k[slot_idx],
-            top_p=self.top_p[slot_idx],
-            seed=self.seed[slot_idx],
-            counter=self.counter[slot_idx],
-        )
+        last = torch.zeros(slots, hidden, dtype=dtype, device=device)
+        return cls(**cls.allocated(slots, vocab, device), last_hidden=last)
 
 
 class TalkerDecodeStep:

@@ -8,62 +8,14 @@ import asyncio
 import pytest
 import torch
 
-from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.torch_engine import PENALTY_HISTORY, TorchAREngine
-from omni_serve.models.qwen2_5_omni.talker_inputs import TalkerInputBuilder
 from omni_serve.models.qwen2_5_omni.talker_runner import TalkerRunner
-from tests.omni_serve.models.qwen2_5_omni.conftest import KINDS
-from tests.reference_qwen2_5_omni import SPEAKER, TALKER_MAX_TOKENS
-
-
-@pytest.fixture(scope="module")
-def builder(tiny_model):
-    embed = tiny_model.thinker.get_input_embeddings().weight.detach()
-    return TalkerInputBuilder(tiny_model.talker, tiny_model.config, embed)
+from tests.omni_serve.models.qwen2_5_omni.conftest import KINDS, collect_codes, talker_request
 
 
 def new_engine(tiny_model, builder, max_batch_size: int = 4) -> TorchAREngine:
     runner = TalkerRunner(tiny_model.talker, builder.pad_row, max_batch_size, max_len=1024)
     return TorchAREngine(runner, stop_token_ids=runner.stop_token_ids)
-
-
-def talker_request(model, builder, run, request_id: str, stream: bool = False):
-    n, generated = len(run.prompt_ids), run.generated
-    mask = run.inputs.get("feature_attention_mask")
-    prompt = builder.build_prompt(
-        run.prompt_ids,
-        run.last_hidden[:n],
-        generated[0],
-        run.last_hidden[n],
-        model.speaker_map[SPEAKER]["bos_token"],
-        image_grid_thw=run.inputs.get("image_grid_thw"),
-        video_grid_thw=run.inputs.get("video_grid_thw"),
-        video_second_per_grid=run.inputs.get("video_second_per_grid"),
-        use_audio_in_video=run.kind == "video_audio",
-        audio_seqlens=mask.sum(-1) if mask is not None else None,
-    )
-    last = len(generated) - 1
-    trailing = [
-        builder.trailing_row(t, None if k == last else run.last_hidden[n + k], k == last)
-        for k, t in enumerate(generated)
-        if k > 0
-    ]
-    extra = {
-        "position_ids": prompt.position_ids,
-        "rope_delta": prompt.rope_delta,
-        PENALTY_HISTORY: prompt.codec_history,
-    }
-    if not stream:
-        extra.update(trailing=trailing, text_done=True)
-    sampling = SamplingConfig(max_tokens=TALKER_MAX_TOKENS, repetition_penalty=1.05)
-    request = ARRequest(request_id, prompt_embeds=prompt.embeds, sampling=sampling, extra=extra)
-    return request, trailing
-
-
-async def collect_codes(engine: TorchAREngine, request: ARRequest) -> torch.Tensor:
-    tokens = [t async for chunk in engine.generate(request) for t in chunk.token_ids]
-    stops = engine.runner.stop_token_ids
-    return torch.tensor([t for t in tokens if t not in stops])
 
 
 @pytest.mark.parametrize("kind", KINDS)
