@@ -1,7 +1,7 @@
 """Our Qwen3-Omni speech stages against transformers' ``generate`` on the same device, in one
 run: the Talker's decode step (eager runner, static step eager, static step as CUDA graphs,
 static step compiled), Code2wav per chunk, and Talker + Code2wav from the Thinker's rows to
-the waveform.
+the waveform; and Qwen2.5-Omni's Talker step (``gpu_talker_qwen2_5.py``).
 
     python load_tests/bench_gpu_stages.py                  # a CUDA GPU; small-qwen3-omni
     python load_tests/bench_gpu_stages.py --quick          # CPU smoke run: tiny, batch 1, 2
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 from gpu_stages_table import print_table
+from gpu_talker_qwen2_5 import bench_talker_step as bench_qwen2_5_talker_step
 from speech_baseline import generate_speech, prompt_inputs  # load_tests/, beside this file
 from summary import machine
 
@@ -359,6 +360,9 @@ def main() -> None:
         "transformers": lambda: [
             bench_transformers(path, device, d, 32, frames, 1 if args.quick else 3) for d in dtypes
         ],
+        "qwen2_5_talker_step": lambda: bench_qwen2_5_talker_step(
+            device, args.quick, [k for k in eager_kinds if k != "compile"], steps
+        ),
         "talker_step_compiled": lambda: bench_talker(
             path,
             device,

@@ -12,6 +12,9 @@ def print_table(summary: dict) -> None:
         by_batch = {r["batch"]: f"{r['ms']:.1f}" if "ms" in r else "err" for r in rows}
         cells = [by_batch.get(b, "-") for b in _batches(summary)]
         print(f"  {step:<10} | {dtype:<8} | " + " | ".join(cells))
+    for row in summary.get("qwen2_5_talker_step", []):
+        ms = f"{row['ms']:.1f} ms" if "ms" in row else row.get("error", "")[:80]
+        print(f"Qwen2.5 Talker step {row['dtype']} {row['step']} batch {row['batch']}: {ms}")
     for row in summary.get("code2wav", []):
         print(
             f"Code2wav {row['dtype']} batch {row.get('batch', 1)}: "

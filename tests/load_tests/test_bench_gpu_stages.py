@@ -21,3 +21,17 @@ def test_the_transformers_baseline_speaks_and_times_itself(tiny_omni_path, monke
     assert row["repeats"] == 2 and len(row["e2e_values_s"]) == 2
     assert row["e2e_range_s"][0] <= row["e2e_s"] <= row["e2e_range_s"][1]
     assert row["audio_s"] > 0  # it spoke
+
+
+def test_the_qwen2_5_talker_step_section_times_every_kind(monkeypatch):
+    """Its rows on the CPU and the tiny preset: every kind and batch timed, none failed."""
+    monkeypatch.syspath_prepend(str(LOAD_TESTS))
+    sys.modules.pop("gpu_talker_qwen2_5", None)
+    import gpu_talker_qwen2_5
+
+    rows = gpu_talker_qwen2_5.bench_talker_step("cpu", True, ["eager", "static"], steps=2)
+    assert [r.get("error") for r in rows] == [None] * 8  # 2 dtypes x 2 kinds x 2 batches
+    assert {(r["step"], r["batch"]) for r in rows} == {
+        (k, b) for k in ("eager", "static") for b in (1, 2)
+    }
+    assert all(r["ms"] > 0 for r in rows)
