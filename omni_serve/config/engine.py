@@ -132,6 +132,7 @@ FAMILY_STAGE_ARGS: dict[tuple[str, str], frozenset[str]] = {
             "sway_coefficient",
             "left_blocks",
             "right_blocks",
+            "first_right_blocks",
             "first_chunk_blocks",
             "chunk_blocks",
             "chunk_growth",

@@ -58,7 +58,7 @@ class CodecInfo:
     """What a streaming caller needs to know of a codec stage: its frame size, the left context
     a chunk decodes with, and the chunk plan (a small first chunk, then chunks growing by
     ``chunk_growth`` up to ``chunk_frames``, ``lookahead`` frames after each, sizes in
-    multiples of ``align``)."""
+    multiples of ``align``; the first chunk's ``first_lookahead``, when set, instead)."""
 
     samples_per_frame: int
     left_context: int
@@ -67,6 +67,7 @@ class CodecInfo:
     chunk_growth: float = 2.0
     lookahead: int = 1
     align: int = 1
+    first_lookahead: int | None = None
 
     def planner(self, stream_id: str, voice: str | None = None) -> ChunkPlanner:
         return ChunkPlanner(
@@ -79,6 +80,7 @@ class CodecInfo:
             stream_id=stream_id,
             align=self.align,
             voice=voice,
+            first_lookahead=self.first_lookahead,
         )
 
 
@@ -96,9 +98,15 @@ class ChunkPlanner:
         stream_id: str | None = None,
         align: int = 1,
         voice: str | None = None,
+        first_lookahead: int | None = None,
     ) -> None:
-        if first_chunk < 1 or chunk < 1 or left_context < 0 or lookahead < 0 or growth < 1:
-            raise ValueError("chunk sizes must be >= 1, context/look-ahead >= 0, growth >= 1")
+        """``first_lookahead``: the first chunk's look-ahead, when it differs (first audio
+        sooner, for a codec whose first chunk is near enough its one-shot decode with less)."""
+        first_lookahead = lookahead if first_lookahead is None else first_lookahead
+        if first_chunk < 1 or chunk < 1 or left_context < 0 or growth < 1:
+            raise ValueError("chunk sizes must be >= 1, context >= 0, growth >= 1")
+        if lookahead < 0 or first_lookahead < 0:
+            raise ValueError("look-ahead must be >= 0")
         if align < 1 or left_context % align:
             raise ValueError("align must be >= 1 and divide the left context")
         self.align = align
@@ -108,6 +116,7 @@ class ChunkPlanner:
         self.chunk = chunk
         self.left_context = left_context
         self.lookahead = lookahead
+        self.first_lookahead = first_lookahead
         self.growth = growth
         self.stream_id = stream_id
         self._size = 0  # frames of the last job
@@ -124,7 +133,7 @@ class ChunkPlanner:
     def _job(self, end: int, last: bool) -> DecodeJob:
         start = self._emitted
         ctx_start = max(0, start - self.left_context)
-        stop = end if last else end + self.lookahead
+        stop = end if last else end + self._lookahead()
         job = DecodeJob(
             codes=self._codes()[:, ctx_start:stop],
             skip_samples=(start - ctx_start) * self.samples_per_frame,
@@ -149,10 +158,13 @@ class ChunkPlanner:
         jobs = []
         while True:
             end = self._emitted + self._next_size()
-            if end + self.lookahead > self._num_frames:
+            if end + self._lookahead() > self._num_frames:
                 return jobs
             self._size = end - self._emitted
             jobs.append(self._job(end, last=False))
+
+    def _lookahead(self) -> int:
+        return self.first_lookahead if self._emitted == 0 else self.lookahead
 
     def _next_size(self) -> int:
         if self._size == 0:

@@ -40,6 +40,10 @@ class Token2WavSettings:
     sway_coefficient: float = -1.0
     left_blocks: int = 4
     right_blocks: int = 2
+    # The first chunk's right context (None: ``right_blocks``). One block less makes the
+    # first audio wait 12 codes less, for a first chunk further from the one-shot decode
+    # (docs/models.md gives the bound measured for each context).
+    first_right_blocks: int | None = None
     first_chunk_blocks: int = 1
     chunk_blocks: int = 8
     chunk_growth: float = 2.0
@@ -103,6 +107,7 @@ class Token2WavDecoder:
             chunk_growth=s.chunk_growth,
             lookahead=s.right_blocks * block,
             align=block,
+            first_lookahead=None if s.first_right_blocks is None else s.first_right_blocks * block,
         )
 
     def _samples_per_mel_frame(self) -> int:

@@ -128,3 +128,18 @@ def test_aligned_plan_keeps_whole_blocks():
     assert jobs[-1].first_frame + jobs[-1].num_frames + 12 <= 200
     with pytest.raises(ValueError, match="align"):
         ChunkPlanner(480, left_context=10, align=12)
+
+
+def test_the_first_chunk_may_look_ahead_less():
+    """``first_lookahead``: the first job waits for fewer frames; later ones for ``lookahead``."""
+    planner = ChunkPlanner(
+        480, first_chunk=12, chunk=24, left_context=24, lookahead=24, align=12, first_lookahead=12
+    )
+    assert planner.push(torch.zeros(1, 23, dtype=torch.long)) == []
+    (first,) = planner.push(torch.zeros(1, 1, dtype=torch.long))  # 12 + 12 frames
+    assert (first.num_frames, first.codes.shape[1]) == (12, 24)
+    assert planner.push(torch.zeros(1, 35, dtype=torch.long)) == []  # 12 + 24 + 24 > 59
+    (second,) = planner.push(torch.zeros(1, 1, dtype=torch.long))
+    assert (second.first_frame, second.num_frames, second.codes.shape[1]) == (12, 24, 60)
+    with pytest.raises(ValueError, match="look-ahead"):
+        ChunkPlanner(480, first_lookahead=-1)

@@ -13,6 +13,9 @@ from tests.reference_qwen2_5_omni import NOISE_SEED, SPEAKER
 # Largest |chunked - one-shot| sample with 4 blocks of left and 2 of right context: measured
 # 1.0e-4 on tiny and 9.5e-5 on small (audio RMS ~0.15); without left context it is ~0.4.
 CHUNKED_BOUND = 5e-4
+# A first chunk decoded with 1 block of right context, not 2: 6.7e-3 measured on this preset
+# (5.7e-3 on the small one; the waveform's RMS there is ~0.14). docs/models.md.
+FIRST_CHUNK_BOUND = 1e-2
 
 
 def decoder(model, **settings) -> Token2WavDecoder:
@@ -69,6 +72,24 @@ def test_chunked_stays_within_the_bound_of_its_context(tiny_model):
     assert (wav - one_shot).abs().max() < CHUNKED_BOUND
     blind = decoder(tiny_model, left_blocks=0, right_blocks=2)  # the bound is context's doing
     assert (streamed(blind, codes, piece=7)[0] - one_shot).abs().max() > 10 * CHUNKED_BOUND
+
+
+def test_a_first_chunk_with_less_right_context_stays_within_its_own_bound(tiny_model):
+    """``first_right_blocks: 1``: the first chunk's audio comes 12 codes sooner, within the
+    first chunk's bound; every later sample is what the default plan gives."""
+    codes = random_codes(150)
+    dec = decoder(tiny_model, left_blocks=4, right_blocks=2)
+    one_shot = dec.decode(codes, SPEAKER)
+    default, _ = streamed(dec, codes, piece=7)
+    soon = decoder(tiny_model, left_blocks=4, right_blocks=2, first_right_blocks=1)
+    planner = soon.codec_info().planner("s", SPEAKER)
+    block = soon.codes_per_block
+    assert planner.push(codes[:, : 2 * block - 1]) == []
+    assert len(planner.push(codes[:, 2 * block - 1 : 2 * block])) == 1  # 2 blocks, not 3
+    wav, _ = streamed(soon, codes, piece=7)
+    first = block * soon.samples_per_frame
+    assert CHUNKED_BOUND < (wav[:first] - one_shot[:first]).abs().max() < FIRST_CHUNK_BOUND
+    assert torch.equal(wav[first:], default[first:])
 
 
 def test_jobs_start_on_blocks_and_wait_for_their_right_context(tiny_model):
