@@ -12,21 +12,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from omni_serve.config import EngineSettings
 from omni_serve.engines.ar.base import ARRequest
+from omni_serve.engines.ar.padded_steps import PaddedSteps
 from omni_serve.engines.ar.slot_table import SlotTable
-from omni_serve.engines.ar.step_graphs import (
-    GraphMode,
-    StepGraphs,
-    batch_buckets,
-    bucket,
-    length_buckets,
-)
+from omni_serve.engines.ar.step_graphs import GraphMode
 from omni_serve.engines.ar.torch_engine import PENALTY_HISTORY, StepOutput
 from omni_serve.models.qwen2_5_omni.talker_runner import TalkerRunner, TalkerState
 from omni_serve.models.qwen2_5_omni.talker_step import TalkerDecodeStep
@@ -48,7 +42,7 @@ def talker_runner(talker: Any, pad_row: torch.Tensor, engine: EngineSettings, ma
     return TalkerRunner(talker, pad_row, engine.max_batch_size, max_len)
 
 
-class StaticTalkerRunner(TalkerRunner):
+class StaticTalkerRunner(PaddedSteps, TalkerRunner):
     """``graph_mode`` picks how the step runs (``step_graphs``). Outside ``eager`` the batch
     is padded to a bucket and the KV window rounded up to one."""
 
@@ -67,28 +61,7 @@ class StaticTalkerRunner(TalkerRunner):
         suppress[self._suppress.to(self.device)] = True
         self.slots = SlotTable.allocate(max_batch_size + 1, vocab, self.device)
         self.step = TalkerDecodeStep(talker, self.cache, self.slots, suppress)
-        self.padded = graph_mode != "eager"
-        self.batch_buckets = batch_buckets(max_batch_size)
-        self.window_buckets = length_buckets(max_len)
-        self.graphs = StepGraphs(
-            self.step.__call__, graph_mode, self._scratch_inputs, backend=compile_backend
-        )
-
-    def capture(self, rows: Sequence[int] = (), longest: int | None = None) -> int:
-        """Captures the graphs of the batch buckets that hold ``rows`` (all if empty) times
-        the window buckets up to ``longest``'s, largest first, before any request. Returns
-        how many graphs are held."""
-        if self.graphs.mode != "cuda_graph":
-            return 0
-        sizes = sorted({bucket(r, self.batch_buckets) for r in rows} or set(self.batch_buckets))
-        last = bucket(longest or self.cache.max_len, self.window_buckets)
-        windows = [w for w in self.window_buckets if w <= last]
-        for size in reversed(sizes):
-            slot_idx = torch.full((size,), self.cache.spare_slot, device=self.device)
-            text = self.pad_row.expand(size, -1).clone()
-            for window in reversed(windows):
-                self.graphs.capture((slot_idx, text), (window,))
-        return self.graphs.captured
+        self._use_step(self.step.__call__, graph_mode, compile_backend, max_batch_size, max_len)
 
     def new_state(self, request: ARRequest) -> TalkerState:
         state = super().new_state(request)
@@ -113,26 +86,4 @@ class StaticTalkerRunner(TalkerRunner):
     @torch.no_grad()
     def decode(self, states: list[TalkerState], last_tokens: list[int]) -> list[StepOutput]:
         """``last_tokens`` are already on the device (each slot's ``next_token``)."""
-        rows = len(states)
-        longest = max(self.cache.lengths[s.slot] for s in states) + 1
-        if longest > self.cache.max_len:
-            raise RuntimeError(f"sequence longer than the KV cache ({self.cache.max_len})")
-        size = bucket(rows, self.batch_buckets) if self.padded else rows
-        window = bucket(longest, self.window_buckets) if self.padded else longest
-        slot_ids = [s.slot for s in states] + [self.cache.spare_slot] * (size - rows)
-        text = [s.trailing.popleft() if s.trailing else self.pad_row for s in states]
-        text += [self.pad_row] * (size - rows)
-        slot_idx = torch.tensor(slot_ids).to(self.device, non_blocking=True)
-        text_rows = torch.stack([t.to(self.device, self.dtype) for t in text])
-        codes = self.graphs.run((slot_idx, text_rows), (window,)).cpu()  # the step's one copy
-        for state in states:
-            self.cache.lengths[state.slot] += 1
-        return [StepOutput(token=int(code)) for code in codes[:rows]]
-
-    def _scratch_inputs(
-        self, inputs: tuple[torch.Tensor, ...], static: tuple[int, ...]
-    ) -> tuple[torch.Tensor, ...]:
-        """Inputs to capture a bucket on: every row on the spare slot, whose writes are
-        harmless."""
-        slot_idx, text_rows = inputs
-        return torch.full_like(slot_idx, self.cache.spare_slot), torch.zeros_like(text_rows)
+        return [StepOutput(token=int(code)) for code in self._step_rows(states)]
