@@ -9,17 +9,15 @@ the features here are made the same way), and the vision tower has no deepstack 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 from omni_serve.engines.encoders.base import EncoderOutput
 from omni_serve.models.common.checkpoint_parts import load_submodule
 from omni_serve.models.qwen2_5_omni.checkpoint import load_config
-from omni_serve.models.thinker_talker.thinker_inputs import video_frame_size
+from omni_serve.models.thinker_talker.tower_inputs import ProcessorInputs
 
 
 def padded_clip_features(feature_extractor, clip: np.ndarray) -> torch.Tensor:
@@ -35,14 +33,13 @@ def padded_clip_features(feature_extractor, clip: np.ndarray) -> torch.Tensor:
     return out["input_features"][0][:, out["attention_mask"][0].bool()]
 
 
-class Qwen25OmniEncoders:
+class Qwen25OmniEncoders(ProcessorInputs):
     """``device``: where the towers run. Inputs may come on the CPU; outputs stay on the
     device (the caller decides where they go next)."""
 
     def __init__(
         self, checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
     ) -> None:
-        from transformers import AutoProcessor
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
             Qwen2_5OmniAudioEncoder,
             Qwen2_5OmniVisionEncoder,
@@ -57,11 +54,7 @@ class Qwen25OmniEncoders:
         self.visual.to(device=device, dtype=dtype)
         self.device = torch.device(device)
         self.merge = self.visual.spatial_merge_size
-        processor = AutoProcessor.from_pretrained(checkpoint)
-        self.feature_extractor = processor.feature_extractor
-        self.image_processor = processor.image_processor
-        self.video_processor = processor.video_processor
-        self.video_size = video_frame_size(processor)
+        self._load_processor(checkpoint)
 
     def clip_features(self, clip: np.ndarray | torch.Tensor) -> torch.Tensor:
         """One clip's log-mel features [mel, frames], as the Thinker's processor makes them."""
@@ -85,26 +78,8 @@ class Qwen25OmniEncoders:
             embeds=out.last_hidden_state, meta={"feature_lens": feature_lens.clone()}
         )
 
-    def encode_clips(self, clips: Sequence[np.ndarray | torch.Tensor]) -> EncoderOutput:
-        """Clips as the Thinker's processor would get them (16 kHz float32 mono); rows of all,
-        in order."""
-        features = [self.clip_features(clip) for clip in clips]
-        lens = torch.tensor([f.shape[1] for f in features])
-        return self.encode_audio(torch.cat(features, dim=1), lens)
-
     def encode_image(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> EncoderOutput:
         out = self.visual(
             pixel_values.to(self.device, self.visual.dtype), grid_thw=grid_thw.to(self.device)
         )
         return EncoderOutput(embeds=out.pooler_output, meta={"grid_thw": grid_thw.clone()})
-
-    def encode_images(self, images: Sequence[Image.Image]) -> EncoderOutput:
-        """RGB images, as the Thinker's processor would get them; rows of all, in order."""
-        patches = self.image_processor(images=list(images), return_tensors="pt")
-        return self.encode_image(patches["pixel_values"], patches["image_grid_thw"])
-
-    def encode_videos(self, videos: Sequence[np.ndarray | torch.Tensor]) -> EncoderOutput:
-        """``videos``: uint8 frames [T, H, W, 3] each, already sampled (the API's rate)."""
-        frames = [v.numpy() if isinstance(v, torch.Tensor) else v for v in videos]
-        patches = self.video_processor(videos=frames, size=self.video_size, return_tensors="pt")
-        return self.encode_image(patches["pixel_values_videos"], patches["video_grid_thw"])

@@ -10,12 +10,10 @@ CPU, a 1080p image's patches ~50 ms, 60 frames of 720p 2.5 s (and their float32 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 # Private in transformers 5.19, and what the tower itself uses to size a clip's output.
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
@@ -24,17 +22,17 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from omni_serve.engines.encoders.base import EncoderOutput
 from omni_serve.models.qwen3_omni.checkpoint import load_config, load_submodule
-from omni_serve.models.thinker_talker.thinker_inputs import clip_features, video_frame_size
+from omni_serve.models.thinker_talker.thinker_inputs import clip_features
+from omni_serve.models.thinker_talker.tower_inputs import ProcessorInputs
 
 
-class Qwen3OmniEncoders:
+class Qwen3OmniEncoders(ProcessorInputs):
     """``device``: where the towers run. Inputs may come on the CPU; outputs stay on the
     device (the caller decides where they go next)."""
 
     def __init__(
         self, checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
     ) -> None:
-        from transformers import AutoProcessor
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
             Qwen3OmniMoeAudioEncoder,
             Qwen3OmniMoeVisionEncoder,
@@ -49,11 +47,7 @@ class Qwen3OmniEncoders:
         self.visual.to(device=device, dtype=dtype)
         self.device = torch.device(device)
         self.merge = self.visual.spatial_merge_size
-        processor = AutoProcessor.from_pretrained(checkpoint)
-        self.feature_extractor = processor.feature_extractor
-        self.image_processor = processor.image_processor
-        self.video_processor = processor.video_processor
-        self.video_size = video_frame_size(processor)  # the bounds the whole processor uses
+        self._load_processor(checkpoint)
 
     def clip_features(self, clip: np.ndarray | torch.Tensor) -> torch.Tensor:
         """One clip's log-mel features [mel, frames], as if it came alone."""
@@ -76,13 +70,6 @@ class Qwen3OmniEncoders:
             embeds=out.last_hidden_state, meta={"feature_lens": feature_lens.clone()}
         )
 
-    def encode_clips(self, clips: Sequence[np.ndarray | torch.Tensor]) -> EncoderOutput:
-        """Clips as the Thinker's processor would get them (16 kHz float32 mono); rows of all,
-        in order. Each clip's features are made as if it came alone (``clip_features``)."""
-        features = [self.clip_features(clip) for clip in clips]
-        lens = torch.tensor([f.shape[1] for f in features])
-        return self.encode_audio(torch.cat(features, dim=1), lens)
-
     def encode_image(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> EncoderOutput:
         out = self.visual(
             pixel_values.to(self.device, self.visual.dtype), grid_thw=grid_thw.to(self.device)
@@ -92,15 +79,3 @@ class Qwen3OmniEncoders:
             deepstack=list(out.deepstack_features),
             meta={"grid_thw": grid_thw.clone()},
         )
-
-    def encode_images(self, images: Sequence[Image.Image]) -> EncoderOutput:
-        """RGB images, as the Thinker's processor would get them; rows of all, in order."""
-        patches = self.image_processor(images=list(images), return_tensors="pt")
-        return self.encode_image(patches["pixel_values"], patches["image_grid_thw"])
-
-    def encode_videos(self, videos: Sequence[np.ndarray | torch.Tensor]) -> EncoderOutput:
-        """``videos``: uint8 frames [T, H, W, 3] each, already sampled (the API's rate), as the
-        Thinker's processor would get them; rows of all videos, in order."""
-        frames = [v.numpy() if isinstance(v, torch.Tensor) else v for v in videos]
-        patches = self.video_processor(videos=frames, size=self.video_size, return_tensors="pt")
-        return self.encode_image(patches["pixel_values_videos"], patches["video_grid_thw"])
