@@ -5,6 +5,7 @@ family's ``clip_features``, images' and videos' patches), then encoded by the fa
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from omni_serve.engines.encoders.base import EncoderOutput
 from omni_serve.models.thinker_talker.thinker_inputs import video_frame_size
 
 
-class ProcessorInputs:
+class ProcessorInputs(ABC):
     def _load_processor(self, checkpoint: str | Path) -> None:
         from transformers import AutoProcessor
 
@@ -26,14 +27,17 @@ class ProcessorInputs:
         self.video_processor = processor.video_processor
         self.video_size = video_frame_size(processor)  # the bounds the whole processor uses
 
+    @abstractmethod
     def clip_features(self, clip: np.ndarray | torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """One clip's log-mel features [mel, frames], as the family's processor makes them."""
 
+    @abstractmethod
     def encode_audio(self, features: torch.Tensor, feature_lens: torch.Tensor) -> EncoderOutput:
-        raise NotImplementedError
+        """The audio tower's rows of clips' features side by side [mel, sum(frames)]."""
 
+    @abstractmethod
     def encode_image(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> EncoderOutput:
-        raise NotImplementedError
+        """The vision tower's rows of patches with their grids (images or videos)."""
 
     def encode_clips(self, clips: Sequence[np.ndarray | torch.Tensor]) -> EncoderOutput:
         """Clips as the Thinker's processor would get them (16 kHz float32 mono); rows of all,
