@@ -265,8 +265,10 @@ class OmniChat:
     ) -> AsyncIterator[str]:
         """A chat streamed as server-sent events ``writer`` shapes (``omni_serve.api.sse``):
         past the deadline or on a stage failure the headers are out, so an error event ends
-        the stream."""
+        the stream. A client that leaves closes this generator at a ``yield``: its chat counts
+        as cancelled, as the other streamed ways in count theirs."""
         self.metrics.in_flight.inc()
+        status = "cancelled"
         try:
             for line in writer.start():
                 yield line
@@ -278,17 +280,18 @@ class OmniChat:
                         self._observe_result(event.result)
                     for line in writer.event(event):
                         yield line
-            self.metrics.requests.labels("ok").inc()
+            status = "ok"
         except RequestTimeout as exc:
-            self.metrics.requests.labels("timeout").inc()
+            status = "timeout"
             yield writer.error(str(exc), "timeout_error")
         except Exception as exc:  # headers are sent: report in-band, then end the stream
             log.exception("streamed chat request failed in a stage")
             failure = stage_failure(exc)
-            self.metrics.requests.labels(outcome(failure)).inc()
+            status = outcome(failure)
             yield writer.error(failure.message, failure.type)
         finally:
             self.metrics.in_flight.dec()
+            self.metrics.requests.labels(status).inc()
         yield DONE
 
     async def observed(

@@ -1,9 +1,11 @@
 """Every way in counts in /metrics: ``/v1/audio/speech`` (whole, streamed, SSE) and the
 ``/v1/audio/stream`` WebSocket's answers are in ``omni_requests_in_flight`` while they run and
-in ``omni_requests_total`` by outcome once they end, as chats are."""
+in ``omni_requests_total`` by outcome once they end, as chats are; a streamed chat whose
+client leaves counts as cancelled."""
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import numpy as np
@@ -13,6 +15,7 @@ import deployments.omni_chat as omni_chat
 from deployments.omni_chat import OmniChat
 from deployments.omni_ingress import OmniIngress
 from omni_serve.api.speech import SpeechRequest
+from omni_serve.api.sse import ChunkWriter
 from omni_serve.config import ApiSettings
 from omni_serve.models.thinker_talker.chat_flow import ChatEvent, ChatResult
 from omni_serve.observability.metrics import ApiMetrics
@@ -121,3 +124,28 @@ async def test_a_websocket_answer_is_in_flight_while_it_runs_and_counted_once_it
     assert kinds == ["audio", "done"] and seen == [1.0]
     assert sample(ingress, "omni_requests_in_flight") == 0.0
     assert sample(ingress, "omni_requests_total", status="ok") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("leaves", "fail", "status"),
+    [(False, False, "ok"), (True, False, "cancelled"), (False, True, "error")],
+)
+async def test_a_streamed_chat_is_counted_by_how_it_ended(monkeypatch, leaves, fail, status):
+    seen: list[float] = []
+    ingress = _ingress(seen, fail=fail)
+    monkeypatch.setattr(omni_chat, "stream_chat", ingress.stages)
+    body = types.SimpleNamespace(timeout_s=None)
+    writer = ChunkWriter("chatcmpl-1", "qwen3-omni", "audio-1", 24_000, "pcm16")
+    options = omni_chat.ChatOptions({}, want_audio=True)
+    answer = ingress.chat.sse(body, types.SimpleNamespace(content="Hi"), options, "r1", writer)
+    async with contextlib.aclosing(answer):
+        async for line in answer:
+            if leaves and '"audio"' in line:  # the client goes after the first audio chunk
+                break
+    assert seen == [1.0]
+    assert sample(ingress, "omni_requests_in_flight") == 0.0
+    assert sample(ingress, "omni_requests_total", status=status) == 1.0
+    assert (
+        sum(sample(ingress, "omni_requests_total", status=s) for s in ("ok", "cancelled", "error"))
+        == 1.0
+    )
