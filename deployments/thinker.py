@@ -87,7 +87,9 @@ class ThinkerDeployment(ReleasesSharedMemory):
         turn = Turn(capturing=bool(layers))
         try:
             request = self.turns.take_session_rows(request, turn)
-            inputs = await engine_inputs(request, self.embed_tokens, self.audio_token_id)
+            inputs = await engine_inputs(
+                request, self.embed_tokens, self.audio_token_id, self.merge_size
+            )
             if layers and self.turns.hands_over_kv and request.session_id:
                 turn.media = inputs.media_digests(self.merge_size)
             # A spoken turn reads caches only where the previous one's rows can stand in.

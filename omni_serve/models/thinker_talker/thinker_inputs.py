@@ -185,8 +185,22 @@ class EngineInputs:
         return media_digests(self.raw, self.spliced, self.encoded, merge_size)
 
 
+def checked_rows(rows: torch.Tensor, grid_thw: Any, merge_size: int, modality: str) -> torch.Tensor:
+    """``rows`` if they are as many as their grids make: vLLM matches encoded rows to items
+    only inside its engine core, and a mismatch there kills the core (and every request on
+    it), where here it fails this request alone."""
+    grids = torch.as_tensor(grid_thw).reshape(-1, 3).tolist()
+    expected = sum(int(t * h * w) // merge_size**2 for t, h, w in grids)
+    if rows.ndim != 2 or rows.shape[0] != expected:
+        raise ValueError(
+            f"the encoder stage's {modality} rows have shape {tuple(rows.shape)}, but their "
+            f"grids {grids} make {expected} rows"
+        )
+    return rows
+
+
 async def engine_inputs(
-    request: ThinkerRequest, embed_tokens: torch.Tensor, audio_token_id: int
+    request: ThinkerRequest, embed_tokens: torch.Tensor, audio_token_id: int, merge_size: int
 ) -> EngineInputs:
     """Reads the request's media off the channel (this takes its refs)."""
     prompt: dict[str, Any] = {"prompt_token_ids": request.prompt_ids}
@@ -202,14 +216,16 @@ async def engine_inputs(
     encoded: dict[str, tuple[torch.Tensor, Any]] = {}
     if request.image_rows is not None:
         grid = request.image_grid_thw
-        encoded["image"] = (await take(request.image_rows), grid)
+        rows = checked_rows(await take(request.image_rows), grid, merge_size, "image")
+        encoded["image"] = (rows, grid)
         media["image"] = {
             "image_embeds": encoded["image"][0],
             "image_grid_thw": torch.as_tensor(grid),
         }
     if request.video_rows is not None:
         grid = request.video_grid_thw
-        encoded["video"] = (await take(request.video_rows), grid)
+        rows = checked_rows(await take(request.video_rows), grid, merge_size, "video")
+        encoded["video"] = (rows, grid)
         media["video"] = video_embeds_input(
             encoded["video"][0], torch.as_tensor(grid), request.video_second_per_grid
         )

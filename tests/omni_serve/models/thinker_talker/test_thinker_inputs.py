@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_serve.models.thinker_talker.thinker_inputs import splice_rows
+from omni_serve.engines.ar.base import SamplingConfig
+from omni_serve.models.thinker_talker import thinker_inputs
+from omni_serve.models.thinker_talker.messages import ThinkerRequest
+from omni_serve.models.thinker_talker.thinker_inputs import checked_rows, splice_rows
 
 AUDIO = 9
 TABLE = torch.arange(10 * 4, dtype=torch.float32).reshape(10, 4)  # token id -> embedding
@@ -36,3 +39,29 @@ def test_a_row_count_that_does_not_fit_the_placeholders_is_refused():
 def test_bf16_rows_get_an_identity_too():
     _, items = splice_rows(TABLE, [AUDIO, 1], torch.ones(1, 4, dtype=torch.bfloat16), AUDIO)
     assert items[0][0] == 0 and items[0][1].startswith("rows:")
+
+
+@pytest.mark.parametrize("modality", ["image", "video"])
+def test_encoded_rows_that_do_not_fit_their_grids_are_refused_before_the_engine(modality):
+    grid = [[1, 4, 6], [2, 2, 4]]  # 6 + 4 rows at merge size 2
+    rows = torch.randn(10, 8)
+    assert checked_rows(rows, grid, 2, modality) is rows
+    for wrong in (torch.randn(9, 8), torch.randn(11, 8), torch.randn(10)):
+        with pytest.raises(ValueError, match=f"{modality} rows have shape .* make 10 rows"):
+            checked_rows(wrong, grid, 2, modality)
+
+
+async def test_the_thinkers_inputs_refuse_image_rows_that_do_not_fit_their_grid(monkeypatch):
+    taken = {"good": torch.randn(6, 8), "short": torch.randn(5, 8)}
+
+    async def take(ref):
+        return taken[ref]
+
+    monkeypatch.setattr(thinker_inputs, "take", take)
+    request = ThinkerRequest("r1", [1, 2, 3], SamplingConfig(), image_grid_thw=[[1, 4, 6]])
+    request.image_rows = "good"
+    inputs = await thinker_inputs.engine_inputs(request, TABLE, AUDIO, 2)
+    assert inputs.multi_modal_data["image"]["image_embeds"] is taken["good"]
+    request.image_rows = "short"
+    with pytest.raises(ValueError, match="make 6 rows"):
+        await thinker_inputs.engine_inputs(request, TABLE, AUDIO, 2)
