@@ -5,6 +5,7 @@ hostname; the real two-host run is in tests/integration/test_two_hosts.py)."""
 from __future__ import annotations
 
 import gc
+import os
 import socket
 import time
 
@@ -133,10 +134,11 @@ def test_a_payload_the_pool_cannot_take_is_refused_not_given_a_one_shot_segment(
     """Registering a one-shot segment for one read would cost more than the object store,
     where ``auto`` sends what raises ``ChannelFull``."""
     monkeypatch.setattr(shm_pool, "POOL_BYTES", 1 << 20)
-    before = set(shared_memory.SHM_DIR.glob(f"{shared_memory.PREFIX}*"))
+    ours = f"{shared_memory.PREFIX}{os.getpid()}-*"  # other test processes make their own
+    before = set(shared_memory.SHM_DIR.glob(ours))
     with pytest.raises(ChannelFull, match="OMNI_SHM_POOL_BYTES"):
         SharedMemoryDirectChannel().put(torch.ones(4 << 20, dtype=torch.uint8))
-    assert set(shared_memory.SHM_DIR.glob(f"{shared_memory.PREFIX}*")) <= before
+    assert set(shared_memory.SHM_DIR.glob(ours)) <= before
 
 
 async def test_a_reservation_written_in_place_is_read_on_another_host(elsewhere):
