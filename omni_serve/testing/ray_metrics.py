@@ -13,6 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # Where Ray writes its nodes' metrics ports for Prometheus' file service discovery.
 DISCOVERY_FILE = Path("/tmp/ray/prom_metrics_service_discovery.json")
+# An app served for these tests reports to the export every 2 s (Ray's default is 10 s, an
+# operator's knob: RAY_metrics_report_interval_ms), so a story waits seconds for the export to
+# settle, not tens of seconds. The series are the same.
+REPORT_INTERVAL_S = 2.0
+QUICK_REPORTS = {"RAY_metrics_report_interval_ms": str(int(REPORT_INTERVAL_S * 1000))}
 
 
 def ray_export(name: str) -> list[tuple[dict[str, str], float]]:
@@ -30,8 +35,11 @@ def ray_export(name: str) -> list[tuple[dict[str, str], float]]:
     return found
 
 
-def steady(read: Callable[[], float], quiet_s: float = 12, timeout_s: float = 120) -> float:
-    """A value once it stayed the same for ``quiet_s`` (longer than Ray's 10 s report)."""
+def steady(
+    read: Callable[[], float], quiet_s: float = 3 * REPORT_INTERVAL_S, timeout_s: float = 120
+) -> float:
+    """A value once it stayed the same for ``quiet_s``: three reports of an app served with
+    ``QUICK_REPORTS`` (a value still on its way lands within one or two)."""
     last, deadline = read(), time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(quiet_s)

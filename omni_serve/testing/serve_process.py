@@ -57,10 +57,15 @@ def _listening(host: str, port: int) -> bool:
 
 class ServeProcess:
     def __init__(
-        self, target: str, base_url: str = "http://127.0.0.1:8000", args: tuple[str, ...] = ()
+        self,
+        target: str,
+        base_url: str = "http://127.0.0.1:8000",
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.target = target
         self.args = args  # builder arguments, key=value
+        self.env = env or {}  # on top of this process's environment
         self.base_url = base_url
         self.proc: subprocess.Popen | None = None
         self.log_path = REPO / ".serve_run.log"
@@ -108,6 +113,7 @@ class ServeProcess:
             "RAY_ADDRESS": "local",
             "RAY_AUTH_MODE": "disabled",
             DISK_PATH_ENV: self.kv_pages.name,
+            **self.env,
         }
         self.log_path.parent.mkdir(exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process

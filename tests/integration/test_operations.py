@@ -23,7 +23,7 @@ import pytest
 
 from omni_serve.testing.abuse import fuzz_without_server_errors, send_while_killing, wait_for
 from omni_serve.testing.leaks import object_store_usage, shm_usage
-from omni_serve.testing.ray_metrics import ray_export, steady
+from omni_serve.testing.ray_metrics import QUICK_REPORTS, ray_export, steady
 from omni_serve.testing.serve_process import REPO, ServeProcess, replica_pids
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,8 @@ SLOW = {"prompt": "a slow kite", "size": "512x512", "num_inference_steps": 12, "
 @pytest.fixture(scope="module")
 def served():
     config = "pipeline_config=tests/integration/pipelines/qwen_image_ops.yaml"
-    with ServeProcess("graphs.qwen_image:build_app", URL, args=(config,)) as server:
+    app = ServeProcess("graphs.qwen_image:build_app", URL, args=(config,), env=QUICK_REPORTS)
+    with app as server:
         yield server
 
 
@@ -172,9 +173,9 @@ def test_rays_metrics_export_has_each_vae_replicas_gauges_and_their_sum_counts_e
             if labels["deployment"] == "vae"
         }
 
-    # Quiet for longer than the export's lag (10-15 s seen): with 12 s, a decode of the test
-    # before could still land after ``before`` was read (CI saw before + 7).
-    before = steady(lambda: sum(vae_steps().values()), quiet_s=20)
+    # Quiet for longer than the export's lag: a decode of the test before that lands after
+    # ``before`` was read would count twice (CI once saw before + 7).
+    before = steady(lambda: sum(vae_steps().values()))
     for seed in range(6):
         assert generate_retrying_503({**SMALL, "seed": seed}).status_code == 200
     seen: dict[str, float] = {}
