@@ -122,11 +122,12 @@ def test_concurrent_requests_batch_in_the_dit(served):
 
 
 def test_a_short_request_joins_the_running_batch_and_finishes_first(served):
-    """Step-level batching: a 2-step request that arrives while a 100-step one denoises (~3 s
-    here) joins it at the next step instead of waiting for all 100."""
+    """Step-level batching: a 2-step request that arrives while a 100-step one denoises (~6 s
+    here; its VAE decode takes twice that) joins it at the next step instead of waiting for
+    all 100."""
     import time
 
-    long = {"prompt": "a long walk", "size": "1024x1024", "num_inference_steps": 100, "seed": 1}
+    long = {"prompt": "a long walk", "size": "768x768", "num_inference_steps": 100, "seed": 1}
     short = {**long, "prompt": "a dot", "num_inference_steps": 2, "seed": 2}
     done: dict[str, float] = {}
 
@@ -231,7 +232,7 @@ def test_an_image_request_past_its_deadline_gets_a_504_and_frees_the_dit(served)
     request right after is not queued behind the dropped one."""
     import time
 
-    big = {"prompt": "a harbour", "size": "1024x1024", "num_inference_steps": 100, "seed": 1}
+    big = {"prompt": "a harbour", "size": "768x768", "num_inference_steps": 100, "seed": 1}
     r = httpx.post(f"{URL}/v1/images/generations", json=big, timeout=300)
     dit_s = r.json()["timings"]["dit_s"]
     assert dit_s > 3  # long enough that a DiT still busy with it would show
