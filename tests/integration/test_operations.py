@@ -146,7 +146,7 @@ def test_requests_cancelled_while_queued_at_the_dit_free_their_prompt_rows_at_on
     """Four requests whose deadline passes while they wait for the DiT (busy with a long one)
     never reach it: the prompt rows each carried on shared memory are freed when its call is
     cancelled, not by the producer's 10-minute lease (else 4 segments stay in use)."""
-    long = {"prompt": "a long road", "size": "1024x1024", "num_inference_steps": 100, "seed": 3}
+    long = {"prompt": "a long road", "size": "768x768", "num_inference_steps": 100, "seed": 3}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         busy = pool.submit(generate, long)
         time.sleep(1.0)  # the long one holds the DiT (max_ongoing_requests 1)
