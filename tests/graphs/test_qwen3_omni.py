@@ -35,7 +35,7 @@ def stage_names(app: Application) -> set[str]:
 
 def test_the_text_only_config_binds_no_talker_or_code2wav():
     app = build_app({"pipeline_config": "configs/pipelines/qwen3_omni_text_tiny.yaml"})
-    assert stage_names(app) == {"ingress", "encoder", "thinker"}
+    assert stage_names(app) == {"ingress", "encoder", "thinker", "sessions"}  # the KV store
     full = {"ingress", "encoder", "thinker", "talker", "code2wav", "sessions", "spoken_replies"}
     assert stage_names(build_app()) == full
 
