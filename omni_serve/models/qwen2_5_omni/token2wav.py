@@ -18,6 +18,7 @@ followed by transformers' ``Token2Wav`` forward draws.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4OD
 
 from omni_serve.compat.transformers import qwen2_5_omni_dit_broadcast_block_mask
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
+from omni_serve.models.qwen2_5_omni.dit_attention import block_local_layers
 
 SAMPLE_RATE = 24_000
 NOISE_GROWTH_FRAMES = 4096  # the noise table grows by this many mel frames at a time
@@ -48,6 +50,10 @@ class Token2WavSettings:
     chunk_blocks: int = 8
     chunk_growth: float = 2.0
     noise_seed: int = 0
+    # Each DiT block attends only to the blocks its layer allows, not the whole window under
+    # a mask: within float rounding of transformers' dense attention (``dit_attention.py``),
+    # and a long window's decode a third quicker. False: upstream's dense path, bit for bit.
+    block_local_attention: bool = True
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> Token2WavSettings:
@@ -153,7 +159,9 @@ class Token2WavDecoder:
         if s.sway_coefficient is not None:
             times += s.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
         start = self.noise(first_frame, first_frame + frames).clone()
-        solution = RungeKutta4ODESolver(velocity, start).integrate(times)
+        local = block_local_layers(dit) if s.block_local_attention else nullcontext()
+        with local:
+            solution = RungeKutta4ODESolver(velocity, start).integrate(times)
         return solution[-1].permute(0, 2, 1)
 
     @torch.no_grad()
@@ -162,7 +170,8 @@ class Token2WavDecoder:
 
     def decode(self, codes: torch.Tensor, voice: str) -> torch.Tensor:
         """The one-shot decode of a whole stream [1, n]: what transformers' Token2Wav gives
-        after ``torch.manual_seed(noise_seed)``."""
+        after ``torch.manual_seed(noise_seed)`` (bit for bit without block-local attention,
+        within float rounding with it)."""
         return self.waveform(self.mel(codes, voice))
 
     def run(self, jobs: list[DecodeJob]) -> list[torch.Tensor]:
