@@ -58,7 +58,9 @@ class CodecInfo:
     """What a streaming caller needs to know of a codec stage: its frame size, the left context
     a chunk decodes with, and the chunk plan (a small first chunk, then chunks growing by
     ``chunk_growth`` up to ``chunk_frames``, ``lookahead`` frames after each, sizes in
-    multiples of ``align``; the first chunk's ``first_lookahead``, when set, instead)."""
+    multiples of ``align``; the first chunk's ``first_lookahead``, when set, instead), and
+    how many of a stream's chunks may decode at once (1 for a codec that carries a stream's
+    state from one chunk to the next)."""
 
     samples_per_frame: int
     left_context: int
@@ -68,6 +70,7 @@ class CodecInfo:
     lookahead: int = 1
     align: int = 1
     first_lookahead: int | None = None
+    chunks_in_flight: int = 1
 
     def planner(self, stream_id: str, voice: str | None = None) -> ChunkPlanner:
         return ChunkPlanner(

@@ -23,6 +23,7 @@ import torch
 
 from omni_serve.engines.ar.base import SamplingConfig
 from omni_serve.engines.codec.chunked import CodecInfo, DecodeJob
+from omni_serve.models.thinker_talker.chunk_decodes import ChunkDecodes
 from omni_serve.models.thinker_talker.family import SAMPLE_RATE
 from omni_serve.models.thinker_talker.media_payload import media_payload
 from omni_serve.models.thinker_talker.messages import (
@@ -222,39 +223,47 @@ async def stream_chat(
     audio: list[np.ndarray] = []
     # Closed with this stream (a cancel, a client that left), not when collected: closing
     # it is what stops the Thinker and the Talker behind it.
+    decodes = ChunkDecodes(clients.code2wav, info.chunks_in_flight if info else 1)
+    # Closed with this stream (a cancel, a client that left), not when collected: closing
+    # it is what stops the Thinker and the Talker behind it, and the decodes in flight.
     async with contextlib.aclosing(events):
-        async for event in events:
-            if isinstance(event, CodecFrame):
-                timings.setdefault("first_frame_s", time.perf_counter() - start)
-                timings["last_frame_s"] = time.perf_counter() - start  # the Talker's end
-                jobs = planner.push(torch.tensor(event.codes)[:, None])
-                pieces = await clients.code2wav(jobs) if jobs else []
-            else:
-                tokens += event.token_ids
-                if event.token_ids:
-                    timings.setdefault("first_token_s", time.perf_counter() - start)
-                if event.text:
-                    text.append(event.text)
-                    yield ChatEvent("text", text=event.text)
-                if event.finished:
-                    reason = event.finish_reason or "stop"
-                    n_prompt = event.num_prompt_tokens or n_prompt
-                    n_cached = event.num_cached_tokens
-                    session_kv = event.session_kv
-                    timings["thinker_s"] = time.perf_counter() - start
-                pieces = []
-            for piece in pieces:
-                if first_audio:
-                    timings["first_audio_s"] = time.perf_counter() - start
-                    first_audio = False
-                audio.append(piece)
-                yield ChatEvent("audio", audio=piece)
-    if options.want_audio:
-        last = planner.finish()
-        for piece in await clients.code2wav([last]) if last is not None else []:
-            timings.setdefault("first_audio_s", time.perf_counter() - start)
-            audio.append(piece)
-            yield ChatEvent("audio", audio=piece)
+        try:
+            async for event in events:
+                if isinstance(event, CodecFrame):
+                    timings.setdefault("first_frame_s", time.perf_counter() - start)
+                    timings["last_frame_s"] = time.perf_counter() - start  # the Talker's end
+                    jobs = planner.push(torch.tensor(event.codes)[:, None])
+                    pieces = await (decodes.submit(jobs) if jobs else decodes.ready())
+                else:
+                    tokens += event.token_ids
+                    if event.token_ids:
+                        timings.setdefault("first_token_s", time.perf_counter() - start)
+                    if event.text:
+                        text.append(event.text)
+                        yield ChatEvent("text", text=event.text)
+                    if event.finished:
+                        reason = event.finish_reason or "stop"
+                        n_prompt = event.num_prompt_tokens or n_prompt
+                        n_cached = event.num_cached_tokens
+                        session_kv = event.session_kv
+                        timings["thinker_s"] = time.perf_counter() - start
+                    pieces = await decodes.ready()
+                for piece in pieces:
+                    if first_audio:
+                        timings["first_audio_s"] = time.perf_counter() - start
+                        first_audio = False
+                    audio.append(piece)
+                    yield ChatEvent("audio", audio=piece)
+            if options.want_audio:
+                last = planner.finish()
+                pieces = await decodes.drain()
+                pieces += await clients.code2wav([last]) if last is not None else []
+                for piece in pieces:
+                    timings.setdefault("first_audio_s", time.perf_counter() - start)
+                    audio.append(piece)
+                    yield ChatEvent("audio", audio=piece)
+        finally:
+            await decodes.aclose()
     result = ChatResult(
         "".join(text), tokens, reason, n_prompt, n_cached, session_kv, timings=timings
     )

@@ -261,3 +261,53 @@ async def test_a_chat_stream_closed_early_closes_the_stage_stream_at_once():
     assert (await anext(stream)).text == "t0 "
     await stream.aclose()
     assert clients.closed
+
+
+class OverlappingCodecClients(RecordingClients):
+    """A stateless codec (two chunks in flight) taking ``delay(first frame)`` seconds a chunk;
+    every sample of a chunk is its first frame's index."""
+
+    def __init__(self, frames: int, delay) -> None:
+        super().__init__()
+        self.frames, self.delay, self.running, self.most = frames, delay, 0, 0
+
+    def speak(self, request: SpeakRequest):
+        async def events():
+            for i in range(self.frames):
+                yield CodecFrame([i])
+            yield ThinkerChunk([5], "hi", True, "stop", num_prompt_tokens=3)
+
+        return events()
+
+    async def code2wav(self, jobs):
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(self.delay(jobs[0].first_frame))
+        finally:
+            self.running -= 1
+        return [np.full(4 * job.num_frames, job.first_frame, np.float32) for job in jobs]
+
+    async def codec_info(self) -> CodecInfo:
+        info = await super().codec_info()
+        return dataclasses.replace(info, chunks_in_flight=2)
+
+
+async def test_a_stateless_codec_decodes_chunks_side_by_side_and_the_audio_stays_in_order():
+    clients = OverlappingCodecClients(frames=15, delay=lambda first: 0.02 / (1 + first))
+    options = ChatOptions({}, want_audio=True)
+    result = await collect(stream_chat(clients, PreparedPrompt([1, 2, 3], {}), options, "r3"))
+    steady = [float(first) for first in range(1, 15, 2) for _ in range(4 * 2)]
+    assert result.audio.tolist() == [0.0] * 4 + steady  # a 1-frame chunk, then 2-frame ones
+    assert clients.most == 2
+
+
+async def test_a_reply_closed_early_leaves_no_decode_running():
+    clients = OverlappingCodecClients(frames=15, delay=lambda first: 0.0 if first == 0 else 10)
+    stream = stream_chat(clients, PreparedPrompt([1, 2, 3], {}), ChatOptions({}, True), "r4")
+    async for event in stream:
+        if event.kind == "audio":
+            break
+    assert clients.running >= 1
+    await stream.aclose()
+    assert clients.running == 0
