@@ -223,7 +223,8 @@ async def stream_chat(
     audio: list[np.ndarray] = []
     # Closed with this stream (a cancel, a client that left), not when collected: closing
     # it is what stops the Thinker and the Talker behind it.
-    decodes = ChunkDecodes(clients.code2wav, info.chunks_in_flight if info else 1)
+    # A text reply decodes nothing (its clients need no codec).
+    decodes = ChunkDecodes(clients.code2wav, info.chunks_in_flight) if info else ChunkDecodes.NONE
     # Closed with this stream (a cancel, a client that left), not when collected: closing
     # it is what stops the Thinker and the Talker behind it, and the decodes in flight.
     async with contextlib.aclosing(events):

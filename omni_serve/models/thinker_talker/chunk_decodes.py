@@ -22,7 +22,10 @@ Decode = Callable[[list[DecodeJob]], Awaitable[list[np.ndarray]]]
 
 
 class ChunkDecodes:
-    """At most ``in_flight`` calls of ``decode`` at once; their audio in submission order."""
+    """At most ``in_flight`` calls of ``decode`` at once; their audio in submission order.
+    ``NONE``: a text reply's, which decodes nothing."""
+
+    NONE: ChunkDecodes
 
     def __init__(self, decode: Decode, in_flight: int = 1) -> None:
         if in_flight < 1:
@@ -60,3 +63,10 @@ class ChunkDecodes:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _no_codec(jobs: list[DecodeJob]) -> list[np.ndarray]:
+    raise RuntimeError("a text reply has no codec to decode audio with")
+
+
+ChunkDecodes.NONE = ChunkDecodes(_no_codec)
