@@ -9,8 +9,10 @@ A runner mixes this in, sets ``cache`` (with its spare slot), ``device``, ``dtyp
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -22,6 +24,18 @@ from omni_serve.engines.ar.step_graphs import (
     bucket,
     length_buckets,
 )
+
+logger = logging.getLogger(__name__)
+Runner = TypeVar("Runner", bound="PaddedSteps")
+
+
+def captured(runner: Runner) -> Runner:
+    """``runner`` with every bucket's CUDA graph captured before it serves (how many, and how
+    long that took, logged): the Talker stages' start-up under ``engine.cuda_graphs``."""
+    started = time.perf_counter()
+    graphs = runner.capture()
+    logger.info("Talker: %d CUDA graphs captured in %.1f s", graphs, time.perf_counter() - started)
+    return runner
 
 
 class PaddedSteps:

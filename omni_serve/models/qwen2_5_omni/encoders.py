@@ -46,15 +46,8 @@ class Qwen25OmniEncoders(ProcessorInputs):
         )
 
         config = load_config(checkpoint).thinker_config
-        self.audio = Qwen2_5OmniAudioEncoder._from_config(config.audio_config)
-        load_submodule(self.audio, checkpoint, "thinker.audio_tower.")
-        self.visual = Qwen2_5OmniVisionEncoder._from_config(config.vision_config)
-        load_submodule(self.visual, checkpoint, "thinker.visual.")
-        self.audio.to(device=device, dtype=dtype)
-        self.visual.to(device=device, dtype=dtype)
-        self.device = torch.device(device)
-        self.merge = self.visual.spatial_merge_size
-        self._load_processor(checkpoint)
+        towers = (Qwen2_5OmniAudioEncoder, Qwen2_5OmniVisionEncoder)
+        self._load_towers(checkpoint, config, towers, load_submodule, dtype, device)
 
     def clip_features(self, clip: np.ndarray | torch.Tensor) -> torch.Tensor:
         """One clip's log-mel features [mel, frames], as the Thinker's processor makes them."""

@@ -10,35 +10,27 @@ requests reproduce whatever batch they share; unseeded ones get a seed from the 
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any
 
 import torch
 
 from omni_serve.config import EngineSettings
 from omni_serve.engines.ar.base import ARRequest
-from omni_serve.engines.ar.padded_steps import PaddedSteps
+from omni_serve.engines.ar.padded_steps import PaddedSteps, captured
 from omni_serve.engines.ar.slot_table import SlotTable
 from omni_serve.engines.ar.step_graphs import GraphMode
 from omni_serve.engines.ar.torch_engine import PENALTY_HISTORY, StepOutput
 from omni_serve.models.qwen2_5_omni.talker_runner import TalkerRunner, TalkerState
 from omni_serve.models.qwen2_5_omni.talker_step import TalkerDecodeStep
 
-logger = logging.getLogger(__name__)
-
 
 def talker_runner(talker: Any, pad_row: torch.Tensor, engine: EngineSettings, max_len: int):
     """The runner a Talker stage's engine settings ask for: with ``cuda_graphs``, the static
     step captured as CUDA graphs; otherwise the eager runner (the CPU path)."""
     if engine.cuda_graphs:
-        runner = StaticTalkerRunner(talker, pad_row, engine.max_batch_size, max_len, "cuda_graph")
-        started = time.perf_counter()
-        graphs = runner.capture()
-        logger.info(
-            "Talker: %d CUDA graphs captured in %.1f s", graphs, time.perf_counter() - started
+        return captured(
+            StaticTalkerRunner(talker, pad_row, engine.max_batch_size, max_len, "cuda_graph")
         )
-        return runner
     return TalkerRunner(talker, pad_row, engine.max_batch_size, max_len)
 
 

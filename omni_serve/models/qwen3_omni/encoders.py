@@ -39,15 +39,8 @@ class Qwen3OmniEncoders(ProcessorInputs):
         )
 
         config = load_config(checkpoint).thinker_config
-        self.audio = Qwen3OmniMoeAudioEncoder._from_config(config.audio_config)
-        load_submodule(self.audio, checkpoint, "thinker.audio_tower.")
-        self.visual = Qwen3OmniMoeVisionEncoder._from_config(config.vision_config)
-        load_submodule(self.visual, checkpoint, "thinker.visual.")
-        self.audio.to(device=device, dtype=dtype)
-        self.visual.to(device=device, dtype=dtype)
-        self.device = torch.device(device)
-        self.merge = self.visual.spatial_merge_size
-        self._load_processor(checkpoint)
+        towers = (Qwen3OmniMoeAudioEncoder, Qwen3OmniMoeVisionEncoder)
+        self._load_towers(checkpoint, config, towers, load_submodule, dtype, device)
 
     def clip_features(self, clip: np.ndarray | torch.Tensor) -> torch.Tensor:
         """One clip's log-mel features [mel, frames], as if it came alone."""

@@ -13,33 +13,24 @@ the host's RNG when they arrive.
 
 from __future__ import annotations
 
-import logging
-import time
-
 import torch
 
 from omni_serve.config import EngineSettings
 from omni_serve.engines.ar.base import ARRequest
-from omni_serve.engines.ar.padded_steps import PaddedSteps
+from omni_serve.engines.ar.padded_steps import PaddedSteps, captured
 from omni_serve.engines.ar.step_graphs import GraphMode
 from omni_serve.engines.ar.torch_engine import StepOutput
 from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner, TalkerState
 from omni_serve.models.qwen3_omni.talker_step import TalkerDecodeStep, TalkerSlots
-
-logger = logging.getLogger(__name__)
 
 
 def talker_runner(talker, tts_pad: torch.Tensor, engine: EngineSettings, max_len: int):
     """The runner a Talker stage's engine settings ask for: with ``cuda_graphs``, the static
     step captured as CUDA graphs; otherwise the eager runner (the CPU path)."""
     if engine.cuda_graphs:
-        runner = StaticTalkerRunner(talker, tts_pad, engine.max_batch_size, max_len, "cuda_graph")
-        started = time.perf_counter()
-        graphs = runner.capture()
-        logger.info(
-            "Talker: %d CUDA graphs captured in %.1f s", graphs, time.perf_counter() - started
+        return captured(
+            StaticTalkerRunner(talker, tts_pad, engine.max_batch_size, max_len, "cuda_graph")
         )
-        return runner
     return TalkerRunner(talker, tts_pad, max_batch_size=engine.max_batch_size, max_len=max_len)
 
 

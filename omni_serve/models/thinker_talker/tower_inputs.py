@@ -6,8 +6,9 @@ family's ``clip_features``, images' and videos' patches), then encoded by the fa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +19,29 @@ from omni_serve.models.thinker_talker.thinker_inputs import video_frame_size
 
 
 class ProcessorInputs(ABC):
+    def _load_towers(
+        self,
+        checkpoint: str | Path,
+        thinker_config: Any,
+        towers: tuple[type, type],
+        load_submodule: Callable[[torch.nn.Module, str | Path, str], Any],
+        dtype: torch.dtype,
+        device: str,
+    ) -> None:
+        """The Thinker's (audio, vision) ``towers`` classes built from ``thinker_config`` and
+        loaded from the checkpoint's ``thinker.audio_tower.`` and ``thinker.visual.``
+        weights (with the family's ``load_submodule``) onto ``device``; then its processor."""
+        audio, vision = towers
+        self.audio = audio._from_config(thinker_config.audio_config)
+        load_submodule(self.audio, checkpoint, "thinker.audio_tower.")
+        self.visual = vision._from_config(thinker_config.vision_config)
+        load_submodule(self.visual, checkpoint, "thinker.visual.")
+        self.audio.to(device=device, dtype=dtype)
+        self.visual.to(device=device, dtype=dtype)
+        self.device = torch.device(device)
+        self.merge = self.visual.spatial_merge_size
+        self._load_processor(checkpoint)
+
     def _load_processor(self, checkpoint: str | Path) -> None:
         from transformers import AutoProcessor
 
