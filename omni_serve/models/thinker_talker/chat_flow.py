@@ -221,8 +221,6 @@ async def stream_chat(
     else:
         events = clients.thinker(thinker_request)
     audio: list[np.ndarray] = []
-    # Closed with this stream (a cancel, a client that left), not when collected: closing
-    # it is what stops the Thinker and the Talker behind it.
     # A text reply decodes nothing (its clients need no codec).
     decodes = ChunkDecodes(clients.code2wav, info.chunks_in_flight) if info else ChunkDecodes.NONE
     # Closed with this stream (a cancel, a client that left), not when collected: closing
@@ -232,7 +230,8 @@ async def stream_chat(
             async for event in events:
                 if isinstance(event, CodecFrame):
                     timings.setdefault("first_frame_s", time.perf_counter() - start)
-                    timings["last_frame_s"] = time.perf_counter() - start  # the Talker's end
+                    # The last code read: none is read while a decode holds the flow.
+                    timings["last_frame_s"] = time.perf_counter() - start
                     jobs = planner.push(torch.tensor(event.codes)[:, None])
                     pieces = await (decodes.submit(jobs) if jobs else decodes.ready())
                 else:
@@ -257,9 +256,9 @@ async def stream_chat(
                     yield ChatEvent("audio", audio=piece)
             if options.want_audio:
                 last = planner.finish()
-                pieces = await decodes.drain()
-                pieces += await clients.code2wav([last]) if last is not None else []
-                for piece in pieces:
+                if last is not None:
+                    decodes.start([last])
+                async for piece in decodes.drain():
                     timings.setdefault("first_audio_s", time.perf_counter() - start)
                     audio.append(piece)
                     yield ChatEvent("audio", audio=piece)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 
@@ -34,10 +34,14 @@ class ChunkDecodes:
         self._in_flight = in_flight
         self._pending: deque[asyncio.Task[list[np.ndarray]]] = deque()
 
+    def start(self, jobs: list[DecodeJob]) -> None:
+        """Start decoding ``jobs`` without waiting for any decode (a reply's last chunk)."""
+        self._pending.append(asyncio.ensure_future(self._decode(jobs)))
+
     async def submit(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
         """Start decoding ``jobs``; returns the audio now ready in order, having waited for
         the oldest decodes while ``in_flight`` of them run."""
-        self._pending.append(asyncio.ensure_future(self._decode(jobs)))
+        self.start(jobs)
         ready = []
         while len(self._pending) >= self._in_flight:
             ready += await self._pending.popleft()
@@ -50,12 +54,11 @@ class ChunkDecodes:
             ready += await self._pending.popleft()
         return ready
 
-    async def drain(self) -> list[np.ndarray]:
-        """All the audio still to come, in order."""
-        ready = []
+    async def drain(self) -> AsyncIterator[np.ndarray]:
+        """All the audio still to come, in order, each decode's as soon as it is done."""
         while self._pending:
-            ready += await self._pending.popleft()
-        return ready
+            for piece in await self._pending.popleft():
+                yield piece
 
     async def aclose(self) -> None:
         """Cancel what still runs (a reply cancelled or failed): its refs are freed now."""

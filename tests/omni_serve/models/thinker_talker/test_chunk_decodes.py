@@ -46,7 +46,7 @@ async def run(codec: SlowCodec, in_flight: int, chunks: int) -> list[float]:
     audio = []
     for i in range(chunks):
         audio += await decodes.submit(job(i))
-    audio += await decodes.drain()
+    audio += [piece async for piece in decodes.drain()]
     return [float(a[0]) for a in audio]
 
 
@@ -85,7 +85,21 @@ async def test_closing_cancels_every_decode_still_running():
     await asyncio.sleep(0.01)
     await decodes.aclose()
     assert sorted(codec.cancelled) == [0, 1] and codec.running == 0
-    assert await decodes.drain() == []
+    assert [piece async for piece in decodes.drain()] == []
+
+
+async def test_draining_hands_each_decode_back_as_soon_as_it_is_done():
+    """A reply's last chunks: the earlier one's audio goes out while the later one decodes."""
+    codec = SlowCodec([0.0, 10.0])
+    decodes = ChunkDecodes(codec.decode, 3)
+    decodes.start(job(0))
+    decodes.start(job(1))
+    drain = decodes.drain()
+    first = await asyncio.wait_for(anext(drain), 1.0)
+    assert float(first[0]) == 0 and codec.running == 1
+    await drain.aclose()
+    await decodes.aclose()
+    assert codec.cancelled == [1]
 
 
 def test_fewer_than_one_in_flight_is_refused():
