@@ -1,8 +1,12 @@
 """The codec stage loads its family's codec from the pipeline config: Qwen3-Omni's Code2wav and
-Qwen2.5-Omni's Token2Wav, behind the same plan (``codec_info``) and decoder (``run``). (The
-stage's batched ``decode`` needs a Serve replica; the served tests run it.)"""
+Qwen2.5-Omni's Token2Wav, behind the same plan (``codec_info``) and decoder (``run``), and
+decodes off the replica's event loop. (The whole ``decode`` call, with its channel refs, needs
+a Serve replica; the served tests run it.)"""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 import pytest
 import torch
@@ -46,3 +50,26 @@ def test_token2wav_settings_come_from_the_pipeline():
     assert (settings.num_steps, settings.left_blocks, settings.right_blocks) == (10, 4, 2)
     info = codec.codec_info()
     assert (info.align, info.lookahead, info.left_context) == (12, 24, 48)
+
+
+async def test_a_decode_leaves_the_replicas_event_loop_free():
+    """A Token2Wav window takes seconds on a CPU: meanwhile the replica must still take calls."""
+    codec = stage("qwen2_5_omni")
+    planner = codec.codec_info().planner("s", "Ethan")
+    codes = torch.randint(0, 200, (1, 60), generator=torch.Generator().manual_seed(0))
+    jobs = [*planner.push(codes), planner.finish()]
+    ticks: list[float] = []
+
+    async def tick() -> None:
+        while True:
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.005)
+
+    ticker = asyncio.create_task(tick())
+    began = time.perf_counter()
+    (audio,) = await codec.decode_together([jobs])
+    took = time.perf_counter() - began
+    ticker.cancel()
+    assert len(audio) == len(jobs) and codec.stats()["decode_s"] > 0
+    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert max(gaps) < took / 2  # the loop ran all through the decode, not only after it
