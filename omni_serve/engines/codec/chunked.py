@@ -2,13 +2,15 @@
 
 A stream's frames are cut into chunks: a small first chunk (first audio fast), then chunks
 that grow geometrically up to a steady size. The ramp is what keeps playback from stalling:
-while the client plays a chunk of n frames, the next one (growth * n frames, at least n + 1)
-must be generated, which a Talker at least ``growth`` times faster than real time manages; a
-jump from a tiny first chunk straight to the steady size would leave a gap. So ``growth``
-follows the Talker's speed: 1.25 for one that makes a frame in ~57 ms (1.4x real time, as
-small-qwen3-omni's on this CPU), where 2.0 left ~0.7 s of silence in the ramp. The sizes
-depend on frame counts only, never on timing, so a seeded reply decodes to the same samples
-every time.
+while the client plays the frames sent so far, the next chunk must be generated. With the
+first chunk c1 frames and the Talker r times faster than real time, chunk k+1 is in time when
+the frames up to its end, S(k+1), are at most c1 + r * S(k) (a constant decode latency
+cancels out). So the ramp grows by ``growth`` a chunk, unrounded (1.25 from 2: 2, 2, 3, 4, 5,
+6, 8, ...), and ``growth`` follows the Talker's speed: 1.25 for one 1.4x real time or faster,
+where 2.0 left ~0.7 s of silence in the ramp; a jump from a tiny first chunk straight to the
+steady size would leave a gap. The sizes depend on frame counts only, never on timing: the
+chunked decode is within float rounding of the whole one, not bit for bit, so cuts that
+followed the clock would make a seeded reply's samples differ from run to run.
 
 Each chunk is decoded with ``left_context`` earlier frames and ``lookahead`` later
 frames, and exactly ``len(chunk) * samples_per_frame`` samples are kept, so the chunks
@@ -122,7 +124,7 @@ class ChunkPlanner:
         self.first_lookahead = first_lookahead
         self.growth = growth
         self.stream_id = stream_id
-        self._size = 0  # frames of the last job
+        self._ramp = 0.0  # the planned size of the next chunk, unrounded (0: the first)
         self._frames: list[torch.Tensor] = []  # [Q, k] pieces
         self._num_frames = 0
         self._emitted = 0  # frames already covered by a job
@@ -163,19 +165,22 @@ class ChunkPlanner:
             end = self._emitted + self._next_size()
             if end + self._lookahead() > self._num_frames:
                 return jobs
-            self._size = end - self._emitted
+            self._grow(end - self._emitted)
             jobs.append(self._job(end, last=False))
 
     def _lookahead(self) -> int:
         return self.first_lookahead if self._emitted == 0 else self.lookahead
 
     def _next_size(self) -> int:
-        if self._size == 0:
+        if self._ramp == 0:
             return self._aligned(self.first_chunk)
-        grown = round(self._size * self.growth)
-        if self.growth > 1:  # a slow ramp still grows: round(2 * 1.25) is 2
-            grown = max(grown, self._size + 1)
-        return self._aligned(min(self.chunk, max(self._size, grown)))
+        return self._aligned(min(self.chunk, round(self._ramp)))
+
+    def _grow(self, size: int) -> None:
+        """The ramp grows by ``growth`` a chunk from the chunk just cut (``size``, rounded up
+        to whole blocks) or its unrounded plan, the larger: a slow ramp still grows (1.25
+        from 2: 2, 2, 3, 4, 5, 6, 8, ...) without growing faster than asked."""
+        self._ramp = min(float(self.chunk), max(self._ramp, size) * self.growth)
 
     def _aligned(self, frames: int) -> int:
         return -(-frames // self.align) * self.align
