@@ -73,6 +73,17 @@ def processor_inputs(processor, kind: str, track: np.ndarray | None = None) -> d
     return dict(processor(text=text, return_tensors="pt", **kwargs))
 
 
+def media_layout(inputs: dict) -> dict:
+    """The processor's media shapes a Talker prompt builder takes, from ``processor_inputs``."""
+    mask = inputs.get("feature_attention_mask")
+    return {
+        "image_grid_thw": inputs.get("image_grid_thw"),
+        "video_grid_thw": inputs.get("video_grid_thw"),
+        "audio_seqlens": mask.sum(-1) if mask is not None else None,
+        "video_second_per_grid": inputs.get("video_second_per_grid"),
+    }
+
+
 @dataclass
 class ReferenceRun:
     inputs: dict

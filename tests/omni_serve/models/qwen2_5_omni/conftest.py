@@ -10,6 +10,7 @@ from transformers import AutoProcessor, Qwen2_5OmniForConditionalGeneration
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
 from omni_serve.engines.ar.torch_engine import PENALTY_HISTORY, TorchAREngine
 from omni_serve.models.qwen2_5_omni.talker_inputs import TalkerInputBuilder
+from tests.reference import media_layout
 from tests.reference_qwen2_5_omni import SPEAKER, TALKER_MAX_TOKENS, reference_run
 
 KINDS = ("text", "audio", "image", "video", "video_audio")
@@ -34,18 +35,14 @@ def builder(tiny_model):
 
 def talker_request(model, builder, run, request_id: str, stream: bool = False):
     n, generated = len(run.prompt_ids), run.generated
-    mask = run.inputs.get("feature_attention_mask")
     prompt = builder.build_prompt(
         run.prompt_ids,
         run.last_hidden[:n],
         generated[0],
         run.last_hidden[n],
         model.speaker_map[SPEAKER]["bos_token"],
-        image_grid_thw=run.inputs.get("image_grid_thw"),
-        video_grid_thw=run.inputs.get("video_grid_thw"),
-        video_second_per_grid=run.inputs.get("video_second_per_grid"),
         use_audio_in_video=run.kind == "video_audio",
-        audio_seqlens=mask.sum(-1) if mask is not None else None,
+        **media_layout(run.inputs),
     )
     last = len(generated) - 1
     trailing = [

@@ -7,21 +7,17 @@ import pytest
 import torch
 
 from omni_serve.models.qwen3_omni.family import FAMILY
-from tests.reference import SPEAKER
+from tests.reference import SPEAKER, media_layout
 
 
 def _prompt(builder, run, embed_rows, accept_rows):
-    mask = run.inputs.get("feature_attention_mask")
     return builder.build_prompt(
         run.prompt_ids,
         embed_rows,
         accept_rows,
         run.generated[0],
         SPEAKER,
-        image_grid_thw=run.inputs.get("image_grid_thw"),
-        video_grid_thw=run.inputs.get("video_grid_thw"),
-        audio_seqlens=mask.sum(-1) if mask is not None else None,
-        video_second_per_grid=run.inputs.get("video_second_per_grid"),
+        **media_layout(run.inputs),
     )
 
 

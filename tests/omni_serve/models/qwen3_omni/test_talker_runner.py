@@ -12,24 +12,20 @@ from omni_serve.engines.ar.torch_engine import TorchAREngine
 from omni_serve.models.qwen3_omni.checkpoint import load_talker, load_thinker_embeddings
 from omni_serve.models.qwen3_omni.talker_inputs import TalkerInputBuilder
 from tests.omni_serve.models.qwen3_omni.conftest import new_engine
-from tests.reference import SPEAKER, TALKER_MAX_TOKENS
+from tests.reference import SPEAKER, TALKER_MAX_TOKENS, media_layout
 
 KINDS = ("text", "audio", "image", "mixed", "video", "video_audio")
 
 
 def talker_request(builder, run, request_id: str, stream: bool = False) -> tuple[ARRequest, list]:
     n = len(run.prompt_ids)
-    mask = run.inputs.get("feature_attention_mask")
     prompt = builder.build_prompt(
         run.prompt_ids,
         run.hidden[0][:n],
         run.hidden[max(run.hidden)][:n],
         run.generated[0],
         SPEAKER,
-        image_grid_thw=run.inputs.get("image_grid_thw"),
-        video_grid_thw=run.inputs.get("video_grid_thw"),
-        audio_seqlens=mask.sum(-1) if mask is not None else None,
-        video_second_per_grid=run.inputs.get("video_second_per_grid"),
+        **media_layout(run.inputs),
     )
     last = len(run.generated) - 1
     trailing = [
