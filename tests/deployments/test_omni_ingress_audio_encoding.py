@@ -4,20 +4,15 @@ CPU per second of audio, and the loop writes every other client's stream meanwhi
 from __future__ import annotations
 
 import threading
-import types
 
 import numpy as np
 import pytest
 
-from deployments.omni_chat import OmniChat
-from deployments.omni_ingress import OmniIngress
 from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.api.speech import SpeechRequest
-from omni_serve.config import ApiSettings
 from omni_serve.models.thinker_talker.chat_flow import ChatEvent, ChatOptions, ChatResult
-from omni_serve.observability.metrics import ApiMetrics
+from tests.deployments.bare_ingress import IngressClass, bare_ingress
 
-IngressClass = next(k for k in OmniIngress.func_or_class.__mro__[1:] if k.__name__ == "OmniIngress")
 REPLY = ChatResult(
     text="hi",
     token_ids=[1, 2],
@@ -29,21 +24,7 @@ REPLY = ChatResult(
 
 def _ingress() -> object:
     """An ingress whose chat path answers REPLY to anything."""
-    ingress = object.__new__(IngressClass)
-    ingress.config = types.SimpleNamespace(
-        served_model_name="qwen3-omni", api=ApiSettings(request_timeout_s=30.0)
-    )
-    ingress.metrics = ApiMetrics()
-    ingress.chat = OmniChat(
-        ingress.config,
-        None,
-        None,
-        ingress.metrics,
-        voices={"ethan"},
-        speaks=True,
-        context_tokens=4096,
-        media_limits={},
-    )
+    ingress = bare_ingress()
 
     async def answered(*args, **kwargs):
         yield ChatEvent(kind="done", result=REPLY)

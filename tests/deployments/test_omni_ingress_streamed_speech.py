@@ -11,11 +11,10 @@ import types
 import numpy as np
 import pytest
 
-from deployments.omni_ingress import OmniIngress
 from omni_serve.api.deadline import iterate_within
 from omni_serve.api.errors import ApiError
+from tests.deployments.bare_ingress import IngressClass
 
-IngressClass = next(k for k in OmniIngress.func_or_class.__mro__[1:] if k.__name__ == "OmniIngress")
 CHUNK = np.full(480, 0.5, dtype=np.float32)
 
 

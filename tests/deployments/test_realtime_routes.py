@@ -12,13 +12,11 @@ import pytest
 
 import deployments.omni_chat as omni_chat
 from deployments.omni_chat import OmniChat
-from deployments.omni_ingress import OmniIngress
 from deployments.realtime_routes import _OwnAnswers
 from omni_serve.config.pipeline import ApiSettings
 from omni_serve.models.thinker_talker.chat_flow import ChatOptions
 from omni_serve.observability.metrics import ApiMetrics
-
-IngressClass = next(k for k in OmniIngress.func_or_class.__mro__[1:] if k.__name__ == "OmniIngress")
+from tests.deployments.bare_ingress import IngressClass
 
 
 async def talking(clients, prompt, options, request_id):

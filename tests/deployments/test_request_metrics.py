@@ -12,15 +12,11 @@ import numpy as np
 import pytest
 
 import deployments.omni_chat as omni_chat
-from deployments.omni_chat import OmniChat
-from deployments.omni_ingress import OmniIngress
 from omni_serve.api.speech import SpeechRequest
 from omni_serve.api.sse import ChunkWriter
-from omni_serve.config import ApiSettings
 from omni_serve.models.thinker_talker.chat_flow import ChatEvent, ChatResult
-from omni_serve.observability.metrics import ApiMetrics
+from tests.deployments.bare_ingress import IngressClass, bare_ingress
 
-IngressClass = next(k for k in OmniIngress.func_or_class.__mro__[1:] if k.__name__ == "OmniIngress")
 REPLY = ChatResult(
     text="hi", token_ids=[1], finish_reason="stop", prompt_tokens=3, audio=np.zeros(2400)
 )
@@ -29,26 +25,11 @@ REPLY = ChatResult(
 def _ingress(in_flight_seen: list[float], fail: bool = False) -> object:
     """An ingress whose stages speak one chunk (recording the in-flight gauge meanwhile),
     then finish, or fail when ``fail``."""
-    ingress = object.__new__(IngressClass)
-    ingress.config = types.SimpleNamespace(
-        served_model_name="qwen3-omni", api=ApiSettings(request_timeout_s=30.0)
-    )
-    ingress.metrics = ApiMetrics()
 
     async def speech(text: str):
         return None, [1, 2]
 
-    prompts = types.SimpleNamespace(speech=speech)
-    ingress.chat = OmniChat(
-        ingress.config,
-        prompts,
-        None,
-        ingress.metrics,
-        voices={"ethan"},
-        speaks=True,
-        context_tokens=4096,
-        media_limits={},
-    )
+    ingress = bare_ingress(types.SimpleNamespace(speech=speech))
 
     async def stages(clients, prompt, options, request_id):
         in_flight_seen.append(sample(ingress, "omni_requests_in_flight"))
