@@ -1,4 +1,5 @@
-"""Reading a Realtime connection (the ``openai`` client's) in tests: its events up to one."""
+"""Talking to a Realtime connection (the ``openai`` client's) in tests: a user's text item, and
+the events up to one."""
 
 from __future__ import annotations
 
@@ -28,3 +29,8 @@ async def until_each(conn: Any, kinds: set[str], timeout: float = 120) -> list[A
             if not left:
                 return seen
     raise AssertionError(f"the connection closed before {sorted(left)}")
+
+
+def user_text(text: str) -> dict:
+    """A ``conversation.item.create`` item: the user says ``text``."""
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}

@@ -18,6 +18,7 @@ import soundfile as sf
 import torch
 import websockets
 
+from omni_serve.testing.realtime_client import user_text
 from omni_serve.testing.serve_process import ServeProcess
 from tests.reference import request_parts
 from tests.reference_qwen2_5_omni import (
@@ -211,13 +212,7 @@ async def test_a_realtime_client_gets_a_spoken_answer(served):
         await conn.session.update(
             session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
         )
-        await conn.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Hi"}],
-            }
-        )
+        await conn.conversation.item.create(item=user_text("Hi"))
         await conn.response.create(response={"max_output_tokens": 6})
         audio, done = b"", None
         async for event in conn:

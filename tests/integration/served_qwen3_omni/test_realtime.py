@@ -19,7 +19,7 @@ import soundfile as sf
 import websockets
 from openai import AsyncOpenAI
 
-from omni_serve.testing.realtime_client import until
+from omni_serve.testing.realtime_client import until, user_text
 from omni_serve.testing.served_metrics import metric, stages_idle_within
 from omni_serve.testing.speech_clip import pcm16, speak
 from tests.integration.served_qwen3_omni import URL
@@ -44,10 +44,6 @@ async def talk(conn, samples: np.ndarray, pace: float = 1.0) -> None:
     for i in range(0, len(pcm), 4800):
         await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + 4800]).decode())
         await asyncio.sleep(0.1 / pace)
-
-
-def user_text(text: str) -> dict:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
 async def test_a_text_turn(served):

@@ -10,7 +10,7 @@ import base64
 import pytest
 from openai import AsyncOpenAI
 
-from omni_serve.testing.realtime_client import until
+from omni_serve.testing.realtime_client import until, user_text
 
 CHUNK = 960 * 2  # a scripted 40 ms audio chunk as PCM16 bytes
 
@@ -19,13 +19,7 @@ async def ask_to_talk(conn) -> None:
     await conn.session.update(
         session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
     )
-    await conn.conversation.item.create(
-        item={
-            "type": "message",
-            "role": "user",
-            "content": [{"type": "input_text", "text": "Talk"}],
-        }
-    )
+    await conn.conversation.item.create(item=user_text("Talk"))
     await conn.response.create()
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from omni_serve.testing.realtime_client import until
+from omni_serve.testing.realtime_client import until, user_text
 from omni_serve.testing.speech_clip import pcm16, speak
 
 SILENCE = np.zeros(24_000, np.float32)
@@ -49,13 +49,7 @@ async def test_a_text_turn_streams_the_answer_in_openais_event_order(realtime_se
         updated = (await until(conn, "session.updated"))[-1]
         assert updated.session.output_modalities == ["text"]
         assert updated.session.audio.input.turn_detection is None
-        await conn.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Hi"}],
-            }
-        )
+        await conn.conversation.item.create(item=user_text("Hi"))
         await conn.response.create()
         events = await until(conn, "response.done")
     kinds = [e.type for e in events]
@@ -122,13 +116,7 @@ async def test_speech_during_an_answer_stops_it_and_keeps_only_what_was_played(
     chat.endless, chat.gap_s = True, 0.02  # 40 ms chunks at twice real time: ahead of playback
     async with client(base_url).realtime.connect(model="omni-test") as conn:
         await until(conn, "session.created")
-        await conn.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Go"}],
-            }
-        )
+        await conn.conversation.item.create(item=user_text("Go"))
         await conn.response.create()
         await until(conn, "response.output_audio.delta")
         await asyncio.sleep(0.5)
@@ -159,13 +147,7 @@ async def test_a_conversation_persists_across_turns(realtime_server):
     async with client(base_url).realtime.connect(model="omni-test") as conn:
         await conn.session.update(session=TEXT_ONLY)
         for words in ("One", "Two"):
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": words}],
-                }
-            )
+            await conn.conversation.item.create(item=user_text(words))
             await conn.response.create()
             await until(conn, "response.done")
     assert [m["role"] for m in chat.asks[1].messages] == ["user", "assistant", "user"]
@@ -274,17 +256,7 @@ async def test_a_bad_event_gets_an_error_naming_it_and_the_session_goes_on(
         assert error.type == "invalid_request_error" and error.event_id == "evt_bad"
         assert error.param == param and (code is None or error.code == code), error
         await conn.session.update(session=TEXT_ONLY)
-        await conn.response.create(
-            response={
-                "input": [
-                    {
-                        "type": "message",
-                        "role": "user",
-                        "content": [{"type": "input_text", "text": "x"}],
-                    }
-                ]
-            }
-        )
+        await conn.response.create(response={"input": [user_text("x")]})
         assert (await until(conn, "response.done"))[-1].response.status == "completed"
 
 
