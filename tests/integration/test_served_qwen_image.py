@@ -60,24 +60,26 @@ def diffusers_image(path, prompt: str, negative: str | None, seed: int, w: int, 
     return (image * 255).round().astype(np.uint8)
 
 
+def lighthouse(negative: str | None) -> dict:
+    """Two 96x64 images of 4 steps from seed 11 (``lighthouse_reference`` is the first)."""
+    body = {"prompt": "a lighthouse at dusk", "size": "96x64", "num_inference_steps": 4}
+    return {**body, "seed": 11, "n": 2, **({"negative_prompt": negative} if negative else {})}
+
+
+def lighthouse_reference(tiny_image_path, negative: str | None) -> np.ndarray:
+    return diffusers_image(tiny_image_path, "a lighthouse at dusk", negative, 11, 96, 64, 4)
+
+
 @pytest.mark.parametrize("negative", [None, "blurry"])
 def test_served_image_equals_diffusers(served, tiny_image_path, negative):
-    body = {
-        "prompt": "a lighthouse at dusk",
-        "size": "96x64",
-        "num_inference_steps": 4,
-        "seed": 11,
-        "n": 2,
-    }
-    if negative:
-        body["negative_prompt"] = negative
+    body = lighthouse(negative)
     r = httpx.post(f"{URL}/v1/images/generations", json=body, timeout=300)
     assert r.status_code == 200, r.text
     data = r.json()
     assert data["seeds"] == [11, 12] and len(data["data"]) == 2
     first, second = png(data["data"][0]["b64_json"]), png(data["data"][1]["b64_json"])
     assert first.shape == (64, 96, 3)
-    reference = diffusers_image(tiny_image_path, body["prompt"], negative, 11, 96, 64, 4)
+    reference = lighthouse_reference(tiny_image_path, negative)
     assert np.abs(first.astype(int) - reference).max() <= 1
     assert np.abs(second.astype(int) - reference).max() > 10  # seed + 1 is another image
 

@@ -16,7 +16,12 @@ import pytest
 
 from omni_serve.testing.abuse import wait_for
 from omni_serve.testing.serve_process import ServeProcess, actor_pids, replica_pids
-from tests.integration.test_served_qwen_image import diffusers_image, png
+from tests.integration.test_served_qwen_image import (
+    diffusers_image,
+    lighthouse,
+    lighthouse_reference,
+    png,
+)
 
 pytestmark = pytest.mark.integration
 URL = "http://127.0.0.1:8000"
@@ -50,18 +55,9 @@ def test_the_dit_runs_on_four_workers(served):
 
 @pytest.mark.parametrize("negative", [None, "blurry"])
 def test_parallel_images_equal_diffusers(served, tiny_image_path, negative):
-    body = {
-        "prompt": "a lighthouse at dusk",
-        "size": "96x64",
-        "num_inference_steps": 4,
-        "seed": 11,
-        "n": 2,
-    }
-    if negative:
-        body["negative_prompt"] = negative
-    r = generate(body)
+    r = generate(lighthouse(negative))
     assert r.status_code == 200, r.text
-    reference = diffusers_image(tiny_image_path, body["prompt"], negative, 11, 96, 64, 4)
+    reference = lighthouse_reference(tiny_image_path, negative)
     assert np.abs(png(r.json()["data"][0]["b64_json"]).astype(int) - reference).max() <= 1
 
 
