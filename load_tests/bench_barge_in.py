@@ -28,6 +28,7 @@ import websockets
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
+from omni_serve.testing.served_metrics import is_fresh  # noqa: E402
 
 URL = "http://127.0.0.1:8000"
 WS_URL = "ws://127.0.0.1:8000/v1/audio/stream"
@@ -46,8 +47,12 @@ RUNNING = (
 
 
 def stages_busy() -> float:
-    lines = httpx.get(f"{URL}/metrics", timeout=30).text.splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.startswith(RUNNING))
+    """The Talker's and Code2wav's running requests (at least 1 while a stage's count is
+    an old one: it did not answer the scrape)."""
+    text = httpx.get(f"{URL}/metrics", timeout=30).text
+    running = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(RUNNING))
+    stale = not (is_fresh(text, "talker") and is_fresh(text, "code2wav"))
+    return max(running, float(stale))
 
 
 async def until_idle() -> float:

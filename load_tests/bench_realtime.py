@@ -47,6 +47,7 @@ from omni_serve.config.loading import load_pipeline_config  # noqa: E402
 from omni_serve.models import ensure_model  # noqa: E402
 from omni_serve.testing.playback import Playhead  # noqa: E402
 from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
+from omni_serve.testing.served_metrics import is_fresh  # noqa: E402
 from omni_serve.testing.speech_clip import pcm16, speak  # noqa: E402
 
 URL = "http://127.0.0.1:8000"
@@ -141,7 +142,7 @@ async def _stages_idle(within_s: float = 1.0) -> float | None:
                 if line.startswith("omni_stage_running_requests{")
                 and ('"thinker"' in line or '"talker"' in line)
             ]
-            if running and not any(running):
+            if running and not any(running) and is_fresh(text, "talker"):
                 return time.monotonic()
             await asyncio.sleep(0.01)
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -73,6 +74,15 @@ class ApiMetrics:
         )
         # Read from the stages at each scrape; in Ray's export each stage replica sets its own.
         self.stages = StageGauges(registry=self.registry)
+        self.stats_age = Series(
+            "gauge",
+            "omni_stage_stats_age_seconds",
+            "Seconds since a scrape last got a stage's stats(): near 0 when the stage gauges "
+            "are fresh; a stage that did not answer in time keeps its last values, this old.",
+            ["stage"],
+            registry=self.registry,
+        )
+        self._stats_at: dict[str, float] = {}
 
     def observe_kv_store(self, stats: dict[str, Any]) -> None:
         for tier in ("host", "disk"):
@@ -102,9 +112,12 @@ class ApiMetrics:
             try:
                 stats = await asyncio.wait_for(handle.stats.remote(), timeout_s)
             except Exception:
-                log.warning("no stats from stage %s", name)
-                continue
-            self.observe_stage_stats(name, stats)
+                log.warning("no stats from stage %s in %.0f s", name, timeout_s)
+            else:
+                self.observe_stage_stats(name, stats)
+                self._stats_at[name] = time.monotonic()
+            if name in self._stats_at:  # a stage never heard from has no series yet
+                self.stats_age.labels(name).set(time.monotonic() - self._stats_at[name])
 
     def observe_stage_stats(self, stage: str, stats: dict[str, Any]) -> None:
         self.stages.observe(stage, stats)

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 from omni_serve.testing.serve_process import ServeProcess
+from omni_serve.testing.served_metrics import fresh_metrics
 
 pytestmark = pytest.mark.integration
 URL = "http://127.0.0.1:8000"
@@ -112,7 +113,7 @@ def test_concurrent_requests_batch_in_the_dit(served):
     assert [r.status_code for r in responses] == [200] * 6
     images = [png(r.json()["data"][0]["b64_json"]) for r in responses]
     assert len({i.tobytes() for i in images}) == 6
-    metrics = httpx.get(f"{URL}/metrics", timeout=30).text
+    metrics = fresh_metrics(URL, ("dit", "vae"))
     assert any(
         line.startswith('omni_stage_max_batch_size{stage="dit"}') and float(line.split()[-1]) >= 2
         for line in metrics.splitlines()

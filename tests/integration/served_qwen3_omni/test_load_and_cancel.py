@@ -10,7 +10,12 @@ import time
 import httpx
 import pytest
 
-from omni_serve.testing.served_metrics import STOP_WITHIN_S, metric, stages_idle_within
+from omni_serve.testing.served_metrics import (
+    STOP_WITHIN_S,
+    fresh_metrics,
+    metric,
+    stages_idle_within,
+)
 from tests.integration.served_qwen3_omni import URL, chat_body
 
 pytestmark = pytest.mark.integration
@@ -27,7 +32,7 @@ def test_eight_concurrent_requests_complete_and_batch(served):
     assert [r.status_code for r in responses] == [200] * 8
     for r in responses:
         assert r.json()["choices"][0]["message"]["audio"]["data"]
-    metrics = httpx.get(f"{URL}/metrics", timeout=30).text
+    metrics = fresh_metrics(URL, ("talker",))
     talker_batch = next(
         float(line.split()[-1])
         for line in metrics.splitlines()

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 from omni_serve.observability.metrics import ApiMetrics
 
 
@@ -36,6 +39,47 @@ def test_stage_stats_become_gauges_with_busy_seconds_per_phase():
     assert _value(text, 'omni_stage_busy_seconds{phase="decode",stage="talker"}') == 2.25
     assert _value(text, 'omni_stage_busy_seconds{phase="prefill",stage="talker"}') == 0.5
     assert 'phase="emit"' not in text  # a stage that does not report a phase has no series
+
+
+class _Stage:
+    """A stage handle whose ``stats.remote()`` answers ``stats``, or not within a scrape's
+    timeout while ``busy``."""
+
+    def __init__(self, stats: dict) -> None:
+        self.latest, self.busy = stats, False
+        self.stats = SimpleNamespace(remote=self._stats)
+
+    async def _stats(self) -> dict:
+        if self.busy:
+            await asyncio.sleep(10)
+        return self.latest
+
+
+async def test_a_stage_that_does_not_answer_keeps_its_gauges_and_says_how_old_they_are():
+    """An operator (or a test) can tell a stale stage gauge from a fresh one."""
+    metrics, talker = ApiMetrics(), _Stage({"max_batch": 1})
+    await metrics.poll_stages({"talker": talker}, timeout_s=0.05)
+    text = metrics.render().decode()
+    assert _value(text, 'omni_stage_max_batch_size{stage="talker"}') == 1
+    assert _value(text, 'omni_stage_stats_age_seconds{stage="talker"}') < 0.05
+    talker.latest, talker.busy = {"max_batch": 8}, True
+    await asyncio.sleep(0.1)
+    await metrics.poll_stages({"talker": talker}, timeout_s=0.05)
+    text = metrics.render().decode()
+    assert _value(text, 'omni_stage_max_batch_size{stage="talker"}') == 1  # the last values
+    assert _value(text, 'omni_stage_stats_age_seconds{stage="talker"}') >= 0.15
+    talker.busy = False
+    await metrics.poll_stages({"talker": talker}, timeout_s=0.05)
+    text = metrics.render().decode()
+    assert _value(text, 'omni_stage_max_batch_size{stage="talker"}') == 8
+    assert _value(text, 'omni_stage_stats_age_seconds{stage="talker"}') < 0.05
+
+
+async def test_a_stage_never_heard_from_has_no_age():
+    metrics, talker = ApiMetrics(), _Stage({})
+    talker.busy = True
+    await metrics.poll_stages({"talker": talker}, timeout_s=0.01)
+    assert "omni_stage_stats_age_seconds{" not in metrics.render().decode()
 
 
 def test_a_stages_channel_counts_become_series_per_backend():
