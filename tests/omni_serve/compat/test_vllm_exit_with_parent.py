@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from omni_serve.engines.ar.exit_with_parent import watch_parent
+from omni_serve.compat.vllm_exit_with_parent import watch_parent
 
 CONTEXT = multiprocessing.get_context("spawn")
 
