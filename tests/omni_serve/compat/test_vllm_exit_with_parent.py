@@ -1,5 +1,6 @@
 """A process started with ``multiprocessing`` (as vLLM starts its engine) exits when its
-parent is killed, even one that ignores SIGTERM; elsewhere the watcher does nothing."""
+parent is killed, even one that ignores SIGTERM; vLLM's plugin loading starts the watcher in
+such a process; elsewhere the watcher does nothing."""
 
 from __future__ import annotations
 
@@ -37,13 +38,31 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _load_vllm_plugins(names) -> None:
+    import threading
+
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    names.put(sorted(thread.name for thread in threading.enumerate()))
+
+
+def test_vllms_plugin_loading_starts_the_watcher_in_a_process_vllm_starts():
+    names = CONTEXT.Queue()
+    child = CONTEXT.Process(target=_load_vllm_plugins, args=(names,))
+    child.start()
+    threads = names.get(timeout=120)
+    child.join(timeout=30)
+    assert "omni-exit-with-parent" in threads, threads
+
+
 @pytest.mark.parametrize("ignore_sigterm", [False, True], ids=["sigterm", "sigkill"])
 def test_an_engine_process_exits_when_its_parent_is_killed(ignore_sigterm):
     pids = CONTEXT.Queue()
     replica = CONTEXT.Process(target=_replica, args=(pids, ignore_sigterm))
     replica.start()
     engine = pids.get(timeout=60)
-    time.sleep(1.0)  # the engine's watcher is running
+    time.sleep(1.0)  # a watcher that starts after the kill ends its wait at once: either way
     assert _alive(engine)
     os.kill(replica.pid, signal.SIGKILL)
     replica.join()
