@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 
 from omni_serve.api.protocol import ChatCompletionRequest, error_body
 from omni_serve.api.speech import SpeechRequest
+from omni_serve.api.validation_errors import most_specific
 
 
 class ApiError(Exception):
@@ -120,9 +121,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
         return JSONResponse(error_body(message, code="unsupported_media_type"), status_code=415)
     if first.get("type") == "json_invalid":
         return JSONResponse(error_body("request body is not valid JSON"), status_code=400)
-    where = ".".join(str(p) for p in first["loc"] if p != "body") or None
-    message = f"{where}: {first['msg']}" if where else first["msg"]
-    return JSONResponse(error_body(message, param=where), status_code=400)
+    error = most_specific(exc.errors(), skip=1 if tuple(first["loc"][:1]) == ("body",) else 0)
+    return JSONResponse(error_body(error.message, param=error.param), status_code=400)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -31,6 +31,7 @@ from omni_serve.api.deadline import RequestTimeout
 from omni_serve.api.errors import ApiError, stage_failure
 from omni_serve.api.protocol import error_body
 from omni_serve.api.socket_session import IDLE_CLOSE_CODE, IdleTimeout, SocketSession
+from omni_serve.api.validation_errors import most_specific
 
 __all__ = ["IDLE_CLOSE_CODE", "IdleTimeout", "VoiceSocket", "clip_message", "error_event"]
 
@@ -46,9 +47,8 @@ def error_event(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, RequestTimeout):
         return {"type": "error", **error_body(str(exc), "timeout_error")}
     if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return {"type": "error", **error_body(f"{where}: {first['msg']}", param=where)}
+        error = most_specific(exc.errors())
+        return {"type": "error", **error_body(error.message, param=error.param)}
     if isinstance(exc, ValueError | KeyError | TypeError):  # incl. JSON decode errors
         return {"type": "error", **error_body(str(exc)[:500])}
     return {"type": "error", **stage_failure(exc).body}
@@ -67,9 +67,8 @@ def clip_message(input_audio: Any, pcm: bytes, max_seconds: float) -> dict[str, 
     try:
         spec = InputAudio.model_validate(input_audio if input_audio is not None else {})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(["input_audio", *(str(p) for p in first["loc"])])
-        raise ApiError(400, f"{where}: {first['msg']}", where) from None
+        error = most_specific(exc.errors()).under("input_audio")
+        raise ApiError(400, error.message, error.param) from None
     if not pcm:
         message = (
             "no audio was sent since the last clip (send it as binary frames of PCM16 "

@@ -3,9 +3,9 @@ by value (base64) or by URL. The model families build their prompts from these."
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 
@@ -66,7 +66,37 @@ class VideoPart(BaseModel):
     )
 
 
-ContentPart = TextPart | AudioPart | AudioUrlPart | ImagePart | VideoPart
+_PART_TYPES: dict[str, type[BaseModel]] = {
+    "text": TextPart,
+    "input_audio": AudioPart,
+    "audio_url": AudioUrlPart,
+    "image_url": ImagePart,
+    "video_url": VideoPart,
+}
+
+
+def _part_kind(part: Any) -> str | None:
+    """The part's model by its ``type``, so that a bad part is reported against the kind it
+    says it is (not against every kind it is not). Tagged by class name: pydantic puts the tag
+    in an error's location, and a class name reads as a branch, not a field
+    (``omni_serve.api.validation_errors``)."""
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    model = _PART_TYPES.get(kind) if isinstance(kind, str) else None
+    return model.__name__ if model else None
+
+
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("TextPart")]
+    | Annotated[AudioPart, Tag("AudioPart")]
+    | Annotated[AudioUrlPart, Tag("AudioUrlPart")]
+    | Annotated[ImagePart, Tag("ImagePart")]
+    | Annotated[VideoPart, Tag("VideoPart")],
+    Discriminator(
+        _part_kind,
+        custom_error_type="unknown_content_part",
+        custom_error_message="a content part's type is one of " + ", ".join(map(repr, _PART_TYPES)),
+    ),
+]
 
 
 class EarlierAudio(BaseModel):

@@ -39,6 +39,7 @@ from omni_serve.api.realtime.protocol import ClientEvent, ResponseOptions, event
 from omni_serve.api.realtime.settings import Ask, Limits, Settings
 from omni_serve.api.realtime.turn_detection import SpeechEdge, VoiceActivity, load_vad_model
 from omni_serve.api.socket_session import SocketSession
+from omni_serve.api.validation_errors import most_specific
 
 log = logging.getLogger("ray.serve")
 
@@ -52,8 +53,8 @@ def _validation_refusal(exc: ValidationError) -> ApiError:
     if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
         kind = first.get("input", {}).get("type") if isinstance(first.get("input"), dict) else None
         return ApiError(400, f"unknown event type {kind!r}", "type", code="unknown_event")
-    where = ".".join(str(p) for p in first["loc"][1:])  # [0] is the event type
-    return ApiError(400, f"{where}: {first['msg']}", where)
+    error = most_specific(exc.errors(), skip=1)  # loc[0] is the event's type tag
+    return ApiError(400, error.message, error.param)
 
 
 class RealtimeSession(SocketSession):
