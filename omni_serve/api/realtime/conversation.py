@@ -151,7 +151,7 @@ def item_from_client(item: ItemIn) -> Item:
         if kind == "input_audio" and not pcm:
             raise ApiError(400, "an input_audio part needs its audio", f"{where}.audio")
         if kind.endswith("text") and part.text is None:
-            raise ApiError(400, f"a {part.type} part needs its text", f"{where}.text")
+            raise ApiError(400, f"the {part.type} part needs its text", f"{where}.text")
         if kind == "output_audio" and not part.transcript:
             message = "the model hears its earlier answers as text: give the transcript"
             raise ApiError(400, message, f"{where}.transcript")

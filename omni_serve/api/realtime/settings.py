@@ -69,15 +69,17 @@ class Settings:
 
     def updated(self, update: SessionUpdate | ResponseOptions, limits: Limits) -> Settings:
         """These settings with ``update``'s fields over them; a 400 naming the field for one
-        this deployment cannot honour (then nothing changes)."""
+        this deployment cannot honour (then nothing changes), under the event's own key.
+        """
+        where = "session" if isinstance(update, SessionUpdate) else "response"
         refused = unsupported(update)
         if refused:
-            raise ApiError(400, refused[1], f"session.{refused[0]}")
+            raise ApiError(400, refused[1], f"{where}.{refused[0]}")
         if isinstance(update, SessionUpdate) and update.model not in (None, limits.model):
             message = (
                 f"model {update.model!r} is not served here; this server serves {limits.model!r}"
             )
-            raise ApiError(400, message, "session.model")
+            raise ApiError(400, message, f"{where}.model")
         new = replace(self)
         if update.instructions is not None:
             new.instructions = update.instructions
@@ -85,12 +87,12 @@ class Settings:
             new.audio = update.output_modalities == ["audio"]
             if new.audio and not limits.voices:
                 message = "this deployment answers in text only: its pipeline has no talker stage"
-                raise ApiError(400, message, "session.output_modalities")
+                raise ApiError(400, message, f"{where}.output_modalities")
         audio = update.audio
         if audio and audio.output and audio.output.voice is not None:
             if audio.output.voice.lower() not in limits.voices:
                 message = f"unknown voice {audio.output.voice!r}; voices: {sorted(limits.voices)}"
-                raise ApiError(400, message, "session.audio.output.voice")
+                raise ApiError(400, message, f"{where}.audio.output.voice")
             new.voice = audio.output.voice.lower()
         if audio and audio.input and "turn_detection" in audio.input.model_fields_set:
             new.vad = audio.input.turn_detection
@@ -101,7 +103,7 @@ class Settings:
                 new.max_tokens = limits.max_tokens
             elif not 1 <= update.max_output_tokens <= limits.max_tokens:
                 message = f"max_output_tokens must be 1 to {limits.max_tokens} (or 'inf')"
-                raise ApiError(400, message, "session.max_output_tokens")
+                raise ApiError(400, message, f"{where}.max_output_tokens")
             else:
                 new.max_tokens = update.max_output_tokens
         if update.temperature is not None:

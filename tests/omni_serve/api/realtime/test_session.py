@@ -193,6 +193,24 @@ BAD_EVENTS = [
         None,
     ),
     ({"type": "session.update", "session": {"model": "gpt-realtime"}}, "session.model", None),
+    (
+        {"type": "response.create", "response": {"max_output_tokens": -3}},
+        "response.max_output_tokens",
+        None,
+    ),
+    (
+        {"type": "response.create", "response": {"output_modalities": ["video"]}},
+        "response.output_modalities[0]",
+        None,
+    ),
+    (
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "message", "role": "user", "content": [{"type": "video"}]},
+        },
+        "item.content[0].type",
+        None,
+    ),
     ({"type": "session.update", "session": {"no_such_field": 1}}, "session.no_such_field", None),
     (
         {"type": "conversation.item.create", "item": {"type": "function_call", "name": "f"}},
