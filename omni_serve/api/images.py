@@ -23,7 +23,8 @@ class ImageGenerationRequest(BaseModel):
     model: str | None = Field(None, description="Served model name (optional; one is served).")
     n: int = Field(1, ge=1, le=4, description="Images to generate for the prompt.")
     size: str | None = Field(
-        None, description="'WIDTHxHEIGHT', both multiples of 16; default from the pipeline."
+        None,
+        description="'WIDTHxHEIGHT', both multiples of 16; 'auto' or none: the pipeline's default.",
     )
     response_format: Literal["b64_json"] = Field(
         "b64_json", description="Only base64 PNG: the server keeps no files to link to."
@@ -54,6 +55,12 @@ class ImageGenerationRequest(BaseModel):
         description="omni-serve extension: server-side deadline in seconds (capped by the "
         "server's api.request_timeout_s).",
     )
+
+    @field_validator("size")
+    @classmethod
+    def _auto_is_the_default(cls, value: str | None) -> str | None:
+        # OpenAI's gpt-image models default to size "auto": the server picks.
+        return None if value is not None and value.lower() == "auto" else value
 
     @field_validator("prompt")
     @classmethod

@@ -60,4 +60,6 @@ def most_specific(errors: Sequence[dict[str, Any]], skip: int = 0) -> FieldError
     if not errors:
         return FieldError(None, "invalid request")
     best = max(errors, key=_depth)  # max keeps the first of equals
-    return FieldError(field_path(best["loc"][skip:]) or None, best["msg"])
+    # A validator's ValueError reads "Value error, <its message>": the message is the reason.
+    reason = best["msg"].removeprefix("Value error, ")
+    return FieldError(field_path(best["loc"][skip:]) or None, reason)

@@ -39,6 +39,12 @@ def test_request_rejects_blank_prompt_and_unknown_fields():
     assert ImageGenerationRequest(prompt="x").n == 1
 
 
+def test_size_auto_is_the_pipelines_default_as_openais_gpt_image_default_is():
+    for size in ("auto", "AUTO", None):
+        assert ImageGenerationRequest(prompt="x", size=size).size is None
+    assert ImageGenerationRequest(prompt="x", size="512x256").size == "512x256"
+
+
 def _gradient(width: int = 96, height: int = 64) -> np.ndarray:
     x = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
     y = np.linspace(0, 255, height, dtype=np.float32)[:, None, None]

@@ -70,6 +70,11 @@ def test_a_part_is_judged_as_the_kind_its_type_says(client):
     assert "'text', 'input_audio', 'audio_url', 'image_url', 'video_url'" in error["message"]
 
 
+def test_a_validators_own_reason_is_the_message_without_pydantics_prefix():
+    errors = [{"loc": ("body", "prompt"), "msg": "Value error, prompt must not be empty"}]
+    assert most_specific(errors, skip=1).message == "prompt: prompt must not be empty"
+
+
 def test_a_plain_string_and_every_part_kind_still_validate():
     parts = [
         {"type": "text", "text": "hi"},
