@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_speech import PROMPTS, URL, summarize  # noqa: E402
 from speech_load import run_level  # noqa: E402
 from stage_busy import busy_per_wall_s, stage_busy  # noqa: E402
-from summary import ROOT, spread, write_summary  # noqa: E402
+from summary import ROOT, machine, spread, summary_path, write_summary  # noqa: E402
 
 from omni_serve.testing.serve_process import ServeProcess  # noqa: E402
 
@@ -195,14 +195,19 @@ def main() -> int:
     name = f"speech_{args.sweep}" + ("" if args.pipeline is None else f"_{Path(pipeline).stem}")
     (ROOT / "load_tests/results").mkdir(exist_ok=True)
     (ROOT / f"load_tests/results/{name}.json").write_text(json.dumps(runs, indent=1))
-    plot(args.sweep, table, ROOT / f"docs/img/{name}.png")
+    # Beside its summary: a run on another kind of machine keeps both under its own name.
+    kept = summary_path(name, machine())
+    image = Path("img", *kept.parent.relative_to(ROOT / "docs/results").parts, f"{name}.png")
+    (ROOT / "docs" / image).parent.mkdir(parents=True, exist_ok=True)
+    plot(args.sweep, table, ROOT / "docs" / image)
     sides = {
         "served": {
             "model": "small-qwen3-omni",
             "dtype": "float32",
             "cores": 2,
             "pipeline": pipeline,
-        }
+        },
+        "plot": image.as_posix(),
     }
     print(f"summary: {write_summary(name, {'levels': table}, sides, args.repeats)}")
     for level, row in table.items():

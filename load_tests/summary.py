@@ -5,6 +5,12 @@ summary a number in the docs is quoted from goes to ``docs/results/<name>.json``
 command that made it, the commit, the machine, and each figure as a median with its range
 over the repeats. ``scripts/bench_headlines.py`` builds the headline tables of
 docs/benchmarks.md from these files only.
+
+A headline table compares sides measured on one kind of machine. So a run on another kind of
+machine than the kept summary's (another CPU model, or another GPU) does not replace it: it is
+kept in ``docs/results/machines/<that machine>/<name>.json``, which the generator renders as
+that machine's own tables. ``OMNI_BENCH_HEADLINE=1`` makes a run the headline regardless (the
+way to move the headlines to a new kind of machine).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -82,6 +89,30 @@ def git_commit() -> str:
         return "unknown"
 
 
+def machine_kind(info: dict[str, Any]) -> str:
+    """What makes two runs' figures comparable: the GPU if there is one, else the CPU model
+    and its core count."""
+    return info.get("gpu") or f"{info.get('cpu', 'unknown cpu')}, {info.get('cores', '?')} cores"
+
+
+def machine_slug(info: dict[str, Any]) -> str:
+    """``Intel(R) Xeon(R) Processor``, 2 cores -> ``intel-xeon-processor-2-cores``."""
+    words = re.sub(r"\((R|TM)\)", "", machine_kind(info), flags=re.IGNORECASE)
+    return re.sub(r"[^a-z0-9]+", "-", words.lower()).strip("-")
+
+
+def summary_path(name: str, info: dict[str, Any], root: Path | None = None) -> Path:
+    """Where a run on ``info``'s machine keeps summary ``name`` (see the module's docstring)."""
+    root = SUMMARIES if root is None else root
+    headline = root / f"{name}.json"
+    if os.environ.get("OMNI_BENCH_HEADLINE") == "1" or not headline.exists():
+        return headline
+    kept = json.loads(headline.read_text()).get("machine", {})
+    if machine_kind(kept) == machine_kind(info):
+        return headline
+    return root / "machines" / machine_slug(info) / f"{name}.json"
+
+
 # The commit the benchmark started on (a run takes minutes; HEAD may move meanwhile).
 STARTED_AT = git_commit()
 
@@ -97,7 +128,6 @@ def write_summary(
     of a comparison used (cores, threads, processes, dtype). ``measured_on``: the command,
     commit and machine of a run made elsewhere (a lent GPU machine, whose raw results are
     kept here afterwards); by default this process's."""
-    SUMMARIES.mkdir(parents=True, exist_ok=True)
     here = {"command": "python " + shlex.join(sys.argv), "commit": STARTED_AT, "machine": machine()}
     summary = {
         "name": name,
@@ -106,6 +136,9 @@ def write_summary(
         "sides": sides,
         "figures": figures,
     }
-    path = SUMMARIES / f"{name}.json"
+    path = summary_path(name, summary["machine"])
+    if path.parent.parent.name == "machines":
+        print(f"this machine is not the headline's kind: keeping the summary as {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary, indent=1) + "\n")
     return path

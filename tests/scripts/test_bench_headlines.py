@@ -32,6 +32,7 @@ def test_the_docs_headlines_are_what_the_kept_summaries_say():
 def test_every_kept_summary_names_its_command_commit_and_machine():
     paths = sorted(headlines.SUMMARIES.glob("*.json"))
     assert paths
+    paths += sorted(headlines.SUMMARIES.glob("machines/*/*.json"))
     for path in paths:
         summary = json.loads(path.read_text())
         assert summary["command"].startswith("python load_tests/"), path
@@ -200,3 +201,18 @@ def test_the_image_table_shows_every_side_and_reads_a_missed_cache_target_as_mis
     assert "Step cache >= 1.8x: met (>= 1.8)" in text
     summary["figures"]["step_cache"]["forced"]["speedup"] = fig(1.2)
     assert "Step cache >= 1.8x: **not met**" in "\n".join(headlines.render_image(summary))
+
+
+def test_another_machines_summaries_are_its_own_tables_under_its_heading(tmp_path):
+    speech = json.loads((headlines.SUMMARIES / "speech.json").read_text())
+    (tmp_path / "speech.json").write_text(json.dumps(speech))
+    other = {**speech, "machine": {"cores": 2, "cpu": "Other CPU"}, "commit": "beef"}
+    ratio = other["figures"]["ratios"]["rtf_c4"] = {"median": 9.5, "min": 9.5, "max": 9.5}
+    (tmp_path / "machines" / "other-cpu-2-cores").mkdir(parents=True)
+    (tmp_path / "machines" / "other-cpu-2-cores" / "speech.json").write_text(json.dumps(other))
+    text = headlines.render(tmp_path)
+    head, _, tail = text.partition("## Headlines on another kind of machine: Other CPU, 2 cores")
+    assert tail, "no heading for the other machine"
+    assert "at `beef` on 2 cores (Other CPU)" in tail and "9.50, **not met**" in tail
+    assert "beef" not in head and "9.50" not in head
+    assert ratio["median"] == 9.5
