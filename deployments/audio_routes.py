@@ -74,8 +74,10 @@ class AudioRoutes:
         """Text to speech: the Talker speaks ``input`` as the reply to it."""
         self.chat.check_speech(body, "model")
         fmt = "pcm16" if body.response_format == "pcm" else body.response_format
-        if body.stream_format == "audio" and fmt not in STREAMABLE_FORMATS:
-            raise ApiError(400, "streamed audio must be wav or pcm", "response_format")
+        if body.stream_format and fmt not in STREAMABLE_FORMATS:
+            # SSE deltas are PCM16 (docs/api.md): an mp3 asked for would silently be PCM.
+            message = f"streamed audio must be wav or pcm (stream_format {body.stream_format!r})"
+            raise ApiError(400, message, "response_format")
         if body.stream_format and body.speed != 1.0:
             raise ApiError(400, "speed other than 1.0 is not supported when streaming", "speed")
         media_type = SPEECH_MEDIA_TYPES[body.response_format]

@@ -13,7 +13,8 @@ import pytest
 
 from omni_serve.api.deadline import iterate_within
 from omni_serve.api.errors import ApiError
-from tests.deployments.bare_ingress import IngressClass
+from omni_serve.api.speech import SpeechRequest
+from tests.deployments.bare_ingress import IngressClass, bare_ingress
 
 CHUNK = np.full(480, 0.5, dtype=np.float32)
 
@@ -57,3 +58,19 @@ async def test_an_error_meant_for_the_client_before_the_first_audio_keeps_its_st
     with pytest.raises(ApiError) as caught:
         await object.__new__(IngressClass)._until_audio(refused())
     assert caught.value.status == 400 and caught.value.message == "prompt too long"
+
+
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+@pytest.mark.parametrize("response_format", ["mp3", "opus", "flac"])
+async def test_a_format_that_is_not_streamed_is_a_400_not_pcm_in_its_place(
+    stream_format, response_format
+):
+    """SSE deltas are PCM16: an mp3 asked for as SSE would have come back as PCM, unsaid."""
+    body = SpeechRequest(
+        model="qwen3-omni", input="Hi", response_format=response_format, stream_format=stream_format
+    )
+    ingress = bare_ingress(types.SimpleNamespace())
+    with pytest.raises(ApiError) as caught:
+        await IngressClass.speech(ingress, body)
+    assert caught.value.status == 400 and caught.value.param == "response_format"
+    assert "wav or pcm" in caught.value.message and repr(stream_format) in caught.value.message
