@@ -39,6 +39,7 @@ def load_pipeline_config(path: str | Path) -> PipelineConfig:
 def _format(exc: ValidationError, source: str) -> str:
     lines = [f"invalid pipeline config {source}:"]
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "<root>"
-        lines.append(f"  {where}: {err['msg']}")
+        where = ".".join(str(p) for p in err["loc"])
+        reason = err["msg"].removeprefix("Value error, ")  # a validator's own message
+        lines.append(f"  {where}: {reason}" if where else f"  {reason}")
     return "\n".join(lines)

@@ -78,23 +78,23 @@ def test_defaults_fill_in():
                 family="qwen2_5_omni",
                 stages=[{"name": "t2i", "kind": "text_encoder", "engine": {"kind": "torch"}}],
             ),
-            "<root>",
+            "",  # the whole config
             "stage 't2i': family 'qwen2_5_omni' has no text_encoder stage (its stages: code2wav,",
         ),
         (
             one_stage("d", "dit", kind="diffusers") | {"family": "qwen3_omni"},
-            "<root>",
+            "",  # the whole config
             "stage 'd': family 'qwen3_omni' has no dit stage",
         ),
         (
             minimal(edges=[{"source": "thinker", "target": "talker", "payload": "x"}]),
-            "<root>",
+            "",  # the whole config
             "edges[0].target: unknown stage 'talker'",
         ),
         (
             one_stage("t", "thinker", kind="vllm", parallel={"ulysses_degree": 2}),
-            "<root>",
-            "engine.parallel: for DiT stages only",
+            "",  # the whole config
+            "stage 't': engine.parallel: for DiT stages only",
         ),
         (
             one_stage(
@@ -126,8 +126,8 @@ def test_defaults_fill_in():
         ),
         (
             one_stage("v", "vae", kind="diffusers", batching="step"),
-            "<root>",
-            "engine.batching: for DiT stages only",
+            "",  # the whole config
+            "stage 'v': engine.batching: for DiT stages only",
         ),
     ],
 )
@@ -135,7 +135,11 @@ def test_bad_configs_name_the_field_and_reason(data, where, reason):
     with pytest.raises(ConfigError) as err:
         parse_pipeline_config(data)
     message = str(err.value)
-    assert f"{where}:" in message and reason in message
+    assert "Value error" not in message and "<root>" not in message
+    if where:
+        assert f"{where}:" in message and reason in message
+    else:  # an error about the whole config is its reason alone
+        assert f"\n  {reason}" in message
 
 
 @pytest.mark.parametrize(
