@@ -162,7 +162,7 @@ class AudioRoutes:
         usage = usage_tokens(result.prompt_tokens, len(result.token_ids))
         return transcription_response(result.text, usage, form.response_format)
 
-    async def _until_audio(self, events) -> list[ChatEvent]:
+    async def _until_audio(self, events: AsyncIterator[ChatEvent]) -> list[ChatEvent]:
         """The events up to the first audio chunk, before any byte is sent: a deadline or a
         stage failure before it is an error response (504, 503) instead of a 200 whose body
         breaks off (raw audio has no way to say why)."""
@@ -181,7 +181,9 @@ class AudioRoutes:
             raise stage_failure(exc) from None
         return taken
 
-    async def _speech_bytes(self, first: list[ChatEvent], events, fmt: str) -> AsyncIterator[bytes]:
+    async def _speech_bytes(
+        self, first: list[ChatEvent], events: AsyncIterator[ChatEvent], fmt: str
+    ) -> AsyncIterator[bytes]:
         """The audio as it comes. Past the deadline the stream ends with the audio so far
         (the client's own limit; ``stream_format: sse`` says so in an event)."""
         if fmt == "wav":
@@ -197,7 +199,7 @@ class AudioRoutes:
         except RequestTimeout as exc:
             log.info("streamed speech ended at its deadline: %s", exc)
 
-    async def _speech_sse(self, events) -> AsyncIterator[str]:
+    async def _speech_sse(self, events: AsyncIterator[ChatEvent]) -> AsyncIterator[str]:
         try:
             async with contextlib.aclosing(events):  # a client gone stops the stages
                 async for event in events:

@@ -16,6 +16,7 @@ from omni_serve.transport import Channel, announce, make_channel
 
 if TYPE_CHECKING:
     import torch
+    from fastapi import FastAPI
 
 
 def stage_setup(
@@ -92,7 +93,7 @@ def torch_stage(pipeline: dict[str, Any], stage_name: str) -> TorchStage:
     return TorchStage(config, stage, model_path, stage_dtype(stage), device)
 
 
-def ingress_app(title: str):
+def ingress_app(title: str) -> FastAPI:
     """The FastAPI app of an ingress, with the routes every ingress shares: OpenAI-shaped
     errors, the API key check, then the body limit (middleware added last runs first: no body
     is read for a client without the key).
@@ -146,7 +147,7 @@ def _last_lines(text: str, max_chars: int = 600) -> str:
     return text[-max_chars:].split("\n", 1)[-1]
 
 
-def stage_dtype(stage: StageConfig):
+def stage_dtype(stage: StageConfig) -> torch.dtype:
     """The torch dtype a stage's engine asks for (float32 on CPU by default)."""
     import torch
 
@@ -211,12 +212,12 @@ class StageWorker:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
         self.busy_s = 0.0
 
-    async def run(self, fn, *args):
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, self._timed, fn, args
         )
 
-    def _timed(self, fn, args: tuple):
+    def _timed(self, fn: Callable[..., Any], args: tuple) -> Any:
         began = time.perf_counter()
         try:
             return fn(*args)

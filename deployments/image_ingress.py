@@ -184,7 +184,7 @@ class ImageIngress(ReleasesSharedMemory):
             seed=body.seed,
         )
 
-    async def _run(self, options: ImageOptions, timeout_s: float | None):
+    async def _run(self, options: ImageOptions, timeout_s: float | None) -> list[Any]:
         deadline = request_deadline(timeout_s, self.config.api.request_timeout_s)
         self.metrics.in_flight.inc()
         try:

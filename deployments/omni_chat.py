@@ -29,7 +29,8 @@ from omni_serve.api.errors import (
 )
 from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.api.speech import SpeechRequest
-from omni_serve.api.sse import DONE
+from omni_serve.api.sse import DONE, ChunkWriter
+from omni_serve.api.transcriptions import TranscriptWriter
 from omni_serve.config import PipelineConfig
 from omni_serve.media.audio_codec import STREAMABLE_FORMATS
 from omni_serve.media.chat_parts import ChatMessage
@@ -261,7 +262,13 @@ class OmniChat:
             self.metrics.in_flight.dec()
 
     async def sse(
-        self, body, prompt, options, request_id, writer, audio_id: str | None = None
+        self,
+        body: ChatCompletionRequest,
+        prompt: PreparedPrompt,
+        options: ChatOptions,
+        request_id: str,
+        writer: ChunkWriter | TranscriptWriter,
+        audio_id: str | None = None,
     ) -> AsyncIterator[str]:
         """A chat streamed as server-sent events ``writer`` shapes (``omni_serve.api.sse``):
         past the deadline or on a stage failure the headers are out, so an error event ends

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -24,6 +25,7 @@ from omni_serve.api.speech import SpeechRequest
 from omni_serve.api.websocket import IdleTimeout, VoiceSocket, error_event
 from omni_serve.config import PipelineConfig
 from omni_serve.media.audio_codec import encode_audio
+from omni_serve.models.thinker_talker.chat_flow import ChatEvent
 from omni_serve.models.thinker_talker.family import SAMPLE_RATE
 
 log = logging.getLogger("ray.serve")
@@ -55,7 +57,9 @@ class VoiceSocketRoutes:
         finally:
             await socket.close()
 
-    async def _ws_events(self, message: Any, said: dict[str, Any] | None):
+    async def _ws_events(
+        self, message: Any, said: dict[str, Any] | None
+    ) -> AsyncIterator[ChatEvent]:
         if not isinstance(message, dict) or message.get("type") not in ("chat", "speech"):
             raise ValueError(
                 'send {"type": "chat", "messages": [...]} or {"type": "speech", "input": "..."}'
@@ -80,7 +84,9 @@ class VoiceSocketRoutes:
         events = self.chat.events(prompt, options, uuid.uuid4().hex)
         return self.chat.observed(iterate_within(events, self.chat.deadline(body)), prepare_s)
 
-    async def _ws_answer(self, socket: VoiceSocket, response_id: str, events) -> None:
+    async def _ws_answer(
+        self, socket: VoiceSocket, response_id: str, events: AsyncIterator[ChatEvent]
+    ) -> None:
         await socket.send({"type": "response.created", "id": response_id})
         try:
             async with aclosing(events):  # also when cancelled: the stages stop at once

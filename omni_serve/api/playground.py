@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse
 
 from omni_serve.api.errors import ApiError
@@ -50,7 +51,7 @@ def page_file(name: str) -> FileResponse:
     )
 
 
-def add_routes(app) -> None:
+def add_routes(app: FastAPI) -> None:
     """``/``, the page's files, and its config, on an ingress's FastAPI app."""
 
     @app.get("/", include_in_schema=False)

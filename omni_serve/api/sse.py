@@ -12,6 +12,8 @@ import json
 import time
 from typing import Any
 
+import numpy as np
+
 from omni_serve.api.protocol import reply_usage
 from omni_serve.media.audio_codec import encode_audio, wav_stream_header
 
@@ -71,7 +73,7 @@ class ChunkWriter:
     def text(self, delta: str) -> str:
         return sse(self._chunk({"content": delta}))
 
-    def audio(self, samples, transcript: str = "") -> str:
+    def audio(self, samples: np.ndarray, transcript: str = "") -> str:
         data = encode_audio(samples, self.sample_rate, "pcm16")
         if self.audio_format == "wav" and not self._audio_started:
             data = wav_stream_header(self.sample_rate) + data

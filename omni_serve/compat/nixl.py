@@ -13,6 +13,7 @@ import functools
 import importlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 _MODULES = ("nixl", "nixl_cu12", "nixl_cu13")
@@ -141,7 +142,7 @@ class _DeviceMemory:
         }
 
     @contextlib.contextmanager
-    def _context(self):
+    def _context(self) -> Iterator[None]:
         """The device's primary context, current in this thread for the call (a worker
         thread may never have made one current)."""
         device, context = ctypes.c_int(), ctypes.c_void_p()

@@ -17,6 +17,8 @@ autoloading (TORCH_DEVICE_BACKEND_AUTOLOAD=0).
 
 from __future__ import annotations
 
+from types import ModuleType
+
 # Schemas of torchvision's C++ ops that its Python modules reference at import time
 # (torchvision/_meta_registrations.py registers fake kernels for them).
 _OP_SCHEMAS = {
@@ -106,7 +108,7 @@ def install() -> None:
         _library.define(_OP_SCHEMAS[name])
 
 
-def _op_exists(torch_module, name: str) -> bool:
+def _op_exists(torch_module: ModuleType, name: str) -> bool:
     try:
         getattr(torch_module.ops.torchvision, name)
     except (AttributeError, RuntimeError):

@@ -26,6 +26,8 @@ Imported only by the vLLM plugin, which registers it for the Qwen2.5-Omni archit
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from vllm.model_executor.models.qwen2_5_omni_thinker import (
     Qwen2_5OmniThinkerForConditionalGeneration,
@@ -35,7 +37,9 @@ from omni_serve.compat.vllm_vision_embeds import SplitsVisionEmbeds
 
 
 class Qwen2_5OmniThinkerForServing(SplitsVisionEmbeds, Qwen2_5OmniThinkerForConditionalGeneration):
-    def get_mrope_input_positions(self, input_tokens, mm_features) -> tuple[torch.Tensor, int]:
+    def get_mrope_input_positions(
+        self, input_tokens: list[int], mm_features: list[Any]
+    ) -> tuple[torch.Tensor, int]:
         positions, _ = super().get_mrope_input_positions(input_tokens, mm_features)
         tokens = torch.as_tensor(input_tokens)
         for offset, modality, data in self.iter_mm_features(mm_features):

@@ -20,6 +20,9 @@ Imported only by the vLLM plugin, which registers this class for the Qwen3-Omni 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 from vllm.model_executor.models.qwen2_5_omni_thinker import (
     create_qwen2_5_omni_thinker_field_factory,
@@ -46,7 +49,7 @@ class _ParserWithVisionEmbeds(Qwen3OmniMoeThinkerMultiModalDataParser):
         },
     }
 
-    def _parse_video_data(self, data):
+    def _parse_video_data(self, data: Any) -> Any:
         if not isinstance(data, dict):
             return super()._parse_video_data(data)
         required, optional = self.embedding_field_sets("video")
@@ -60,7 +63,7 @@ class _ParserWithVisionEmbeds(Qwen3OmniMoeThinkerMultiModalDataParser):
 
 
 class _InfoWithVisionEmbeds(Qwen3OmniMoeThinkerProcessingInfo):
-    def get_data_parser(self):
+    def get_data_parser(self) -> Any:
         parser = super().get_data_parser()
         parser.__class__ = _ParserWithVisionEmbeds
         return parser
@@ -70,19 +73,21 @@ class SplitsVisionEmbeds:
     """The embeds path per image or video (the second symptom above; Qwen2.5-Omni's thinker
     has it too): mixed into a vLLM Omni thinker, before it in the bases."""
 
-    def _split_embeds(self, embeds, grid_thw: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _split_embeds(
+        self, embeds: torch.Tensor | Sequence[torch.Tensor], grid_thw: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         if isinstance(embeds, list | tuple):
             return tuple(e.type(self.visual.dtype) for e in embeds)
         merge = self.visual.spatial_merge_size
         sizes = grid_thw.prod(-1) // merge // merge
         return embeds.type(self.visual.dtype).split(sizes.tolist())
 
-    def _process_image_input(self, image_input):
+    def _process_image_input(self, image_input: Mapping[str, Any]) -> tuple[torch.Tensor, ...]:
         if image_input["type"] != "image_embeds":
             return super()._process_image_input(image_input)
         return self._split_embeds(image_input["image_embeds"], image_input["image_grid_thw"])
 
-    def _process_video_input(self, video_input):
+    def _process_video_input(self, video_input: Mapping[str, Any]) -> tuple[torch.Tensor, ...]:
         if video_input["type"] != "video_embeds":
             return super()._process_video_input(video_input)
         return self._split_embeds(video_input["video_embeds"], video_input["video_grid_thw"])

@@ -10,7 +10,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -75,7 +75,7 @@ def fuzz_without_server_errors(
             database=None,
             suppress_health_check=list(HealthCheck),
         )
-        def answers_without_a_server_error(case):
+        def answers_without_a_server_error(case: Any) -> None:
             if body_fields and isinstance(case.body, dict):
                 case.body.update(body_fields)
             response = case.call(headers=headers, timeout=120)

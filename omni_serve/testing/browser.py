@@ -25,7 +25,7 @@ SHOTS = Path(__file__).parents[2] / "load_tests" / "results" / "playground"
 
 
 @contextmanager
-def browser_page(*args: str, viewport=(900, 700)) -> Iterator[Any]:
+def browser_page(*args: str, viewport: tuple[int, int] = (900, 700)) -> Iterator[Any]:
     """A Playwright page in headless Chromium started with ``args`` (beside ``QUIET``); its
     console lines are printed (pytest -s shows them)."""
     try:

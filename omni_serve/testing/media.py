@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+from typing import Any
 
 import av
 import numpy as np
@@ -39,7 +40,7 @@ def video_file(
     return out.getvalue()
 
 
-def _mux_audio(container, track, samples: np.ndarray, rate: int = 16000) -> None:
+def _mux_audio(container: Any, track: Any, samples: np.ndarray, rate: int = 16000) -> None:
     pcm = np.round(np.clip(samples, -1, 1 - 1 / 32768) * 32768).astype(np.int16)
     frame = av.AudioFrame.from_ndarray(pcm[None], format="s16", layout="mono")
     frame.sample_rate, frame.pts = rate, 0
@@ -73,7 +74,7 @@ def wav_b64(samples: np.ndarray, rate: int, subtype: str | None = None) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def png_data_url(image) -> str:
+def png_data_url(image: Any) -> str:  # a PIL image
     """A PIL image as the (lossless) data: URL an ``image_url`` part carries."""
     buf = io.BytesIO()
     image.save(buf, format="PNG")

@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -20,7 +21,14 @@ from omni_serve.config import DiTParallelSettings
 from omni_serve.models.qwen_image.denoise import ImageJob
 
 
-def _rank(rank: int, settings: dict, init_method: str, path: str, workload, results) -> None:
+def _rank(
+    rank: int,
+    settings: dict,
+    init_method: str,
+    path: str,
+    workload: Callable[[], list[list[ImageJob]]],
+    results: Any,  # a multiprocessing SimpleQueue
+) -> None:
     from omni_serve.engines.diffusion.parallel import join_group, leave_group
     from omni_serve.models.qwen_image.parallel import load_parallel_denoiser
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ def speak(text: str, sample_rate: int = 24_000, voice: str = "en", wpm: int = 16
     lib, rate = _library()
     chunks: list[np.ndarray] = []
 
-    def take(wav, n, _events):  # called from inside espeak_Synth, on this thread
+    def take(wav: Any, n: int, _events: Any) -> int:  # called inside espeak_Synth, here
         if n > 0:
             chunks.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
         return 0

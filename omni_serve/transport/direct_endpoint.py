@@ -356,7 +356,9 @@ class Endpoint:
                 raise ChannelError(f"direct ref {where.agent}/{where.buffer} was freed")
             return buffer.memory[: where.size].to(device, copy=True)
 
-    def _transfer(self, local: torch.Tensor, remote: list[tuple[int, int, int]], where: Where):
+    def _transfer(
+        self, local: torch.Tensor, remote: list[tuple[int, int, int]], where: Where
+    ) -> None:
         state = "ERR"
         try:
             state = nixl_read(self.agent, self.lock, local, remote, where, TRANSFER_TIMEOUT_S)

@@ -159,7 +159,7 @@ def _report_host_id() -> str:
 
 
 @functools.cache
-def _reporter():
+def _reporter() -> Any:  # a Ray remote function
     import ray
 
     return ray.remote(num_cpus=0, max_retries=0)(_report_host_id)

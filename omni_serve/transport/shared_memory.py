@@ -37,7 +37,7 @@ import queue
 import struct
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -76,7 +76,7 @@ _live_views: dict[tuple[str, int], int] = {}  # consumer side: mappings not yet 
 
 
 @contextlib.contextmanager
-def _locked(path: Path, blocking: bool = True):
+def _locked(path: Path, blocking: bool = True) -> Iterator[int | None]:
     """The segment's fd under an exclusive flock (None if the segment is gone). Not
     blocking: BlockingIOError if someone, this process included, holds the lock."""
     try:

@@ -35,7 +35,7 @@ from omni_serve.media.audio_codec import encode_audio
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
-    from omni_serve.api.realtime.session import RealtimeSession
+    from omni_serve.api.realtime.session import RealtimeSession, Respond
 
 log = logging.getLogger("ray.serve")
 
@@ -60,7 +60,7 @@ class _Prefetch:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task = asyncio.create_task(self._pump(respond, ask))
 
-    async def _pump(self, respond, ask: Ask) -> None:
+    async def _pump(self, respond: Respond, ask: Ask) -> None:
         try:
             events = await respond(ask)
             async with aclosing(events):
@@ -135,7 +135,7 @@ class Answer:
             if prefetch is not None:
                 await prefetch.aclose()
 
-    async def _shown(self, respond, prefetch: _Prefetch | None) -> None:
+    async def _shown(self, respond: Respond, prefetch: _Prefetch | None) -> None:
         session = self.session
         self._shown_at = time.monotonic()
         await session.emit("response.created", response=self.response_json("in_progress"))

@@ -35,7 +35,22 @@ from omni_serve.api.realtime.conversation import (
     pcm_from_b64,
 )
 from omni_serve.api.realtime.input_transcripts import InputTranscripts, Transcribe
-from omni_serve.api.realtime.protocol import ClientEvent, ResponseOptions, event_id
+from omni_serve.api.realtime.protocol import (
+    AppendEvent,
+    ClearEvent,
+    ClientEvent,
+    CommitEvent,
+    ItemCreateEvent,
+    ItemDeleteEvent,
+    ItemRetrieveEvent,
+    ItemTruncateEvent,
+    OutputClearEvent,
+    ResponseCancelEvent,
+    ResponseCreateEvent,
+    ResponseOptions,
+    SessionUpdateEvent,
+    event_id,
+)
 from omni_serve.api.realtime.settings import Ask, Limits, Settings
 from omni_serve.api.realtime.turn_detection import SpeechEdge, VoiceActivity, load_vad_model
 from omni_serve.api.socket_session import SocketSession
@@ -128,7 +143,7 @@ class RealtimeSession(SocketSession):
 
     # --- session and input audio -------------------------------------------------------
 
-    async def _on_session_update(self, event) -> None:
+    async def _on_session_update(self, event: SessionUpdateEvent) -> None:
         new = self.settings.updated(event.session, self.limits)
         if new.vad != self.settings.vad:
             await self._discard_early()
@@ -140,7 +155,7 @@ class RealtimeSession(SocketSession):
         self.settings = new
         await self.emit("session.updated", session=new.as_json(self.limits))
 
-    async def _on_input_audio_buffer_append(self, event) -> None:
+    async def _on_input_audio_buffer_append(self, event: AppendEvent) -> None:
         pcm = pcm_from_b64(event.audio, "audio")
         if len(self.buffer) + len(pcm) > self.max_buffer_bytes:
             message = (
@@ -199,7 +214,7 @@ class RealtimeSession(SocketSession):
         if vad.create_response and not self.answering:
             await self._start_answer(None)
 
-    async def _on_input_audio_buffer_commit(self, event) -> None:
+    async def _on_input_audio_buffer_commit(self, event: CommitEvent) -> None:
         await self._discard_early()
         await self._commit(self._speech_item)
         self._speech_item = None
@@ -224,12 +239,12 @@ class RealtimeSession(SocketSession):
         if self.settings.transcription is not None:
             self.transcripts.start(item, self.settings.transcription)
 
-    async def _on_input_audio_buffer_clear(self, event) -> None:
+    async def _on_input_audio_buffer_clear(self, event: ClearEvent) -> None:
         await self._discard_early()
         self.buffer.clear()
         await self.emit("input_audio_buffer.cleared")
 
-    async def _on_output_audio_buffer_clear(self, event) -> None:
+    async def _on_output_audio_buffer_clear(self, event: OutputClearEvent) -> None:
         message = (
             "output_audio_buffer.clear is for WebRTC and SIP sessions; over a WebSocket "
             "send response.cancel and conversation.item.truncate"
@@ -248,15 +263,15 @@ class RealtimeSession(SocketSession):
         ):
             await self.emit(kind, item=shown, previous_item_id=previous)
 
-    async def _on_conversation_item_create(self, event) -> None:
+    async def _on_conversation_item_create(self, event: ItemCreateEvent) -> None:
         item = item_from_client(event.item)
         await self._announce(item, self.conversation.add(item, event.previous_item_id))
 
-    async def _on_conversation_item_delete(self, event) -> None:
+    async def _on_conversation_item_delete(self, event: ItemDeleteEvent) -> None:
         self.conversation.delete(event.item_id)
         await self.emit("conversation.item.deleted", item_id=event.item_id)
 
-    async def _on_conversation_item_retrieve(self, event) -> None:
+    async def _on_conversation_item_retrieve(self, event: ItemRetrieveEvent) -> None:
         item = self.conversation.get(event.item_id)
         shown = item.as_json()
         for part, json_part in zip(item.parts, shown["content"], strict=True):
@@ -264,7 +279,7 @@ class RealtimeSession(SocketSession):
                 json_part["audio"] = base64.b64encode(part.pcm).decode()
         await self.emit("conversation.item.retrieved", item=shown)
 
-    async def _on_conversation_item_truncate(self, event) -> None:
+    async def _on_conversation_item_truncate(self, event: ItemTruncateEvent) -> None:
         item = self.conversation.get(event.item_id)
         if item.role != "assistant":
             raise ApiError(400, "only an assistant's audio can be truncated", "item_id")
@@ -278,7 +293,7 @@ class RealtimeSession(SocketSession):
 
     # --- answers -----------------------------------------------------------------------
 
-    async def _on_response_create(self, event) -> None:
+    async def _on_response_create(self, event: ResponseCreateEvent) -> None:
         await self._discard_early()  # the client asks instead: its answer, not one it never saw
         await self._until_discarded()
         if self.answering:
@@ -289,7 +304,7 @@ class RealtimeSession(SocketSession):
             )
         await self._start_answer(event.response)
 
-    async def _on_response_cancel(self, event) -> None:
+    async def _on_response_cancel(self, event: ResponseCancelEvent) -> None:
         answer = self._answer
         if answer is None or (event.response_id not in (None, answer.id)):
             raise ApiError(

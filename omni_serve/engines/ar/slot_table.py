@@ -30,7 +30,7 @@ class SlotTable:
     def allocated(slots: int, vocab: int, device: torch.device | str) -> dict[str, torch.Tensor]:
         """The fields, zeroed (top_p and the penalty at 1: off), for ``cls(**fields)``."""
 
-        def zeros(*shape, dtype=torch.int64):
+        def zeros(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         return {

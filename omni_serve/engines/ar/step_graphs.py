@@ -47,6 +47,7 @@ def bucket(size: int, buckets: Sequence[int]) -> int:
 
 
 Inputs = tuple[torch.Tensor, ...]
+CapturedStep = tuple[torch.cuda.CUDAGraph, Inputs, torch.Tensor]  # graph, inputs, output
 
 
 class StepGraphs:
@@ -77,7 +78,7 @@ class StepGraphs:
         self.fn = fn
         self.safe_inputs = safe_inputs
         self.warmup = warmup
-        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Inputs, torch.Tensor]] = {}
+        self._graphs: dict[tuple, CapturedStep] = {}
         self._pool = None
         if mode == "compile":
             cuda = torch.cuda.is_available()
@@ -97,14 +98,14 @@ class StepGraphs:
         graph.replay()
         return out
 
-    def capture(self, inputs: Inputs, static: tuple[int, ...] = ()):
+    def capture(self, inputs: Inputs, static: tuple[int, ...] = ()) -> CapturedStep:
         """The bucket's graph, captured now if it is new (``inputs`` give only the shapes)."""
         key = (tuple(tuple(t.shape) for t in inputs), static)
         if key not in self._graphs:
             self._graphs[key] = self._capture(self.safe_inputs(inputs, static), static)
         return self._graphs[key]
 
-    def _capture(self, inputs: Inputs, static: tuple[int, ...]):
+    def _capture(self, inputs: Inputs, static: tuple[int, ...]) -> CapturedStep:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

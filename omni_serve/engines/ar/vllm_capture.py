@@ -12,6 +12,7 @@ requests cost nothing. Rows leave the worker as raw bytes: tensors returned thro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -115,7 +116,7 @@ class HiddenStateCaptureExtension:
         self._omni_batch = self._omni_wanted()
         self._omni_store(0, hidden)
 
-    def _omni_make_post_hook(self, boundary: int):
+    def _omni_make_post_hook(self, boundary: int) -> Callable[[nn.Module, tuple, Any], None]:
         def hook(_module: nn.Module, _args: tuple, output: Any) -> None:
             if not self._omni_batch:
                 return

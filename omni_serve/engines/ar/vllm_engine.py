@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_serve.engines.ar.base import ARChunk, ARRequest, PromptRejected
 from omni_serve.engines.ar.stale_engine_files import SHM_DIR, sweep_every
@@ -16,6 +16,9 @@ from omni_serve.engines.ar.stop_strings import StopStringWatch
 from omni_serve.engines.ar.vllm_capture import CAPTURE_KEY, decode_rows
 from omni_serve.engines.cpu_cores import usable_cores
 from omni_serve.transport.kv_blocks import PREFIX_KEY
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -133,14 +136,14 @@ class VLLMEngine:
         return self._llm is not None and not self._llm.errored
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:  # vLLM's tokenizer wrapper; None before start()
         return self._llm.tokenizer if self._llm is not None else None
 
     def _decode(self, token_ids: list[int]) -> str:
         """As vLLM's detokenizer renders output (``skip_special_tokens`` is its default)."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def _sampling_params(self, request: ARRequest):
+    def _sampling_params(self, request: ARRequest) -> SamplingParams:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 

@@ -24,6 +24,7 @@ then whole blocks, so each job's codes start on a block boundary of the stream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,7 +211,7 @@ class CodecDecoder:
 
     def __init__(
         self,
-        decode_fn,
+        decode_fn: Callable[..., torch.Tensor],
         samples_per_frame: int,
         pad_code: int = 0,
         conv_history: int | None = None,

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -77,7 +77,7 @@ class StepBatcher:
         self,
         stepper: Stepper,
         max_batch_size: int,
-        result=lambda state: state,
+        result: Callable[[Any], Any] = lambda state: state,
         name: str = "dit",
         logger: logging.Logger = log,
     ) -> None:
@@ -206,7 +206,9 @@ class StepBatcher:
         self._running[key] = still
 
 
-def _settle(future: concurrent.futures.Future, result: Any = None, exception=None) -> None:
+def _settle(
+    future: concurrent.futures.Future, result: Any = None, exception: BaseException | None = None
+) -> None:
     """Sets a future the caller may have cancelled meanwhile (then nobody reads it)."""
     try:
         if exception is not None:

@@ -13,6 +13,8 @@ for the batch as a whole; a static mask keeps each image independent of its batc
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from omni_serve.config.diffusion import StepCacheSettings
@@ -58,7 +60,7 @@ class StepCache:
         stats = self._cache_dit.summary(self.transformer)
         return len(stats[-1].cached_steps) if stats else 0
 
-    def _cache_config(self, steps: int | None):
+    def _cache_config(self, steps: int | None) -> Any:  # cache-dit's DBCacheConfig
         s = self.settings
         mask = s.steps_mask
         if s.steps_mask_policy is not None and steps is not None:

@@ -25,7 +25,9 @@ def _needs_audio_output(config: Any, checkpoint: str | Path) -> None:
         )
 
 
-def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+def load_talker(
+    checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> tuple[torch.nn.Module, Any]:
     from transformers import Qwen2_5OmniTalkerForConditionalGeneration
 
     config = load_config(checkpoint)
@@ -35,7 +37,7 @@ def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32, devi
     return talker.to(device=device, dtype=dtype), config
 
 
-def load_token2wav(checkpoint: str | Path, device: str = "cpu"):
+def load_token2wav(checkpoint: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, Any]:
     """Float32 always: transformers runs Token2Wav in float32 whatever the model's dtype (its
     DiT's ODE and BigVGAN's clamped output are not made for half precision)."""
     from transformers import Qwen2_5OmniToken2WavModel

@@ -10,6 +10,7 @@ the features here are made the same way), and the vision tower has no deepstack 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from omni_serve.models.qwen2_5_omni.checkpoint import load_config
 from omni_serve.models.thinker_talker.tower_inputs import ProcessorInputs
 
 
-def padded_clip_features(feature_extractor, clip: np.ndarray) -> torch.Tensor:
+def padded_clip_features(feature_extractor: Any, clip: np.ndarray) -> torch.Tensor:
     """One clip's log-mel features [mel, frames] as ``Qwen2_5OmniProcessor`` makes them:
     padded to the 30 s window, then only the clip's own frames."""
     out = feature_extractor(

@@ -74,7 +74,9 @@ class TalkerInputBuilder:
         """The row reply token ``token_id`` gives the Talker: its last hidden + its embedding."""
         return last_hidden.to(self.embed.dtype) + self.embed[token_id]
 
-    def trailing_row(self, token_id: int, last_hidden: torch.Tensor | None, is_last: bool):
+    def trailing_row(
+        self, token_id: int, last_hidden: torch.Tensor | None, is_last: bool
+    ) -> torch.Tensor:
         """The row one later reply token contributes to one Talker step; the reply's last
         token (whose hidden row the Thinker never computes) stands as ``tts_text_eod``."""
         if is_last:

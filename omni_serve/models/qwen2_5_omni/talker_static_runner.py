@@ -24,7 +24,9 @@ from omni_serve.models.qwen2_5_omni.talker_runner import TalkerRunner, TalkerSta
 from omni_serve.models.qwen2_5_omni.talker_step import TalkerDecodeStep
 
 
-def talker_runner(talker: Any, pad_row: torch.Tensor, engine: EngineSettings, max_len: int):
+def talker_runner(
+    talker: Any, pad_row: torch.Tensor, engine: EngineSettings, max_len: int
+) -> TalkerRunner:
     """The runner a Talker stage's engine settings ask for: with ``cuda_graphs``, the static
     step captured as CUDA graphs; otherwise the eager runner (the CPU path)."""
     if engine.cuda_graphs:

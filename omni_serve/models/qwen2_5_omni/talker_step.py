@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import apply_rotary_pos_emb
 
 from omni_serve.engines.ar.device_sampling import RowSampling, apply_repetition_penalty, sample
@@ -24,7 +25,9 @@ class TalkerDecodeStep:
     """``step(slot_idx [B], text [B, H_thinker], window) -> [B]``: each row's next code (one
     int64 tensor, one copy off the device)."""
 
-    def __init__(self, talker, cache: SlotKVCache, slots: SlotTable, suppress: torch.Tensor):
+    def __init__(
+        self, talker: nn.Module, cache: SlotKVCache, slots: SlotTable, suppress: torch.Tensor
+    ):
         self.talker = talker
         self.model = talker.model
         self.cache = cache
@@ -48,7 +51,9 @@ class TalkerDecodeStep:
         s.counter[slot_idx] = rows.counter + 1
         return token
 
-    def sample_next(self, hidden: torch.Tensor, slot_idx: torch.Tensor, rows: RowSampling):
+    def sample_next(
+        self, hidden: torch.Tensor, slot_idx: torch.Tensor, rows: RowSampling
+    ) -> torch.Tensor:
         """The next code from the Talker's output rows [B, H]."""
         s = self.slots
         logits = self.talker.codec_head(hidden).float()
@@ -88,7 +93,9 @@ class TalkerDecodeStep:
         return self.model.norm(x)[:, 0]
 
 
-def _attend(attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor):
+def _attend(
+    attn: nn.Module, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """One query row per request: the query heads that share a KV head become that head's
     query rows, so no K/V head is repeated and any SDPA kernel (flash, memory-efficient) can
     run it (``enable_gqa`` sends a GPU to the math kernel)."""

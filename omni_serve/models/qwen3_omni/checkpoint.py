@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,7 +14,7 @@ from omni_serve.models.common import checkpoint_parts
 from omni_serve.models.common.checkpoint_parts import load_tensors
 
 
-def load_config(checkpoint: str | Path):
+def load_config(checkpoint: str | Path) -> Any:  # Qwen3OmniMoeConfig
     from transformers import Qwen3OmniMoeConfig
 
     return Qwen3OmniMoeConfig.from_pretrained(checkpoint)
@@ -56,7 +57,9 @@ def load_submodule(module: nn.Module, checkpoint: str | Path, prefix: str) -> nn
     return checkpoint_parts.load_submodule(module, checkpoint, prefix, fuse_experts)
 
 
-def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+def load_talker(
+    checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> tuple[nn.Module, Any]:
     from transformers import Qwen3OmniMoeTalkerForConditionalGeneration
 
     from omni_serve.compat.transformers import qwen3_omni_talker_audio_config
@@ -74,7 +77,9 @@ def load_talker(checkpoint: str | Path, dtype: torch.dtype = torch.float32, devi
     return talker.to(device=device, dtype=dtype), config
 
 
-def load_code2wav(checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+def load_code2wav(
+    checkpoint: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> tuple[nn.Module, Any]:
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
     config = load_config(checkpoint)

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 from transformers import DynamicCache
 
 from omni_serve.engines.codec.chunked import DecodeJob
@@ -42,7 +43,9 @@ class _StreamState:
 class Code2wavStreams:
     """Incremental transformer rows per stream, for ``codec.load_code2wav_decoder``."""
 
-    def __init__(self, code2wav, max_streams: int = MAX_STREAMS, idle_s: float = IDLE_S) -> None:
+    def __init__(
+        self, code2wav: nn.Module, max_streams: int = MAX_STREAMS, idle_s: float = IDLE_S
+    ) -> None:
         self.code2wav = code2wav
         self.max_streams = max_streams
         self.idle_s = idle_s

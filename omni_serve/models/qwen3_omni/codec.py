@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,7 +21,7 @@ CONV_HISTORY_FRAMES = 6
 _CONV_MARGIN_FRAMES = 4
 
 
-def exact_left_context(code2wav_config) -> int:
+def exact_left_context(code2wav_config: Any) -> int:
     """Left context (frames) for which a chunk's decode equals the full decode.
 
     Each of the transformer's layers attends ``sliding_window`` frames back, so the receptive
@@ -44,7 +45,9 @@ def load_code2wav_decoder(
     use_in_place_snake(code2wav)
     streams = Code2wavStreams(code2wav) if stream_state else None
 
-    def transformer_rows(codes: torch.Tensor, trims: list[int], jobs: list[DecodeJob]):
+    def transformer_rows(
+        codes: torch.Tensor, trims: list[int], jobs: list[DecodeJob]
+    ) -> list[torch.Tensor]:
         """Per batch row, the transformer's output from frame ``trims[i]`` of ``codes`` on:
         from the stream's state when it has one, else over all of ``codes[i]``."""
         out: list[torch.Tensor | None] = [None] * codes.shape[0]

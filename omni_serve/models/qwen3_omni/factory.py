@@ -11,7 +11,10 @@ import copy
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
 
 PRESETS = {"tiny-qwen3-omni": "tiny.json", "small-qwen3-omni": "small.json"}
 SEED = 0
@@ -69,7 +72,7 @@ def build(preset: str, directory: Path) -> None:
     save_processor(directory, vision_patch_size=config.thinker_config.vision_config.patch_size)
 
 
-def _calibrate_code2wav_loudness(code2wav) -> None:
+def _calibrate_code2wav_loudness(code2wav: nn.Module) -> None:
     """Code2wav's decoder, at speech-like loudness for fixed random codes."""
     import torch
 

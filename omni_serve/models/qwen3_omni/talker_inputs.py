@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from omni_serve.models.thinker_talker.messages import SpeakRequest
 
@@ -31,7 +32,7 @@ def _tensor(small: Any) -> torch.Tensor | None:
     return None if small is None else torch.as_tensor(small)
 
 
-def media_token_ids(config) -> tuple[int, int, int]:
+def media_token_ids(config: Any) -> tuple[int, int, int]:
     """The Thinker's audio, image and video placeholder ids."""
     thinker = config.thinker_config
     return thinker.audio_token_id, thinker.image_token_id, thinker.video_token_id
@@ -45,7 +46,7 @@ class TalkerPrompt:
 
 
 class TalkerInputBuilder:
-    def __init__(self, talker, config, thinker_embed_tokens: torch.Tensor) -> None:
+    def __init__(self, talker: nn.Module, config: Any, thinker_embed_tokens: torch.Tensor) -> None:
         self.talker = talker
         self.config = config
         self.thinker_embed = thinker_embed_tokens  # [V, H_thinker]

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
+from torch import nn
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
 from omni_serve.engines.ar.base import ARRequest, SamplingConfig
@@ -62,12 +63,12 @@ class TalkerState:
 class TalkerRunner(FedSlotRunner):
     def __init__(
         self,
-        talker,
+        talker: nn.Module,
         tts_pad: torch.Tensor,
         max_batch_size: int = 8,
         max_len: int = 4096,
         spare_slot: bool = False,
-    ):
+    ) -> None:
         self.talker = talker.eval()
         self.model = talker.model
         self.predictor = talker.code_predictor
@@ -229,7 +230,14 @@ class TalkerRunner(FedSlotRunner):
         self.cache.advance(slots, embeds.shape[1])
         return self.model.norm(hidden)
 
-    def _decoder(self, layers, hidden: torch.Tensor, cos, sin, store: StoreKV) -> torch.Tensor:
+    def _decoder(
+        self,
+        layers: nn.ModuleList,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        store: StoreKV,
+    ) -> torch.Tensor:
         """Pre-norm decoder layers (the Talker's and the code predictor's have the same shape);
         ``store`` puts a layer's new keys/values in its cache and returns what to attend to."""
         for i, layer in enumerate(layers):
@@ -240,7 +248,13 @@ class TalkerRunner(FedSlotRunner):
         return hidden
 
     @staticmethod
-    def _attention(attn, x: torch.Tensor, cos, sin, store) -> torch.Tensor:
+    def _attention(
+        attn: nn.Module,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        store: Callable[[torch.Tensor, torch.Tensor], KVView],
+    ) -> torch.Tensor:
         """``store(k, v)``: the keys/values to attend to and their mask. None means no mask
         is needed: one new row, or new rows that are all the cache holds (causal among
         themselves; SDPA's ``is_causal`` aligns queries to the first keys)."""
@@ -259,7 +273,9 @@ class TalkerRunner(FedSlotRunner):
         return attn.o_proj(out.transpose(1, 2).reshape(b, length, -1))
 
 
-def project_qkv(attn, x: torch.Tensor, cos, sin):
+def project_qkv(
+    attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v [b, heads, L, d] of [b, L, H] inputs, normed and rotated (a Talker or code
     predictor attention layer's own projections)."""
     b, length, _ = x.shape

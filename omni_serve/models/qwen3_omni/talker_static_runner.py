@@ -14,6 +14,7 @@ the host's RNG when they arrive.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from omni_serve.config import EngineSettings
 from omni_serve.engines.ar.base import ARRequest
@@ -24,7 +25,9 @@ from omni_serve.models.qwen3_omni.talker_runner import TalkerRunner, TalkerState
 from omni_serve.models.qwen3_omni.talker_step import TalkerDecodeStep, TalkerSlots
 
 
-def talker_runner(talker, tts_pad: torch.Tensor, engine: EngineSettings, max_len: int):
+def talker_runner(
+    talker: nn.Module, tts_pad: torch.Tensor, engine: EngineSettings, max_len: int
+) -> TalkerRunner:
     """The runner a Talker stage's engine settings ask for: with ``cuda_graphs``, the static
     step captured as CUDA graphs; otherwise the eager runner (the CPU path)."""
     if engine.cuda_graphs:
@@ -41,7 +44,7 @@ class StaticTalkerRunner(PaddedSteps, TalkerRunner):
 
     def __init__(
         self,
-        talker,
+        talker: nn.Module,
         tts_pad: torch.Tensor,
         max_batch_size: int = 8,
         max_len: int = 4096,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers.integrations.moe import batched_mm_experts_forward
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
@@ -44,7 +45,9 @@ class TalkerSlots(SlotTable):
     last_hidden: torch.Tensor  # [S, H]
 
     @classmethod
-    def allocate(cls, slots: int, hidden: int, vocab: int, dtype, device) -> TalkerSlots:
+    def allocate(
+        cls, slots: int, hidden: int, vocab: int, dtype: torch.dtype, device: torch.device | str
+    ) -> TalkerSlots:
         last = torch.zeros(slots, hidden, dtype=dtype, device=device)
         return cls(**cls.allocated(slots, vocab, device), last_hidden=last)
 
@@ -53,7 +56,9 @@ class TalkerDecodeStep:
     """``step(slot_idx [B], text [B, H], window) -> [B, 17]``: each row's frame (16 codes)
     and the next frame's codebook 0, as one int64 tensor (one copy off the device)."""
 
-    def __init__(self, talker, cache: SlotKVCache, slots: TalkerSlots, suppress: torch.Tensor):
+    def __init__(
+        self, talker: nn.Module, cache: SlotKVCache, slots: TalkerSlots, suppress: torch.Tensor
+    ):
         self.talker = talker
         self.model = talker.model
         self.predictor = talker.code_predictor
@@ -91,7 +96,9 @@ class TalkerDecodeStep:
         s.counter[slot_idx] = rows.counter + 1
         return torch.cat([c0[:, None], residuals, token[:, None]], dim=1)
 
-    def sample_next(self, hidden: torch.Tensor, slot_idx: torch.Tensor, rows: RowSampling):
+    def sample_next(
+        self, hidden: torch.Tensor, slot_idx: torch.Tensor, rows: RowSampling
+    ) -> torch.Tensor:
         """Codebook 0 of the next frame from the Talker's output rows [B, H]."""
         s = self.slots
         logits = self.talker.codec_head(hidden).float()
@@ -165,7 +172,7 @@ class TalkerDecodeStep:
         return _rms_norm(self.model.norm, x)[:, 0]
 
 
-def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A transformers RMSNorm module's output, as ``F.rms_norm``: one fused kernel on a GPU
     where the module launches six (eight in bf16, with its casts). A step runs ~220 norms, the
     largest share of a launch-bound graph's kernels. fp32 gives the module's values; bf16 rounds
@@ -173,7 +180,9 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
-def _project_qkv(attn, x: torch.Tensor, cos, sin):
+def _project_qkv(
+    attn: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``talker_runner.project_qkv`` with the fused norm: q, k, v [b, heads, L, d]."""
     b, length, _ = x.shape
     shape = (b, length, -1, attn.head_dim)
@@ -185,7 +194,7 @@ def _project_qkv(attn, x: torch.Tensor, cos, sin):
 
 
 def _attend(
-    attn,
+    attn: nn.Module,
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
@@ -207,7 +216,7 @@ def _attend(
     return attn.o_proj(out.transpose(1, 2).reshape(b, length, heads * d))
 
 
-def _mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+def _mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The Talker's MLP with static shapes. Its sparse MoE block routes each row to top-k
     experts, which transformers' eager path runs as a loop over the experts hit (a host sync
     and data-dependent shapes). Here every shape is fixed: with more (row, expert) pairs than

@@ -103,7 +103,10 @@ class Denoiser:
     """``step_cache``: cache-dit hooks already on ``transformer`` (refreshed per run)."""
 
     def __init__(
-        self, transformer, scheduler_config: dict, step_cache: StepCache | None = None
+        self,
+        transformer: torch.nn.Module,
+        scheduler_config: dict,
+        step_cache: StepCache | None = None,
     ) -> None:
         self.transformer = transformer.eval()
         self.scheduler_config = scheduler_config

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
@@ -65,7 +66,7 @@ class MaskedUSPProcessor:
 
     def __call__(
         self,
-        attn,
+        attn: torch.nn.Module,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
         encoder_hidden_states_mask: torch.Tensor | None = None,
@@ -126,7 +127,7 @@ class MaskedUSPProcessor:
         return image_out, attn.to_add_out(text_out.contiguous())
 
 
-def load_sequence_parallel_transformer(path: str | Path, dtype: torch.dtype):
+def load_sequence_parallel_transformer(path: str | Path, dtype: torch.dtype) -> torch.nn.Module:
     """xfuser's Qwen-Image transformer with masked attention, from the checkpoint's
     ``transformer/`` folder (the same weights the single-worker DiT loads)."""
     from xfuser.model_executor.models.transformers.transformer_qwen import (
@@ -134,7 +135,7 @@ def load_sequence_parallel_transformer(path: str | Path, dtype: torch.dtype):
     )
 
     class MaskedSequenceParallelTransformer(xFuserQwenImageTransformerWrapper):
-        def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             self.layout.image_tokens = hidden_states.shape[1]
             self.layout.key_mask_of = None  # a new forward: the first block builds the mask
             return super().forward(hidden_states, *args, **kwargs)
@@ -154,7 +155,15 @@ class ParallelDenoiser(Denoiser):
     def cancelled(self, jobs: list[ImageJob]) -> bool:
         return group_decides(super().cancelled(jobs))
 
-    def predict(self, rows, timestep, embeds, mask, img_shapes, conditional) -> torch.Tensor:
+    def predict(
+        self,
+        rows: torch.Tensor,
+        timestep: torch.Tensor,
+        embeds: torch.Tensor,
+        mask: torch.Tensor | None,
+        img_shapes: list,
+        conditional: int,
+    ) -> torch.Tensor:
         if mask is None:  # the masked processor needs the prompt mask even when all ones
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         branch, branches = cfg_branch()

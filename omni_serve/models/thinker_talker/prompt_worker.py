@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from omni_serve.config import ApiSettings
 from omni_serve.media.chat_parts import ChatMessage
@@ -27,6 +28,8 @@ from omni_serve.models.thinker_talker.request import (
     prepare_prompt,
     remote_media,
 )
+
+T = TypeVar("T")
 
 
 class PromptWorker:
@@ -78,7 +81,7 @@ class PromptWorker:
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         return prompt, tokenizer(text)["input_ids"] + [im_end]
 
-    async def _on_processor_thread(self, fn, *args):
+    async def _on_processor_thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._processor_thread, fn, *args)
 
     def close(self) -> None:

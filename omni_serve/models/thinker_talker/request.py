@@ -63,7 +63,7 @@ class PreparedPrompt:
     content: PromptContent | None = None
 
 
-def prompt_content(processor, ids: list[int], items: dict[str, list[Any]]) -> PromptContent:
+def prompt_content(processor: Any, ids: list[int], items: dict[str, list[Any]]) -> PromptContent:
     """The prompt's content key: its ids, and each media item's digest where its placeholder
     starts (the k-th run of a modality's placeholder is its k-th item). An audio track
     interleaved with its video has no placeholder of its own: the video's digest covers the
@@ -111,7 +111,7 @@ def _max_bytes(kind: str, api: ApiSettings) -> int:
 
 
 def _decode(
-    processor,
+    processor: Any,
     part: MediaPart,
     api: ApiSettings,
     param: str,
@@ -199,7 +199,7 @@ def media_limit(limits: dict[str, Any], kind: str) -> int | None:
 
 
 def decode_media(
-    processor,
+    processor: Any,
     messages: list[ChatMessage],
     api: ApiSettings,
     fetched: Mapping[str, bytes] | None = None,
@@ -216,7 +216,7 @@ def decode_media(
 
 
 def prepare_prompt(
-    processor,
+    processor: Any,
     messages: list[ChatMessage],
     api: ApiSettings,
     decoded: dict[str, Any] | None = None,
@@ -284,7 +284,7 @@ def prepare_prompt(
     return prepared
 
 
-def _check_clip_length(processor, clip: np.ndarray, longest: int | None, param: str) -> None:
+def _check_clip_length(processor: Any, clip: np.ndarray, longest: int | None, param: str) -> None:
     if longest is not None and len(clip) > longest:
         rate = processor.feature_extractor.sampling_rate
         message = (

@@ -163,7 +163,9 @@ async def speak(
             finally:  # whatever failed above, the stream must end, not wait forever
                 await out.put(_END)
 
-    async def _start_talker(prompt_ids, rows_ref, tokens, reply_rows) -> asyncio.Task:
+    async def _start_talker(
+        prompt_ids: list[int], rows_ref: Any, tokens: list[int], reply_rows: list[torch.Tensor]
+    ) -> asyncio.Task:
         if isinstance(rows_ref, TakenRows):  # given_reply's
             rows = rows_ref.rows
         else:

@@ -20,7 +20,11 @@ from omni_serve.transport import take
 
 
 def thinker_prompt(
-    processor, messages: list[dict], audios=(), images=(), videos=()
+    processor: Any,
+    messages: list[dict],
+    audios: Sequence[Any] = (),
+    images: Sequence[Any] = (),
+    videos: Sequence[Any] = (),
 ) -> tuple[list[int], dict]:
     """Token ids of the chat template (one placeholder per media item; vLLM expands them) and
     vLLM's ``multi_modal_data``. Audio is 16 kHz float32 mono; images are PIL images; videos
@@ -38,7 +42,7 @@ def thinker_prompt(
     return ids, mm
 
 
-def video_frame_size(processor) -> dict[str, int]:
+def video_frame_size(processor: Any) -> dict[str, int]:
     """The pixel bounds (``shortest_edge``, ``longest_edge``) the processor resizes video
     frames to. Its call merges the model's own video defaults over the video processor's
     (Qwen3-Omni: 768 x 32 x 32 pixels at most, not the video processor's 602,112; Qwen2.5-Omni:
@@ -50,7 +54,7 @@ def video_frame_size(processor) -> dict[str, int]:
     return dict(merged["videos_kwargs"]["size"])
 
 
-def video_grids(processor, videos) -> torch.Tensor:
+def video_grids(processor: Any, videos: Sequence[Any]) -> torch.Tensor:
     """Each video's (t, h, w) patch grid, as the processor makes it (transformers'
     ``smart_resize`` and ``get_num_of_video_patches`` rules), without resizing and
     normalising every frame just to count patches."""
@@ -70,7 +74,7 @@ def video_grids(processor, videos) -> torch.Tensor:
     return torch.tensor(grids)
 
 
-def image_grids(processor, images) -> torch.Tensor:
+def image_grids(processor: Any, images: Sequence[Any]) -> torch.Tensor:
     """Each image's (1, h, w) patch grid, as the image processor makes it (its ``smart_resize``
     rule), without resizing and normalising the image: the encoder stage patches images."""
     image_processor = processor.image_processor
@@ -89,20 +93,20 @@ def image_grids(processor, images) -> torch.Tensor:
     return torch.tensor(grids)
 
 
-def audio_frames(processor, clips: Sequence[Any]) -> torch.Tensor:
+def audio_frames(processor: Any, clips: Sequence[Any]) -> torch.Tensor:
     """Each clip's mel frame count as the feature extractor makes its features (its centred
     STFT gives ``1 + n // hop`` frames and drops the last), without making them."""
     hop = processor.feature_extractor.hop_length
     return torch.tensor([len(clip) // hop for clip in clips])
 
 
-def min_audio_samples(processor) -> int:
+def min_audio_samples(processor: Any) -> int:
     """The shortest clip the feature extractor takes: its STFT reflects ``n_fft // 2`` samples
     at each edge, which needs more than that many."""
     return processor.feature_extractor.n_fft // 2 + 1
 
 
-def clip_features(feature_extractor, clip: Any) -> torch.Tensor:
+def clip_features(feature_extractor: Any, clip: Any) -> torch.Tensor:
     """One clip's log-mel features [mel, frames], made as if the clip came alone. Padded to
     the longest clip in a batch (as transformers' processor does), a shorter clip's last frame
     sees the padding in its STFT window instead of the reflected edge: the same clip would get
@@ -118,7 +122,9 @@ def clip_features(feature_extractor, clip: Any) -> torch.Tensor:
     return out["input_features"][0][:, out["attention_mask"][0].bool()]
 
 
-def expand_audio_placeholders(processor, ids: list[int], rows_per_clip: list[int]) -> list[int]:
+def expand_audio_placeholders(
+    processor: Any, ids: list[int], rows_per_clip: list[int]
+) -> list[int]:
     """``ids`` with each clip's one audio placeholder repeated once per audio-tower row, as the
     processor expands them (the family's ``audio_tokens`` counts the rows from the clips' mel
     frames: no second mel pass over the clips just to count)."""
