@@ -26,8 +26,9 @@ from omni_serve.api.deadline import RequestTimeout, await_within, request_deadli
 from omni_serve.api.errors import ApiError, check_model, refuse_unsupported, stage_failure
 from omni_serve.api.images import ImageGenerationRequest, images_b64, parse_size
 from omni_serve.api.protocol import ChatCompletionRequest, new_id
+from omni_serve.api.validation_errors import most_specific
 from omni_serve.config import PipelineConfig
-from omni_serve.models.qwen_image.image_flow import ImageOptions, generate_images
+from omni_serve.models.qwen_image.image_flow import ImageOptions, ImageResult, generate_images
 from omni_serve.models.qwen_image.messages import DenoiseRequest
 from omni_serve.observability.metrics import ApiMetrics
 from omni_serve.transport import announce, take
@@ -137,7 +138,7 @@ class ImageIngress(ReleasesSharedMemory):
         try:
             request = ImageGenerationRequest(prompt=_chat_prompt(body), seed=body.seed)
         except ValidationError as exc:  # e.g. an empty or overlong prompt in the message
-            reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            reason = most_specific(exc.errors()).reason
             message = f"messages: the last user message is not a usable prompt ({reason})"
             raise ApiError(400, message, "messages") from None
         result = await self._run(self._options(request), body.timeout_s)
@@ -184,7 +185,7 @@ class ImageIngress(ReleasesSharedMemory):
             seed=body.seed,
         )
 
-    async def _run(self, options: ImageOptions, timeout_s: float | None) -> list[Any]:
+    async def _run(self, options: ImageOptions, timeout_s: float | None) -> ImageResult:
         deadline = request_deadline(timeout_s, self.config.api.request_timeout_s)
         self.metrics.in_flight.inc()
         try:

@@ -103,3 +103,16 @@ async def test_images_are_encoded_off_the_event_loop(monkeypatch, route):
         url = answer["choices"][0]["message"]["content"][0]["image_url"]["url"]
         assert url == "data:image/png;base64,aW1n"
     assert threads and threading.main_thread() not in threads
+
+
+async def test_a_chat_whose_message_is_no_prompt_is_a_400_with_the_prompts_reason():
+    from omni_serve.api.protocol import ChatCompletionRequest
+
+    blank = [{"role": "user", "content": "   "}]
+    body = ChatCompletionRequest(model="qwen-image", modalities=["image"], messages=blank)
+    with pytest.raises(ApiError) as refused:
+        await IngressClass.chat_completions(_ingress(FakeClients(deaths=0)), body)
+    assert refused.value.status == 400 and refused.value.param == "messages"
+    assert refused.value.message == (
+        "messages: the last user message is not a usable prompt (prompt must not be empty)"
+    )
