@@ -160,7 +160,7 @@ class OmniChat:
     async def _recall_replies(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         """The messages, each earlier spoken reply named only by its audio id given the
         transcript kept under that id (the model hears its earlier turns as text)."""
-        named = [(i, m.reply_by_id) for i, m in enumerate(messages) if m.reply_by_id]
+        named = [(i, m.reply_by_id) for i, m in enumerate(messages) if m.reply_by_id is not None]
         if not named:
             return messages
         if self.replies is None:

@@ -100,7 +100,7 @@ ContentPart = Annotated[
 
 
 class EarlierAudio(BaseModel):
-    id: str = Field(description="The audio id of an earlier spoken reply.")
+    id: str = Field(min_length=1, description="The audio id of an earlier spoken reply.")
 
 
 class ChatMessage(BaseModel):

@@ -88,3 +88,12 @@ def test_a_plain_string_and_every_part_kind_still_validate():
     body["messages"][0]["content"] = parts
     message = ChatCompletionRequest.model_validate(body).messages[0]
     assert [p.type for p in message.content] == [p["type"] for p in parts]
+
+
+def test_an_empty_audio_id_is_a_400_naming_it(client):
+    """Found by the fuzzer: an assistant message of ``audio: {"id": ""}`` alone passed as a
+    message without content, and its prompt failed in the ingress (a 500)."""
+    body = {"model": "m", "messages": [{"role": "assistant", "audio": {"id": ""}}]}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "messages[0].audio.id"
