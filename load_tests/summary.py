@@ -7,10 +7,10 @@ over the repeats. ``scripts/bench_headlines.py`` builds the headline tables of
 docs/benchmarks.md from these files only.
 
 A headline table compares sides measured on one kind of machine. So a run on another kind of
-machine than the kept summary's (another CPU model, or another GPU) does not replace it: it is
-kept in ``docs/results/machines/<that machine>/<name>.json``, which the generator renders as
-that machine's own tables. ``OMNI_BENCH_HEADLINE=1`` makes a run the headline regardless (the
-way to move the headlines to a new kind of machine).
+machine than the kept summary's (another CPU model or core count, or another GPU) does not
+replace it: it is kept in ``docs/results/machines/<that machine>/<name>.json``, which the
+generator renders as that machine's own tables. ``OMNI_BENCH_HEADLINE=1`` makes a run the
+headline regardless (the way to move the headlines to a new kind of machine).
 """
 
 from __future__ import annotations
