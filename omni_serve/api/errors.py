@@ -152,9 +152,17 @@ def _routes(app: FastAPI) -> str:
     return ", ".join(sorted(routes, key=lambda r: r.split(" ", 1)[::-1]))
 
 
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """A bug's 500 in the shape every other error has (Starlette's own is plain text). The
+    exception is still raised on after this answer, so the replica's log has its traceback."""
+    message = f"internal error: {type(exc).__name__}: {exc}"[:500]
+    return JSONResponse(error_body(message, "server_error"), status_code=500)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Every error in OpenAI's shape: 400 (not FastAPI's 422) for malformed bodies, with the
-    failing field named; 404 and 405 naming the routes and methods there are."""
+    failing field named; 404 and 405 naming the routes and methods there are; a 500 too."""
+    app.add_exception_handler(Exception, _unexpected)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)

@@ -141,3 +141,21 @@ def test_a_request_for_another_model_is_a_404_naming_the_served_one():
         "param": "model",
         "code": "model_not_found",
     }
+
+
+def test_a_bug_is_a_500_in_the_error_shape_not_plain_text():
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/bug")
+    def bug():
+        raise TypeError("'NoneType' object is not iterable")
+
+    response = TestClient(app, raise_server_exceptions=False).get("/bug")
+    assert response.status_code == 500
+    assert response.json()["error"] == {
+        "message": "internal error: TypeError: 'NoneType' object is not iterable",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
