@@ -39,6 +39,8 @@ def parse_line(line: int, text: str) -> BatchItem:
     if not isinstance(record, dict):
         raise LineError("a line must be a JSON object")
     custom_id, url, body = record.get("custom_id"), record.get("url"), record.get("body")
+    if custom_id is None:
+        raise LineError("custom_id is missing (it names the output files)")
     if not isinstance(custom_id, str) or not CUSTOM_ID.match(custom_id):
         raise LineError(
             f"custom_id {custom_id!r}: must be 1-128 of [A-Za-z0-9._-], starting with a letter "

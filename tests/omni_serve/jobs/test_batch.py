@@ -110,13 +110,15 @@ async def test_bad_lines_are_reported_and_do_not_stop_the_job(tmp_path):
         line("x", "/v1/embeddings"),
         "[1, 2]",
         line("ok-2"),
+        json.dumps({"url": "/v1/chat/completions", "body": {}}),
     ]
     summary = await run(tmp_path, server, lines)
-    assert (summary.ok, summary.failed) == (2, 7)
+    assert (summary.ok, summary.failed) == (2, 8)
     errors = {r["line"]: r["error"] for r in manifest(tmp_path) if r["status"] == "error"}
     assert "not valid JSON" in errors[1] and "custom_id" in errors[2] and "custom_id" in errors[3]
     assert "duplicate custom_id 'ok-1' (first on line 5)" in errors[6]
     assert "url '/v1/embeddings'" in errors[7]
+    assert errors[10] == "custom_id is missing (it names the output files)"
     assert sorted(server.calls) == ["ok-1", "ok-2"]
     written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
     assert written == {"in.jsonl", "out/manifest.jsonl", "out/ok-1.txt", "out/ok-2.txt"}
