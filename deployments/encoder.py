@@ -3,7 +3,7 @@
 Audio rows: the Thinker takes the prompt as embeddings with them in the audio positions.
 Image and video rows (Qwen3-Omni's deepstack features concatenated on the last dim): the
 Thinker passes them to vLLM as ``image_embeds`` / ``video_embeds`` with their grids (see
-``omni_serve.compat.vllm_vision_embeds``). Images and videos arrive as pixels and are
+``omni_serve.compat.vllm.vision_embeds``). Images and videos arrive as pixels and are
 patched here.
 Each item's rows are kept in a per-replica cache (``cache_mib`` engine arg, 256 by default),
 so the media a conversation resends every turn are encoded once.

@@ -14,7 +14,7 @@ from vllm.model_executor.models.qwen2_5_omni_thinker import (
 )
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 
-from omni_serve.compat.vllm_qwen2_5_omni import Qwen2_5OmniThinkerForServing
+from omni_serve.compat.vllm.qwen2_5_omni import Qwen2_5OmniThinkerForServing
 from tests.reference import processor_inputs
 
 

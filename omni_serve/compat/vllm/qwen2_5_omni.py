@@ -33,7 +33,7 @@ from vllm.model_executor.models.qwen2_5_omni_thinker import (
     Qwen2_5OmniThinkerForConditionalGeneration,
 )
 
-from omni_serve.compat.vllm_vision_embeds import SplitsVisionEmbeds
+from omni_serve.compat.vllm.vision_embeds import SplitsVisionEmbeds
 
 
 class Qwen2_5OmniThinkerForServing(SplitsVisionEmbeds, Qwen2_5OmniThinkerForConditionalGeneration):

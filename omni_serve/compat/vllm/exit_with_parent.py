@@ -8,7 +8,7 @@ they keep running with parent pid 1, spinning in their shared-memory queue reade
 the model's memory.
 
 ``watch_parent`` runs in every process vLLM starts (through the ``vllm.general_plugins``
-entry point, ``omni_serve.compat.vllm_plugin``). In a ``multiprocessing`` child it waits on
+entry point, ``omni_serve.compat.vllm``). In a ``multiprocessing`` child it waits on
 the parent's sentinel, a pipe that closes when the parent dies, so it costs no polling, and
 then sends the process SIGTERM (vLLM's engine shuts down on it) and, if it is still alive
 ``grace_s`` later, SIGKILL. Elsewhere (a Ray worker, a plain script) it does nothing.

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from omni_serve.compat.vllm_exit_with_parent import watch_parent
+from omni_serve.compat.vllm.exit_with_parent import watch_parent
 
 CONTEXT = multiprocessing.get_context("spawn")
 
