@@ -33,12 +33,13 @@ from omni_serve.api.transcriptions import (
     TranscriptWriter,
     TranslationForm,
     refuse_unsupported_form,
+    transcript_budget,
     transcription_response,
     usage_tokens,
 )
 from omni_serve.config import PipelineConfig
 from omni_serve.media.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
-from omni_serve.media.decode import audio_format
+from omni_serve.media.decode import audio_format, audio_seconds
 from omni_serve.models.thinker_talker.chat_flow import ChatEvent
 from omni_serve.models.thinker_talker.family import SAMPLE_RATE
 from omni_serve.models.thinker_talker.transcribe_prompt import (
@@ -134,13 +135,17 @@ class AudioRoutes:
         refuse_unsupported_form(form)
         raw = await form.file.read()
         clip = await asyncio.to_thread(base64.b64encode, raw)
-        fmt = await asyncio.to_thread(audio_format, raw)  # a file upload names no format
+        # A file upload names no format; its length sets the default budget.
+        fmt, seconds = await asyncio.to_thread(lambda: (audio_format(raw), audio_seconds(raw)))
+        max_tokens = form.max_completion_tokens or transcript_budget(
+            seconds, self.config.api.max_tokens_limit
+        )
         body = ChatCompletionRequest(
             model=form.model,
             messages=transcription_messages(clip.decode(), fmt or "wav", asked),
             stream=stream,
             temperature=form.temperature,
-            max_tokens=form.max_completion_tokens or self.config.api.max_tokens_limit,
+            max_tokens=max_tokens,
         )
         try:
             prompt, options = await self.chat.prepare(body)

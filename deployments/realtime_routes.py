@@ -25,6 +25,7 @@ from omni_serve.api.realtime.protocol import PCM_RATE, InputTranscription, event
 from omni_serve.api.realtime.session import RealtimeSession
 from omni_serve.api.realtime.settings import Ask, Limits
 from omni_serve.api.socket_session import IdleTimeout
+from omni_serve.api.transcriptions import transcript_budget
 from omni_serve.config import PipelineConfig
 from omni_serve.models.thinker_talker.chat_flow import ChatEvent
 from omni_serve.models.thinker_talker.family import SAMPLE_RATE
@@ -146,7 +147,9 @@ class RealtimeRoutes:
                 "model": self.config.served_model_name,
                 "messages": transcription_messages(pcm_to_wav_b64(pcm), "wav", asked_for),
                 "stream": True,
-                "max_tokens": self.config.api.max_tokens_limit,
+                "max_tokens": transcript_budget(
+                    len(pcm) / 2 / PCM_RATE, self.config.api.max_tokens_limit
+                ),
                 "temperature": 0.0,
                 "modalities": ["text"],
             }

@@ -21,6 +21,11 @@ from omni_serve.api.sse import sse
 # Formats with timestamps or speakers need what this model does not give.
 _NEEDS_TIMESTAMPS = ("verbose_json", "srt", "vtt", "diarized_json")
 
+# A transcript's default budget grows with the clip: Whisper's decoder writes at most 448
+# tokens per 30 s window, about 15 a second, and speech runs well under that.
+TRANSCRIPT_TOKENS_PER_SECOND = 16
+TRANSCRIPT_MIN_TOKENS = 64
+
 
 class TranslationForm(BaseModel):
     """The form of ``/v1/audio/translations``: a clip, into English text."""
@@ -42,8 +47,8 @@ class TranslationForm(BaseModel):
     max_completion_tokens: int | None = Field(
         None,
         ge=1,
-        description="vLLM's extension: most tokens of text; the server's max_tokens_limit "
-        "when absent (a transcript's length is not known ahead).",
+        description="vLLM's extension: most tokens of text. When absent, 16 a second of "
+        "the clip (at least 64), within the server's max_tokens_limit.",
     )
 
     def unsupported(self) -> tuple[str, str] | None:
@@ -88,6 +93,15 @@ def refuse_unsupported_form(form: TranslationForm) -> None:
     unsupported = form.unsupported()
     if unsupported:
         raise ApiError(400, unsupported[1], unsupported[0])
+
+
+def transcript_budget(seconds: float | None, limit: int) -> int:
+    """The most tokens a transcript of ``seconds`` of audio gets when the client names none.
+    A model that loops (or random weights, which never end) stops near the clip's length
+    instead of running to the server's limit; a clip of unknown length gets the limit."""
+    if seconds is None:
+        return limit
+    return min(limit, max(TRANSCRIPT_MIN_TOKENS, round(seconds * TRANSCRIPT_TOKENS_PER_SECOND)))
 
 
 def usage_tokens(prompt_tokens: int, text_tokens: int) -> dict[str, Any]:

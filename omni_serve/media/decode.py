@@ -51,6 +51,17 @@ def audio_format(raw: bytes) -> str | None:
         return None
 
 
+def audio_seconds(raw: bytes) -> float | None:
+    """How long the audio file is (its header's count), ``None`` when libsndfile reads none
+    of it."""
+    import soundfile as sf
+
+    try:
+        return sf.info(io.BytesIO(raw)).duration
+    except Exception:  # libsndfile raises several types for what it cannot read
+        return None
+
+
 def check_container(raw: bytes, fmt: str, param: str) -> None:
     """A 400 when the bytes are not the container ``fmt`` names: a client that declares one
     format and sends another has a bug to hear about, even where the bytes happen to decode.

@@ -13,6 +13,7 @@ import openai
 import pytest
 import soundfile as sf
 
+from omni_serve.api.transcriptions import TRANSCRIPT_MIN_TOKENS
 from tests.integration.served_qwen3_omni import URL
 
 pytestmark = pytest.mark.integration
@@ -123,6 +124,9 @@ def test_transcriptions_and_translations_answer_as_the_chat_would(client):
         model="qwen3-omni", file=("clip.wav", wav), language="fr", **short
     )
     assert deltas == first.text
+    # no max_completion_tokens: the budget follows the 1 s clip, not the server's limit
+    unbounded = client.audio.transcriptions.create(model="qwen3-omni", file=("clip.wav", wav))
+    assert unbounded.usage.output_tokens <= TRANSCRIPT_MIN_TOKENS
     # the chat's own checks name the form's fields: the clip is the file, the length limit
     # vLLM's max_completion_tokens
     too_long = {"extra_body": {"max_completion_tokens": 10**6}}

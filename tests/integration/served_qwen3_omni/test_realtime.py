@@ -19,6 +19,7 @@ import soundfile as sf
 import websockets
 from openai import AsyncOpenAI
 
+from omni_serve.api.transcriptions import transcript_budget
 from omni_serve.testing.realtime_client import until, user_text
 from omni_serve.testing.served_metrics import metric, stages_idle_within
 from omni_serve.testing.speech_clip import pcm16, speak
@@ -108,6 +109,8 @@ async def test_a_turn_is_transcribed_as_the_transcriptions_route_transcribes_its
     deltas = [e.delta for e in events if e.type.endswith("input_audio_transcription.delta")]
     assert done.item_id == committed.item_id and done.transcript == "".join(deltas)
     assert done.usage.input_tokens > 10 and done.usage.output_tokens >= len(deltas) > 0
+    # the transcript's budget follows the clip's length, as the route's does
+    assert done.usage.output_tokens <= transcript_budget(len(clip) / 24_000, 10**6)
     wav = io.BytesIO()
     sf.write(wav, np.frombuffer(pcm16(clip), "<i2"), 24_000, format="WAV", subtype="PCM_16")
     client = AsyncOpenAI(base_url=f"{URL}/v1", api_key="unused")

@@ -16,6 +16,7 @@ from omni_serve.api.transcriptions import (
     TranscriptWriter,
     TranslationForm,
     refuse_unsupported_form,
+    transcript_budget,
     transcription_response,
     usage_tokens,
 )
@@ -80,3 +81,16 @@ def test_the_answer_as_json_text_or_events():
     ]
     error = json.loads(writer.error("past the deadline", "timeout_error").removeprefix("data: "))
     assert error["type"] == "error" and error["error"]["type"] == "timeout_error"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "limit", "budget"),
+    [
+        (1.0, 2048, 64),  # a short clip gets the floor
+        (10.0, 2048, 160),  # 16 tokens a second of audio
+        (60.0, 512, 512),  # never past the server's limit
+        (None, 2048, 2048),  # a clip of unknown length: the limit
+    ],
+)
+def test_a_transcripts_default_budget_follows_the_clips_length(seconds, limit, budget):
+    assert transcript_budget(seconds, limit) == budget
