@@ -22,6 +22,7 @@ from deployments.spoken_reply_store import SpokenReplyClient
 from omni_serve.api.deadline import RequestTimeout, await_within, iterate_within, request_deadline
 from omni_serve.api.errors import (
     ApiError,
+    ContextOverflow,
     StageUnavailable,
     check_model,
     refuse_unsupported,
@@ -87,9 +88,13 @@ class OmniChat:
         self.context_tokens, self.media_limits = context_tokens, media_limits
         self.sessions, self.replies = sessions, replies
 
-    async def prepare(self, body: ChatCompletionRequest) -> tuple[PreparedPrompt, ChatOptions]:
+    async def prepare(
+        self, body: ChatCompletionRequest, reply_room: int = 1
+    ) -> tuple[PreparedPrompt, ChatOptions]:
         """The request's options checked, then its prompt built, so a request with bad
-        options is refused before its media decode."""
+        options is refused before its media decode. ``reply_room``: the tokens of context the
+        prompt must leave free (the answer's budget, where the caller would rather shorten
+        the prompt than have the answer cut at the context's end)."""
         api = self.config.api
         check_model(body.model, self.config.served_model_name)
         refuse_unsupported(body)
@@ -126,12 +131,8 @@ class OmniChat:
         except ProxyUnreachable as exc:
             raise ApiError(502, str(exc), type_="server_error", code="media_proxy") from None
         n_prompt = len(prompt.expanded_ids or prompt.prompt_ids)
-        if n_prompt >= self.context_tokens:
-            message = (
-                f"the prompt is {n_prompt} tokens; this model's context is "
-                f"{self.context_tokens} tokens, prompt and reply together"
-            )
-            raise ApiError(400, message, "messages")
+        if n_prompt + reply_room > self.context_tokens:
+            raise ContextOverflow(n_prompt, self.context_tokens, reply_room)
         sampling = {
             "max_tokens": max_tokens,
             "temperature": body.temperature,

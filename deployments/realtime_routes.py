@@ -131,7 +131,7 @@ class RealtimeRoutes:
                 **spoken,
             }
         )
-        events = await self._chat_events(body)
+        events = await self._chat_events(body, ask.reply_room)
         return own.counted(events) if ask.audio else events
 
     async def _realtime_transcript(
@@ -156,9 +156,11 @@ class RealtimeRoutes:
         )
         return await self._chat_events(body)
 
-    async def _chat_events(self, body: ChatCompletionRequest) -> AsyncIterator[ChatEvent]:
+    async def _chat_events(
+        self, body: ChatCompletionRequest, reply_room: int = 1
+    ) -> AsyncIterator[ChatEvent]:
         start = time.perf_counter()
-        prompt, options = await self.chat.prepare(body)
+        prompt, options = await self.chat.prepare(body, reply_room)
         prepare_s = time.perf_counter() - start
         events = self.chat.events(prompt, options, uuid.uuid4().hex)
         return self.chat.observed(iterate_within(events, self.chat.deadline(body)), prepare_s)

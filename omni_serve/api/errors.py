@@ -30,6 +30,22 @@ class ApiError(Exception):
         self.message, self.type, self.param, self.headers = message, type_, param, headers
 
 
+class ContextOverflow(ApiError):
+    """A 400: the prompt, with room for the answer, is longer than the model's context.
+    Carries the counts, so a caller that may shorten the prompt (a Realtime session's
+    truncation) knows by how much."""
+
+    def __init__(self, prompt_tokens: int, context_tokens: int, reply_room: int = 1) -> None:
+        self.prompt_tokens, self.fits = prompt_tokens, context_tokens - reply_room
+        message = (
+            f"the prompt is {prompt_tokens} tokens; this model's context is "
+            f"{context_tokens} tokens, prompt and reply together"
+        )
+        if reply_room > 1:
+            message += f", and the answer may take {reply_room}"
+        super().__init__(400, message, "messages", code="context_length_exceeded")
+
+
 def check_model(requested: str | None, served: str) -> None:
     """A 404 naming the served model when a request names another (None: it named none)."""
     if requested is not None and requested != served:

@@ -13,7 +13,7 @@ from PIL import Image
 from pydantic import ValidationError
 
 from deployments.omni_chat import OmniChat
-from omni_serve.api.errors import ApiError
+from omni_serve.api.errors import ApiError, ContextOverflow
 from omni_serve.api.protocol import ChatCompletionRequest
 from omni_serve.config import ApiSettings
 from omni_serve.models.qwen3_omni.family import FAMILY
@@ -93,6 +93,18 @@ async def test_a_prompt_over_the_context_is_a_400(chat):
     with pytest.raises(ApiError) as caught:
         await chat.prepare(request({"type": "text", "text": "hello " * 20}))
     assert caught.value.status == 400 and "context is 8 tokens" in caught.value.message
+
+
+async def test_a_prompt_leaves_the_reply_room_asked_for_or_says_by_how_much_it_does_not(chat):
+    prompt, _ = await chat.prepare(request(TEXT))
+    n = len(prompt.expanded_ids or prompt.prompt_ids)
+    chat.context_tokens = n + 4
+    await chat.prepare(request(TEXT), reply_room=4)  # exactly fits
+    with pytest.raises(ContextOverflow) as caught:
+        await chat.prepare(request(TEXT), reply_room=5)
+    assert (caught.value.prompt_tokens, caught.value.fits) == (n, n - 1)
+    assert caught.value.body["error"]["code"] == "context_length_exceeded"
+    assert "the answer may take 5" in caught.value.message
 
 
 async def test_a_valid_chat_gets_its_prompt_and_options(chat):

@@ -165,6 +165,9 @@ class Conversation:
     # The first spoken user turn still heard as audio: the model takes a few audio items per
     # prompt (the Thinker's limit_mm_per_prompt), so earlier ones are heard as transcripts.
     heard_from: str | None = None
+    # The first item in the model's context: the session's truncation left out those before
+    # it (they stay in the conversation).
+    context_from: str | None = None
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Adds ``item`` after ``previous_item_id`` (last when ``None``, first when "root");
@@ -198,17 +201,37 @@ class Conversation:
         item it can hear. At most ``audio_items`` spoken user turns are heard as audio: past
         that, the window moves on to the last half of them at once (so the prompt's start,
         and the KV a next turn resumes from, stays put for the turns after), and the turns
-        before it are heard as their transcripts (input transcription), or not at all."""
-        start = self._audio_start(audio_items)
-        heard = (item.heard(audio=i >= start) for i, item in enumerate(self.items))
+        before it are heard as their transcripts (input transcription), or not at all. Items
+        before ``context_from`` are not heard (the session's truncation left them out)."""
+        first = self._context_start()
+        start = self._audio_start(audio_items, first)
+        heard = (item.heard(audio=i >= start) for i, item in enumerate(self.items) if i >= first)
         said = [m for m in heard if m is not None]
         return [{"role": "system", "content": instructions}, *said] if instructions else said
 
-    def _audio_start(self, audio_items: int | None) -> int:
-        if audio_items is None:
-            return 0
+    def leave_out_oldest(self, count: int) -> bool:
+        """Moves the model's context past the ``count`` oldest items it hears, never past the
+        newest; False when only that one is left to hear."""
+        first = self._context_start()
+        new = min(first + count, len(self.items) - 1)
+        if new <= first:
+            return False
+        self.context_from = self.items[new].id
+        return True
+
+    def heard_count(self) -> int:
+        """How many items the model's context holds (those before ``context_from`` left out)."""
+        return len(self.items) - self._context_start()
+
+    def _context_start(self) -> int:
         ids = [item.id for item in self.items]
-        start = ids.index(self.heard_from) if self.heard_from in ids else 0
+        return ids.index(self.context_from) if self.context_from in ids else 0
+
+    def _audio_start(self, audio_items: int | None, first: int) -> int:
+        if audio_items is None:
+            return first
+        ids = [item.id for item in self.items]
+        start = max(first, ids.index(self.heard_from) if self.heard_from in ids else 0)
         spoken = [i for i, item in enumerate(self.items) if i >= start and item.spoken]
         if len(spoken) > audio_items:
             start = spoken[-max(1, audio_items // 2)]

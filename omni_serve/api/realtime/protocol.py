@@ -90,6 +90,22 @@ class AudioConfig(_Strict):
     output: AudioOutput | None = Field(None, description="Output audio settings.")
 
 
+class TokenLimits(_Strict):
+    post_instructions: int | None = Field(None, description="Not offered: must be null.")
+
+
+class RetentionRatio(_Strict):
+    """OpenAI's ``retention_ratio`` truncation: cut deeper than needed, so that the next
+    turns fit without a cut (each cut changes the prompt's start, and with it the KV prefix
+    the next turn would resume from)."""
+
+    type: Literal["retention_ratio"]
+    retention_ratio: float = Field(
+        gt=0.0, le=1.0, description="The share of what fits that a cut leaves in the context."
+    )
+    token_limits: TokenLimits | None = None
+
+
 class SessionUpdate(_Strict):
     """``session.update``'s ``session``: only the fields a client sends change."""
 
@@ -113,7 +129,14 @@ class SessionUpdate(_Strict):
     tool_choice: Any = Field(None, description="Only 'auto' or 'none' (no tools are offered).")
     include: list[str] | None = Field(None, description="Accepted, nothing to include.")
     tracing: Any = Field(None, description="Accepted and ignored: no tracing here.")
-    truncation: Any = Field(None, description="Accepted: prompts over the context are a 400.")
+    truncation: Literal["auto", "disabled"] | RetentionRatio | None = Field(
+        None,
+        description="What an answer does when the conversation outgrows the model's context "
+        "(less the answer's max_output_tokens): 'auto' (the default) leaves the oldest items "
+        "out of the model's context until it fits; a retention_ratio leaves out enough that "
+        "only that share of what fits is used, so the next turns fit too; 'disabled' fails "
+        "the answer instead.",
+    )
     prompt: Any = Field(None, description="Stored prompts: not offered (must be null).")
 
 
@@ -242,6 +265,11 @@ def unsupported(update: SessionUpdate | ResponseOptions) -> tuple[str, str] | No
         return "tool_choice", "only 'auto' or 'none': this model does not call tools"
     if update.prompt is not None:
         return "prompt", "stored prompts are not offered; send instructions"
+    truncation = getattr(update, "truncation", None)
+    limits = truncation.token_limits if isinstance(truncation, RetentionRatio) else None
+    if limits is not None and limits.post_instructions is not None:
+        reason = "not offered: the model's context, less the answer's max_output_tokens, is it"
+        return "truncation.token_limits.post_instructions", reason
     audio = update.audio
     for where, side in (("input", audio and audio.input), ("output", audio and audio.output)):
         if side is None or side.format is None:

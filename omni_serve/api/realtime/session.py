@@ -52,6 +52,7 @@ from omni_serve.api.realtime.protocol import (
     event_id,
 )
 from omni_serve.api.realtime.settings import Ask, Limits, Settings
+from omni_serve.api.realtime.truncation import within_context
 from omni_serve.api.realtime.turn_detection import SpeechEdge, VoiceActivity, load_vad_model
 from omni_serve.api.socket_session import SocketSession
 from omni_serve.api.validation_errors import most_specific
@@ -322,17 +323,13 @@ class RealtimeSession(SocketSession):
             keep = options.conversation == "auto"
             if options.input is not None:
                 heard = Conversation([item_from_client(i) for i in options.input])
-        ask = Ask(
-            heard.messages(settings.instructions, self.limits.audio_items),
-            settings.audio,
-            settings.voice,
-            settings.max_tokens,
-            settings.temperature,
-            settings.seed,
-            session_id=settings.id,
-        )
+        audio_items = self.limits.audio_items
+        ask = settings.ask(heard.messages(settings.instructions, audio_items))
         metadata = options.metadata if options else None
-        self._launch(Answer(self, ask, self.conversation if keep else None, metadata))
+        respond = within_context(
+            self.respond, heard, settings.instructions, audio_items, settings.kept_share()
+        )
+        self._launch(Answer(self, ask, self.conversation if keep else None, metadata), respond)
 
     def _start_early_answer(self) -> None:
         """Starts answering the speech so far, unseen (``Answer.gate``): the user has paused
@@ -345,12 +342,15 @@ class RealtimeSession(SocketSession):
             item.id = self._speech_item
         s = self.settings
         # as the conversation will hear it once the turn is committed
-        turn = Conversation([*self.conversation.items, item], self.conversation.heard_from)
-        heard = turn.messages(s.instructions, self.limits.audio_items)
-        ask = Ask(heard, s.audio, s.voice, s.max_tokens, s.temperature, s.seed, session_id=s.id)
-        answer = Answer(self, ask, self.conversation, None, gate=asyncio.Event())
+        said = self.conversation
+        turn = Conversation([*said.items, item], said.heard_from, said.context_from)
+        ask = s.ask(turn.messages(s.instructions, self.limits.audio_items))
+        answer = Answer(self, ask, said, None, gate=asyncio.Event())
         self._early = (answer, item)
-        self._launch(answer)
+        respond = within_context(
+            self.respond, turn, s.instructions, self.limits.audio_items, s.kept_share(), said
+        )
+        self._launch(answer, respond)
 
     async def _discard_early(self) -> None:
         """Stops the early answer, if any (it shows nothing). Its stages wind down in the
@@ -368,9 +368,9 @@ class RealtimeSession(SocketSession):
             await asyncio.wait([self._discarded])
         self._discarded = None
 
-    def _launch(self, answer: Answer) -> None:
+    def _launch(self, answer: Answer, respond: Respond) -> None:
         self._answer = answer
-        task = self.start_answer(answer.run(self.respond))
+        task = self.start_answer(answer.run(respond))
         task.add_done_callback(lambda _: self._answer_done(answer))
 
     def _answer_done(self, answer: Answer) -> None:

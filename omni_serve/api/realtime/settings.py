@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from omni_serve.api.errors import ApiError
 from omni_serve.api.realtime.protocol import (
     PCM_RATE,
     InputTranscription,
     ResponseOptions,
+    RetentionRatio,
     SessionUpdate,
     TurnDetection,
     unsupported,
@@ -31,6 +32,7 @@ class Ask:
     temperature: float
     seed: int | None
     session_id: str
+    reply_room: int = 1  # context the prompt leaves free: max_tokens where a cut may follow
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Settings:
     temperature: float = 0.0
     seed: int | None = None
     transcription: InputTranscription | None = None  # transcribe committed user audio
+    truncation: Literal["auto", "disabled"] | RetentionRatio = "auto"  # OpenAI's default
     id: str = field(default_factory=lambda: f"sess_{uuid.uuid4().hex[:20]}")
 
     @classmethod
@@ -110,7 +113,30 @@ class Settings:
             new.temperature = update.temperature
         if update.seed is not None:
             new.seed = update.seed
+        if isinstance(update, SessionUpdate) and update.truncation is not None:
+            new.truncation = update.truncation
         return new
+
+    def ask(self, messages: list[dict[str, Any]]) -> Ask:
+        """An answer to ``messages`` under these settings. Where a conversation over the
+        context would be cut, its prompt must leave room for the whole answer."""
+        room = self.max_tokens if self.kept_share() is not None else 1
+        return Ask(
+            messages,
+            self.audio,
+            self.voice,
+            self.max_tokens,
+            self.temperature,
+            self.seed,
+            session_id=self.id,
+            reply_room=room,
+        )
+
+    def kept_share(self) -> float | None:
+        """The share of the context a cut leaves used (``None``: never cut, fail instead)."""
+        if self.truncation == "disabled":
+            return None
+        return 1.0 if self.truncation == "auto" else self.truncation.retention_ratio
 
     def as_json(self, limits: Limits) -> dict[str, Any]:
         """OpenAI's session object, as ``session.created`` and ``session.updated`` carry it."""
@@ -136,6 +162,11 @@ class Settings:
             "tool_choice": "auto",
             "temperature": self.temperature,
             "seed": self.seed,
+            "truncation": (
+                self.truncation
+                if isinstance(self.truncation, str)
+                else self.truncation.model_dump(exclude_none=True)
+            ),
         }
 
 

@@ -161,6 +161,24 @@ async def test_a_conversation_keeps_its_items_and_the_thinkers_kv_across_turns(s
     assert usage[1].input_token_details.cached_tokens >= 128
 
 
+async def test_a_conversation_longer_than_the_thinkers_context_goes_on(served):
+    """A long conversation outgrows the Thinker's context (4,096 tokens on the tiny model):
+    its oldest items leave the model's context, not the conversation, and it answers."""
+    async with connect() as conn:
+        await conn.session.update(session={**TEXT_TURNS, "max_output_tokens": 8})
+        for i, words in enumerate((2000, 600)):  # 5 tokens a word here: 13,000 tokens
+            item = {**user_text("hello " * words), "id": f"long{i}"}
+            await conn.conversation.item.create(item=item)
+        await conn.response.create()
+        done = (await until(conn, "response.done"))[-1].response
+        await conn.conversation.item.retrieve(item_id="long0")
+        kept = (await until(conn, "conversation.item.retrieved"))[-1].item
+    assert done.status == "incomplete", done.status_details
+    assert done.usage.output_tokens == 8
+    assert 2900 < done.usage.input_tokens <= 4096 - 8  # the newest item, not the oldest
+    assert kept.content[0].text.count("hello") == 2000
+
+
 async def test_bad_events_get_errors_and_the_session_stays_usable(served):
     async with connect() as conn:
         await until(conn, "session.created")

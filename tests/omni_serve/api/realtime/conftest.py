@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, WebSocket
 
-from omni_serve.api.errors import ApiError
+from omni_serve.api.errors import ApiError, ContextOverflow
 from omni_serve.api.realtime.session import RealtimeSession
 from omni_serve.api.realtime.settings import Ask, Limits
 
@@ -68,10 +68,18 @@ class ScriptedChat:
     refuse_transcript: Exception | None = None
     transcript_gap_s: float = 0.0  # between the transcript's words
     transcripts_closed: list[float] = field(default_factory=list)
+    # a context this small, a prompt counted one token per character of its messages' text
+    context_tokens: int | None = None
+    overflows: int = 0  # asks refused as over the context
 
     async def __call__(self, ask: Ask):
         if self.refuse is not None:
             raise self.refuse
+        if self.context_tokens is not None:
+            n = prompt_tokens(ask.messages)
+            if n + ask.reply_room > self.context_tokens:
+                self.overflows += 1
+                raise ContextOverflow(n, self.context_tokens, ask.reply_room)
         self.asks.append(ask)
         self.asked_at.append(time.monotonic())
         return self._events(ask)
@@ -107,6 +115,17 @@ class ScriptedChat:
             yield Event("done", result=Result(7, list(range(i))))
         finally:
             self.closed.append(time.monotonic())
+
+
+def prompt_tokens(messages: list[dict]) -> int:
+    """One token per character of text (100 for an audio part)."""
+
+    def size(content: str | list[dict]) -> int:
+        if isinstance(content, str):
+            return len(content)
+        return sum(len(part.get("text", "")) or 100 for part in content)
+
+    return sum(size(m["content"]) for m in messages)
 
 
 def _free_port() -> int:
