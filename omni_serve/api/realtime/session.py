@@ -325,6 +325,11 @@ class RealtimeSession(SocketSession):
                 heard = Conversation([item_from_client(i) for i in options.input])
         audio_items = self.limits.audio_items
         ask = settings.ask(heard.messages(settings.instructions, audio_items))
+        if not ask.messages:
+            message = "nothing to answer: no instructions, and no item the model can hear"
+            raise ApiError(
+                400, message, "response.input" if heard is not self.conversation else None
+            )
         metadata = options.metadata if options else None
         respond = within_context(
             self.respond, heard, settings.instructions, audio_items, settings.kept_share()

@@ -157,6 +157,7 @@ async def test_a_conversation_persists_across_turns(realtime_server):
 
 BAD_EVENTS = [
     ({"type": "no.such.event"}, "type", "unknown_event"),
+    ({"type": "response.create"}, None, None),  # nothing to answer: no items, no instructions
     ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "audio", None),
     ({"type": "input_audio_buffer.append", "audio": "AA=="}, "audio", None),  # half a sample
     ({"type": "input_audio_buffer.commit"}, None, "input_audio_buffer_commit_empty"),
@@ -285,6 +286,7 @@ async def test_a_second_response_while_one_runs_is_refused_and_a_cancel_stops_it
     chat.endless, chat.gap_s = True, 0.02
     async with client(base_url).realtime.connect(model="omni-test") as conn:
         await conn.session.update(session=TEXT_ONLY)
+        await conn.conversation.item.create(item=user_text("Go on."))
         await conn.response.create()
         await until(conn, "response.output_text.delta")
         await conn.response.create()
