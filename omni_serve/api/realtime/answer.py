@@ -114,6 +114,13 @@ class Answer:
         self.reason = self.reason or reason
         self.session.cancel_answer()
 
+    def playback_left_s(self) -> float:
+        """How long a client that plays the audio as it comes still has to play."""
+        if self._first_audio_at is None:
+            return 0.0
+        sent_s = len(self.part.pcm) / BYTES_PER_MS / 1000
+        return max(0.0, self._first_audio_at + sent_s - time.monotonic())
+
     def played_ms(self) -> int:
         if self._first_audio_at is None:
             return 0

@@ -12,7 +12,10 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from omni_serve.api.errors import ApiError
+from omni_serve.api.validation_errors import most_specific
 
 PCM_RATE = 24_000  # OpenAI's audio/pcm: 16-bit mono little-endian at 24 kHz
 
@@ -49,7 +52,13 @@ class TurnDetection(_Strict):
     interrupt_response: bool = Field(
         True, description="Speech during an answer stops it (barge-in)."
     )
-    idle_timeout_ms: int | None = Field(None, description="Not supported: must be null.")
+    idle_timeout_ms: int | None = Field(
+        None,
+        ge=100,
+        le=600_000,
+        description="After an answer's audio has played, silence this long commits the buffer "
+        "and answers again (input_audio_buffer.timeout_triggered); null: wait for the user.",
+    )
     eagerness: str | None = Field(None, description="semantic_vad only: refused with it.")
 
 
@@ -255,6 +264,23 @@ ClientEvent = Annotated[
     | OutputClearEvent,
     Field(discriminator="type"),
 ]
+_EVENTS: TypeAdapter[Any] = TypeAdapter(ClientEvent)
+
+
+def parse_client_event(raw: Any) -> Any:
+    """The client event ``raw`` is; a 400 naming its most specific bad field otherwise."""
+    try:
+        return _EVENTS.validate_python(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            sent = first.get("input")
+            kind = sent.get("type") if isinstance(sent, dict) else None
+            raise ApiError(
+                400, f"unknown event type {kind!r}", "type", code="unknown_event"
+            ) from None
+        error = most_specific(exc.errors(), skip=1)  # loc[0] is the event's type tag
+        raise ApiError(400, error.message, error.param) from None
 
 
 def unsupported(update: SessionUpdate | ResponseOptions) -> tuple[str, str] | None:
@@ -289,6 +315,4 @@ def unsupported(update: SessionUpdate | ResponseOptions) -> tuple[str, str] | No
     vad = heard and heard.turn_detection
     if vad is not None and vad.type != "server_vad":
         return "audio.input.turn_detection.type", "only server_vad (or null)"
-    if vad is not None and vad.idle_timeout_ms is not None:
-        return "audio.input.turn_detection.idle_timeout_ms", "not offered: send null"
     return None

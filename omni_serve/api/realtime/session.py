@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import WebSocket
-from pydantic import TypeAdapter, ValidationError
 
 from omni_serve.api.errors import ApiError
 from omni_serve.api.realtime.answer import Answer, ReplyEvent
@@ -34,11 +33,11 @@ from omni_serve.api.realtime.conversation import (
     item_from_client,
     pcm_from_b64,
 )
+from omni_serve.api.realtime.idle_prompt import IdlePrompt
 from omni_serve.api.realtime.input_transcripts import InputTranscripts, Transcribe
 from omni_serve.api.realtime.protocol import (
     AppendEvent,
     ClearEvent,
-    ClientEvent,
     CommitEvent,
     ItemCreateEvent,
     ItemDeleteEvent,
@@ -50,27 +49,17 @@ from omni_serve.api.realtime.protocol import (
     ResponseOptions,
     SessionUpdateEvent,
     event_id,
+    parse_client_event,
 )
 from omni_serve.api.realtime.settings import Ask, Limits, Settings
 from omni_serve.api.realtime.truncation import within_context
 from omni_serve.api.realtime.turn_detection import SpeechEdge, VoiceActivity, load_vad_model
 from omni_serve.api.socket_session import SocketSession
-from omni_serve.api.validation_errors import most_specific
 
 log = logging.getLogger("ray.serve")
 
 Respond = Callable[[Ask], Awaitable[AsyncIterator[ReplyEvent]]]
 MIN_COMMIT_MS = 100  # OpenAI's least audio a commit takes
-_EVENTS: TypeAdapter[Any] = TypeAdapter(ClientEvent)
-
-
-def _validation_refusal(exc: ValidationError) -> ApiError:
-    first = exc.errors()[0]
-    if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
-        kind = first.get("input", {}).get("type") if isinstance(first.get("input"), dict) else None
-        return ApiError(400, f"unknown event type {kind!r}", "type", code="unknown_event")
-    error = most_specific(exc.errors(), skip=1)  # loc[0] is the event's type tag
-    return ApiError(400, error.message, error.param)
 
 
 class RealtimeSession(SocketSession):
@@ -102,6 +91,7 @@ class RealtimeSession(SocketSession):
         self._discarded: asyncio.Task | None = None  # an early answer's task winding down
         self._client_event: str | None = None  # the event being handled, for its errors
         self.transcripts = InputTranscripts(transcribe, self.emit)
+        self._idle = IdlePrompt()  # server VAD's idle_timeout_ms after an answer
 
     async def run(self) -> None:
         """The session, until the client leaves or idles out."""
@@ -116,6 +106,7 @@ class RealtimeSession(SocketSession):
         await self.until_idle_or_gone()
 
     async def close(self) -> None:
+        self._idle.cancel()
         await super().close()
         await self.transcripts.close()
 
@@ -136,10 +127,7 @@ class RealtimeSession(SocketSession):
             raise ApiError(400, f"not JSON: {exc}") from None
         if isinstance(raw, dict) and isinstance(raw.get("event_id"), str):
             self._client_event = raw["event_id"]
-        try:
-            event = _EVENTS.validate_python(raw)
-        except ValidationError as exc:
-            raise _validation_refusal(exc) from None
+        event = parse_client_event(raw)
         await getattr(self, "_on_" + event.type.replace(".", "_"))(event)
 
     # --- session and input audio -------------------------------------------------------
@@ -148,6 +136,7 @@ class RealtimeSession(SocketSession):
         new = self.settings.updated(event.session, self.limits)
         if new.vad != self.settings.vad:
             await self._discard_early()
+            self._idle.cancel()
             old, self._vad = self._vad, None
             if new.vad is not None:
                 model = old.model if old else await asyncio.to_thread(load_vad_model)
@@ -187,6 +176,7 @@ class RealtimeSession(SocketSession):
             start = max(0, len(self.buffer) - (self._buffer_end_ms - edge.audio_ms) * BYTES_PER_MS)
             del self.buffer[:start]
             self._speech_item = Item("user", []).id
+            self._idle.cancel()
             await self.emit(
                 "input_audio_buffer.speech_started",
                 audio_start_ms=edge.audio_ms,
@@ -220,8 +210,9 @@ class RealtimeSession(SocketSession):
         await self._commit(self._speech_item)
         self._speech_item = None
 
-    async def _commit(self, item_id: str | None) -> None:
-        if len(self.buffer) < MIN_COMMIT_MS * BYTES_PER_MS:
+    async def _commit(self, item_id: str | None, least_ms: int = MIN_COMMIT_MS) -> None:
+        self._idle.cancel()
+        if len(self.buffer) < least_ms * BYTES_PER_MS:
             message = (
                 f"the input audio buffer holds {len(self.buffer) // BYTES_PER_MS} ms; "
                 f"a commit takes at least {MIN_COMMIT_MS} ms"
@@ -236,8 +227,26 @@ class RealtimeSession(SocketSession):
         await self._announce(item, previous)
         self._transcribe(item)
 
+    async def _on_idle(self) -> None:
+        """The user stayed silent after an answer (``idle_timeout_ms``): what the buffer
+        holds becomes the user's turn, and the model answers it."""
+        vad = self._vad
+        if vad is None or vad.speaking or self.answering or self.gone:
+            return
+        item_id, end_ms = Item("user", []).id, self._buffer_end_ms
+        start_ms = max(0, end_ms - vad.settings.idle_timeout_ms)
+        await self.emit(
+            "input_audio_buffer.timeout_triggered",
+            audio_start_ms=start_ms,
+            audio_end_ms=end_ms,
+            item_id=item_id,
+        )
+        await self._commit(item_id, least_ms=0)
+        if vad.settings.create_response and not self.answering:
+            await self._start_answer(None)
+
     def _transcribe(self, item: Item) -> None:
-        if self.settings.transcription is not None:
+        if self.settings.transcription is not None and item.spoken:
             self.transcripts.start(item, self.settings.transcription)
 
     async def _on_input_audio_buffer_clear(self, event: ClearEvent) -> None:
@@ -374,6 +383,7 @@ class RealtimeSession(SocketSession):
         self._discarded = None
 
     def _launch(self, answer: Answer, respond: Respond) -> None:
+        self._idle.cancel()
         self._answer = answer
         task = self.start_answer(answer.run(respond))
         task.add_done_callback(lambda _: self._answer_done(answer))
@@ -381,3 +391,5 @@ class RealtimeSession(SocketSession):
     def _answer_done(self, answer: Answer) -> None:
         if self._answer is answer:
             self._answer = None
+        if self._vad is not None and not self.gone:
+            self._idle.after(answer, self._vad.settings, self._on_idle)
