@@ -113,7 +113,7 @@ async def test_speech_during_an_answer_stops_it_and_keeps_only_what_was_played(
 ):
     base_url, chat = realtime_server
     chat.early_answer_ms = early_answer_ms
-    chat.endless, chat.gap_s = True, 0.02  # 40 ms chunks at twice real time: ahead of playback
+    chat.endless, chat.gap_s = True, 0.01  # 40 ms chunks at 4x real time: ahead of playback
     async with client(base_url).realtime.connect(model="omni-test") as conn:
         await until(conn, "session.created")
         await conn.conversation.item.create(item=user_text("Go"))
