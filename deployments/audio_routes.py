@@ -39,7 +39,7 @@ from omni_serve.api.transcriptions import (
 )
 from omni_serve.config import PipelineConfig
 from omni_serve.media.audio_codec import STREAMABLE_FORMATS, encode_audio, wav_stream_header
-from omni_serve.media.decode import audio_format, audio_seconds
+from omni_serve.media.decode import audio_header
 from omni_serve.models.thinker_talker.chat_flow import ChatEvent
 from omni_serve.models.thinker_talker.family import SAMPLE_RATE
 from omni_serve.models.thinker_talker.transcribe_prompt import (
@@ -136,7 +136,7 @@ class AudioRoutes:
         raw = await form.file.read()
         clip = await asyncio.to_thread(base64.b64encode, raw)
         # A file upload names no format; its length sets the default budget.
-        fmt, seconds = await asyncio.to_thread(lambda: (audio_format(raw), audio_seconds(raw)))
+        fmt, seconds = await asyncio.to_thread(audio_header, raw)
         max_tokens = form.max_completion_tokens or transcript_budget(
             seconds, self.config.api.max_tokens_limit
         )

@@ -41,25 +41,21 @@ def input_audio_bytes(data_b64: str, max_bytes: int, param: str) -> bytes:
 _FORMATS = {"WAV": "wav", "WAVEX": "wav", "RF64": "wav", "MP3": "mp3", "FLAC": "flac", "OGG": "ogg"}
 
 
+def audio_header(raw: bytes) -> tuple[str | None, float | None]:
+    """The ``input_audio.format`` the bytes are and their length in seconds (the header's
+    count); ``(None, None)`` when libsndfile reads none of them."""
+    import soundfile as sf
+
+    try:
+        info = sf.info(io.BytesIO(raw))
+    except Exception:  # libsndfile raises several types for what it cannot read
+        return None, None
+    return _FORMATS.get(info.format), info.duration
+
+
 def audio_format(raw: bytes) -> str | None:
     """The ``input_audio.format`` the bytes are, ``None`` when libsndfile reads none of them."""
-    import soundfile as sf
-
-    try:
-        return _FORMATS.get(sf.info(io.BytesIO(raw)).format)
-    except Exception:  # libsndfile raises several types for what it cannot read
-        return None
-
-
-def audio_seconds(raw: bytes) -> float | None:
-    """How long the audio file is (its header's count), ``None`` when libsndfile reads none
-    of it."""
-    import soundfile as sf
-
-    try:
-        return sf.info(io.BytesIO(raw)).duration
-    except Exception:  # libsndfile raises several types for what it cannot read
-        return None
+    return audio_header(raw)[0]
 
 
 def check_container(raw: bytes, fmt: str, param: str) -> None:

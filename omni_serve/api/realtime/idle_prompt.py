@@ -27,10 +27,6 @@ class IdlePrompt:
     def __init__(self) -> None:
         self._task: asyncio.Task | None = None
 
-    @property
-    def pending(self) -> bool:
-        return self._task is not None
-
     def after(
         self, answer: Answer, vad: TurnDetection, fire: Callable[[], Awaitable[None]]
     ) -> None:

@@ -246,7 +246,7 @@ class RealtimeSession(SocketSession):
             await self._start_answer(None)
 
     def _transcribe(self, item: Item) -> None:
-        if self.settings.transcription is not None and item.spoken:
+        if self.settings.transcription is not None:
             self.transcripts.start(item, self.settings.transcription)
 
     async def _on_input_audio_buffer_clear(self, event: ClearEvent) -> None:

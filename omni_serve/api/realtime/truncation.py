@@ -16,15 +16,16 @@ items in proportion to the tokens over, and the prompt is counted again until it
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_serve.api.errors import ContextOverflow
 from omni_serve.api.realtime.conversation import Conversation
 from omni_serve.api.realtime.settings import Ask
 
-Respond = Callable[[Ask], Awaitable[AsyncIterator[Any]]]
+if TYPE_CHECKING:
+    from omni_serve.api.realtime.session import Respond
 
 
 def items_to_leave_out(over: ContextOverflow, kept_share: float, heard_items: int) -> int:

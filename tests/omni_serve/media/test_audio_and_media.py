@@ -13,7 +13,7 @@ from PIL import Image
 from omni_serve.media.audio_codec import AudioDecodeError, decode_audio, encode_audio
 from omni_serve.media.decode import (
     MediaError,
-    audio_seconds,
+    audio_header,
     input_audio_bytes,
     load_audio,
     load_image,
@@ -39,11 +39,12 @@ def test_formats_are_real_files_of_that_kind(fmt, container):
     decoded, rate = sf.read(io.BytesIO(data), dtype="float32")
     assert rate == (48000 if fmt == "opus" else RATE)
     assert abs(len(decoded) / rate - 0.5) < 0.06  # codecs pad a little
-    assert abs(audio_seconds(data) - 0.5) < 0.06
+    found, seconds = audio_header(data)
+    assert found == ("ogg" if fmt == "opus" else fmt) and abs(seconds - 0.5) < 0.06
 
 
-def test_audio_seconds_is_none_for_what_no_decoder_reads():
-    assert audio_seconds(b"RIFF nonsense") is None
+def test_audio_header_is_none_for_what_no_decoder_reads():
+    assert audio_header(b"RIFF nonsense") == (None, None)
 
 
 def test_pcm16_is_raw_little_endian_samples():

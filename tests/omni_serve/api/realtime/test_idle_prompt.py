@@ -17,7 +17,8 @@ from omni_serve.testing.speech_clip import pcm16, speak
 
 def session(idle_timeout_ms: int | None) -> dict:
     vad = {"type": "server_vad", "idle_timeout_ms": idle_timeout_ms}
-    return {"type": "realtime", "audio": {"input": {"turn_detection": vad}}}
+    heard = {"turn_detection": vad, "transcription": {"model": "omni-test"}}
+    return {"type": "realtime", "audio": {"input": heard}}
 
 
 async def answered(conn) -> None:
@@ -39,6 +40,7 @@ async def test_silence_after_an_answer_commits_the_buffer_and_answers_again(real
     assert "response.created" in kinds and events[-1].response.status == "completed"
     assert events[0].item_id == events[1].item_id
     assert [m["role"] for m in chat.asks[1].messages] == ["user", "assistant"]
+    assert chat.transcribed == []  # an empty buffer's turn has nothing to transcribe
 
 
 async def test_speech_before_the_timeout_keeps_the_turn_the_users(realtime_server):
