@@ -2,7 +2,7 @@
 runs on the same deployments and API as Qwen3-Omni (its encoder stage included): the openai
 client gets replies equal to transformers' (text, and audio within Token2Wav's chunking
 bound), streamed or not; text to speech, the voice WebSocket, the Realtime API and batch jobs
-speak; transcriptions hear; bad input gets a 400."""
+speak; transcriptions hear; bad input gets a 400 (or a Realtime error event)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import torch
 import websockets
 
 from omni_serve.testing.realtime_client import user_text
+from omni_serve.testing.realtime_fuzz import fuzz_session
 from omni_serve.testing.serve_process import ServeProcess
 from tests.reference import request_parts
 from tests.reference_qwen2_5_omni import (
@@ -226,6 +227,14 @@ async def test_a_realtime_client_gets_a_spoken_answer(served):
     assert done.type == "response.done"  # max_output_tokens may cut it: "incomplete"
     assert done.response.status in ("completed", "incomplete")
     assert len(audio) > 0 and len(audio) % (480 * 2) == 0
+
+
+async def test_fuzzed_realtime_events_get_no_server_fault_and_the_stages_answer_after(served):
+    """A buggy Realtime client's odd events are each refused or done, none a server fault
+    in this family's stages, and its next turn is answered."""
+    report = await fuzz_session(f"ws://127.0.0.1:8000/v1/realtime?model={MODEL}", 500, seed=3)
+    assert report.problems() == []
+    assert report.seen["response.done"] > 2 and report.seen["error"] > 100
 
 
 def test_a_transcription_is_what_the_chat_hears_and_a_long_clip_is_refused(client):

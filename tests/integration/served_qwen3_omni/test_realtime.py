@@ -21,6 +21,7 @@ from openai import AsyncOpenAI
 
 from omni_serve.api.transcriptions import transcript_budget
 from omni_serve.testing.realtime_client import until, user_text
+from omni_serve.testing.realtime_fuzz import fuzz_session
 from omni_serve.testing.served_metrics import metric, stages_idle_within
 from omni_serve.testing.speech_clip import pcm16, speak
 from tests.integration.served_qwen3_omni import URL
@@ -193,6 +194,44 @@ async def test_bad_events_get_errors_and_the_session_stays_usable(served):
         await conn.conversation.item.create(item=user_text("Hi"))
         await conn.response.create()
         assert (await until(conn, "response.done"))[-1].response.usage.output_tokens == 3
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_fuzzed_events_get_no_server_fault_and_the_stages_answer_after(served, seed):
+    """A buggy client's hundreds of odd events (mutated fields, frames that are not events)
+    are each refused or done, none a server fault, and the real stages answer its next turn."""
+    report = await fuzz_session("ws://127.0.0.1:8000/v1/realtime?model=qwen3-omni", 500, seed)
+    assert report.problems() == []
+    assert report.seen["response.done"] > 2 and report.seen["error"] > 100
+
+
+async def test_a_silent_user_is_prompted_after_the_idle_timeout(served):
+    """Server VAD's idle_timeout_ms: a user who says nothing for that long after an answer
+    gets input_audio_buffer.timeout_triggered, their silence committed as a turn, and an
+    answer to it from the real stages."""
+    vad = {"type": "server_vad", "idle_timeout_ms": 1000}
+    async with connect() as conn:
+        await conn.session.update(
+            session={
+                **TEXT_TURNS,
+                "max_output_tokens": 3,
+                "audio": {"input": {"turn_detection": vad}},
+            }
+        )
+        await until(conn, "session.updated")
+        await conn.conversation.item.create(item=user_text("Hi"))
+        await conn.response.create()
+        await until(conn, "response.done")
+        answered = asyncio.get_running_loop().time()
+        events = await until(conn, "response.done", timeout=60)
+        waited = asyncio.get_running_loop().time() - answered
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["input_audio_buffer.timeout_triggered", "input_audio_buffer.committed"]
+    assert waited >= 1.0
+    added = next(e.item for e in events if e.type == "conversation.item.added")
+    assert added.role == "user" and added.content[0].type == "input_audio"
+    assert events[-1].response.status == "incomplete"  # its 3 tokens, from the stages
+    assert events[-1].response.usage.output_tokens == 3
 
 
 async def test_another_model_is_refused_with_a_reason(served):
