@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,10 @@ def gpu_machine_packages() -> set[str]:
 def bare_site(site: Path) -> set[str]:
     """Links into ``site`` the installed distributions of ``gpu_machine_packages()`` and of
     what they require (their own dependencies are there too); returns the names linked."""
-    installed = {_name(d.metadata["Name"]): d for d in md.distributions()}
+    site_packages = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+    installed = {}  # the first of a name, as imports find it; not what tests put on sys.path
+    for dist in md.distributions(path=site_packages):
+        installed.setdefault(_name(dist.metadata["Name"]), dist)
     installed.setdefault("nixl-cu13", installed.get("nixl-cu12"))  # the CUDA build here
     wanted = {n for n in gpu_machine_packages() if installed.get(n) is not None}
     todo = list(wanted)
