@@ -222,6 +222,10 @@ async def fuzz_session(url: str, count: int, seed: int, timeout_s: float = 300) 
                 await asyncio.shield(reader)
         except websockets.ConnectionClosed as closed:
             report.faults.append(f"the socket closed: {closed} (last sent: {last_sent[:300]!r})")
+        except TimeoutError:  # the last turn's answer, or the quiet before it, never came
+            report.faults.append(
+                f"no answer within {timeout_s:g} s (last sent: {last_sent[:300]!r})"
+            )
         finally:
             reader.cancel()
     failed = reader.exception() if reader.done() and not reader.cancelled() else None

@@ -20,3 +20,15 @@ async def test_fuzzed_events_get_no_server_fault_and_the_session_answers_after(
     assert report.seen["error"] > 100  # the mutations were refused, one error event each
     assert report.seen["response.done"] > 1  # and the valid ones answered
     assert chat.asks[-1].messages[-1]["content"][0]["text"] == "Are you there?"
+
+
+async def test_a_last_turn_that_never_ends_is_a_problem(realtime_server):
+    """The fuzzer fails a session whose answer never comes, rather than waiting on it."""
+    url, chat = realtime_server
+    chat.endless, chat.gap_s = True, 0.01
+    report = await fuzz_session(url.replace("http", "ws") + "/realtime", 20, 1, timeout_s=3)
+    assert report.last_answer is None
+    assert [p.split(" (")[0] for p in report.problems()] == [
+        "no answer within 3 s",
+        "the final text turn got no response.done",
+    ]
