@@ -136,7 +136,9 @@ class SessionUpdate(_Strict):
     )
     tools: list[dict[str, Any]] | None = Field(None, description="Not offered: must be empty.")
     tool_choice: Any = Field(None, description="Only 'auto' or 'none' (no tools are offered).")
-    include: list[str] | None = Field(None, description="Accepted, nothing to include.")
+    include: list[str] | None = Field(
+        None, description="Not offered (no transcription logprobs): must be empty."
+    )
     tracing: Any = Field(None, description="Accepted and ignored: no tracing here.")
     truncation: Literal["auto", "disabled"] | RetentionRatio | None = Field(
         None,
@@ -291,6 +293,8 @@ def unsupported(update: SessionUpdate | ResponseOptions) -> tuple[str, str] | No
         return "tool_choice", "only 'auto' or 'none': this model does not call tools"
     if update.prompt is not None:
         return "prompt", "stored prompts are not offered; send instructions"
+    if getattr(update, "include", None):
+        return "include", "this server does not return transcription logprobs"
     truncation = getattr(update, "truncation", None)
     limits = truncation.token_limits if isinstance(truncation, RetentionRatio) else None
     if limits is not None and limits.post_instructions is not None:

@@ -195,6 +195,14 @@ BAD_EVENTS = [
     ),
     ({"type": "session.update", "session": {"model": "gpt-realtime"}}, "session.model", None),
     (
+        {
+            "type": "session.update",
+            "session": {"include": ["item.input_audio_transcription.logprobs"]},
+        },
+        "session.include",
+        None,
+    ),
+    (
         {"type": "response.create", "response": {"max_output_tokens": -3}},
         "response.max_output_tokens",
         None,
