@@ -84,6 +84,7 @@ class RealtimeRoutes:
             min(api.default_max_tokens, api.max_tokens_limit),
             frozenset(self.transcription.languages),
             media_limit(self.chat.media_limits, "audio"),
+            api.realtime_max_conversation_bytes,
         )
         own = _OwnAnswers()
         session = RealtimeSession(

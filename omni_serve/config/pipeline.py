@@ -187,6 +187,15 @@ class ApiSettings(_Strict):
         "trades turn latency under load for unbroken speech. Alone, an answer holds nothing. "
         "0 = send audio as it is made.",
     )
+    realtime_max_conversation_bytes: int | None = Field(
+        64 * 1024 * 1024,
+        ge=64 * 1024,
+        description="/v1/realtime: the most text and audio one session's conversation holds. "
+        "Past it, audio the model no longer hears as audio (its earlier answers', the user's "
+        "turns before the last few) is let go, oldest first, keeping their transcripts; an "
+        "item the model would still hear past it is refused with an error asking the client "
+        "to delete items. None = no limit (a session's memory then grows with its length).",
+    )
     spoken_reply_ttl_s: float = Field(
         3600.0,
         ge=0,

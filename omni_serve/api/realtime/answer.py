@@ -240,7 +240,7 @@ class Answer:
     async def _open(self) -> None:
         session, self._opened = self.session, True
         if self.conversation is not None:
-            self._previous = self.conversation.add(self.item)
+            self._previous = self.conversation.add(self.item, checked=False)
         await session.emit(
             "response.output_item.added",
             response_id=self.id,

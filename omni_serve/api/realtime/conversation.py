@@ -24,12 +24,23 @@ from omni_serve.api.realtime.protocol import PCM_RATE, ItemIn, item_id
 BYTES_PER_MS = PCM_RATE * 2 // 1000
 
 
+# What an item costs the session beyond its text and audio (its objects and ids), so that a
+# flood of tiny items counts against the conversation's bytes too.
+ITEM_BYTES = 1024
+
+
 @dataclass
 class Part:
     type: str  # input_text, input_audio, output_text, output_audio
     text: str | None = None
     pcm: bytes = b""  # PCM16 mono 24 kHz
     transcript: str | None = None
+    # its audio was let go to make room (Conversation.make_room): heard as its transcript
+    let_go: bool = False
+
+    @property
+    def has_audio(self) -> bool:
+        return self.type.endswith("audio") and bool(self.pcm or self.let_go)
 
     def as_json(self) -> dict[str, Any]:
         shown: dict[str, Any] = {"type": self.type}
@@ -47,20 +58,29 @@ class Item:
     id: str = field(default_factory=item_id)
     status: str = "completed"
 
-    def as_json(self) -> dict[str, Any]:
-        """OpenAI's item, without its audio (as its events carry items)."""
+    def as_json(self, audio: bool = False) -> dict[str, Any]:
+        """OpenAI's item; its audio (base64) only with ``audio``, as
+        ``conversation.item.retrieved`` shows it (the other events carry items without)."""
+        content = [p.as_json() for p in self.parts]
+        for part, shown in zip(self.parts, content, strict=True):
+            if audio and part.pcm:
+                shown["audio"] = base64.b64encode(part.pcm).decode()
         return {
             "id": self.id,
             "object": "realtime.item",
             "type": "message",
             "status": self.status,
             "role": self.role,
-            "content": [p.as_json() for p in self.parts],
+            "content": content,
         }
 
     @property
     def spoken(self) -> bool:
-        return self.role == "user" and any(p.type == "input_audio" and p.pcm for p in self.parts)
+        return self.role == "user" and any(p.has_audio for p in self.parts)
+
+    def held_bytes(self) -> int:
+        said = sum(len(p.pcm) + len(p.text or "") + len(p.transcript or "") for p in self.parts)
+        return ITEM_BYTES + said
 
     def heard(self, audio: bool = True) -> dict[str, Any] | None:
         """The chat message the model hears for this item (``None``: nothing to hear).
@@ -74,14 +94,13 @@ class Item:
         for part in self.parts:
             if part.type == "input_text" and part.text:
                 content.append({"type": "text", "text": part.text})
-            elif part.type == "input_audio" and part.pcm and not audio:
-                if part.transcript:
-                    content.append({"type": "text", "text": part.transcript})
-            elif part.type == "input_audio" and part.pcm:
+            elif part.has_audio and audio and part.pcm:
                 wav = pcm_to_wav_b64(part.pcm)
                 content.append(
                     {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}
                 )
+            elif part.has_audio and part.transcript:
+                content.append({"type": "text", "text": part.transcript})
         return {"role": "user", "content": content} if content else None
 
     def truncate(self, audio_end_ms: int) -> bool:
@@ -168,12 +187,20 @@ class Conversation:
     # The first item in the model's context: the session's truncation left out those before
     # it (they stay in the conversation).
     context_from: str | None = None
+    # The most bytes of text and audio the conversation holds (api.realtime_max_conversation_
+    # bytes); None: no limit.
+    max_bytes: int | None = None
 
-    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+    def add(
+        self, item: Item, previous_item_id: str | None = None, *, checked: bool = True
+    ) -> str | None:
         """Adds ``item`` after ``previous_item_id`` (last when ``None``, first when "root");
-        the id of the item before it, as the created event names it."""
+        the id of the item before it, as the created event names it. ``checked``: make room
+        for it first (``make_room``); an answer's item is checked when the answer starts."""
         if any(i.id == item.id for i in self.items):
             raise ApiError(400, f"an item {item.id!r} is in the conversation already", "item.id")
+        if checked:
+            self.make_room(item)
         at = len(self.items)
         if previous_item_id == "root":  # OpenAI's name for "first"
             at = 0
@@ -218,6 +245,45 @@ class Conversation:
             return False
         self.context_from = self.items[new].id
         return True
+
+    def make_room(self, item: Item) -> None:
+        """Room for ``item`` within ``max_bytes``: past it, the audio the model no longer hears
+        goes, oldest first (the item keeps its transcript); a 400 when what the model still
+        hears leaves no room. A session's audio would otherwise grow without end, an
+        hour of two-way speech being ~170 MB, and a client adding items faster still."""
+        if self.max_bytes is None:
+            return
+        over = sum(i.held_bytes() for i in self.items) + item.held_bytes() - self.max_bytes
+        for part in self._unheard_audio():
+            if over <= 0:
+                return
+            over -= len(part.pcm)
+            part.pcm, part.let_go = b"", True
+        if over > 0:
+            message = (
+                f"the conversation would pass {self.max_bytes} bytes of text and audio "
+                "(api.realtime_max_conversation_bytes) with what the model still hears; "
+                "delete items (conversation.item.delete) to make room"
+            )
+            raise ApiError(400, message, code="conversation_full")
+
+    def _unheard_audio(self) -> list[Part]:
+        """The audio parts the model does not hear as audio, oldest first: every answer's
+        but the newest (the model hears its answers as text; a barge-in truncates the last
+        one's audio), and the user's before the window heard as audio (``messages``)."""
+        ids = [item.id for item in self.items]
+        window = self._context_start()
+        if self.heard_from in ids:
+            window = max(window, ids.index(self.heard_from))
+        answers = [i for i, item in enumerate(self.items) if item.role == "assistant"]
+        newest_answer = answers[-1] if answers else None
+        return [
+            part
+            for i, item in enumerate(self.items)
+            if (item.role == "assistant" and i != newest_answer) or (item.spoken and i < window)
+            for part in item.parts
+            if part.pcm
+        ]
 
     def heard_count(self) -> int:
         """How many items the model's context holds (those before ``context_from`` left out)."""

@@ -15,7 +15,6 @@ input audio buffer kept, answers streamed out; the connection itself is ``Socket
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -81,7 +80,7 @@ class RealtimeSession(SocketSession):
         self.respond, self.limits, self.max_buffer_bytes = respond, limits, max_buffer_bytes
         self.early_answer_ms = early_answer_ms
         self.settings = Settings.initial(limits)
-        self.conversation = Conversation()
+        self.conversation = Conversation(max_bytes=limits.conversation_bytes)
         self.buffer = bytearray()  # PCM16 24 kHz not yet committed
         self._buffer_end_ms = 0  # the session's audio time at the buffer's end
         self._vad: VoiceActivity | None = None
@@ -190,9 +189,14 @@ class RealtimeSession(SocketSession):
             "input_audio_buffer.speech_stopped", audio_end_ms=edge.audio_ms, item_id=item_id
         )
         if self._early is not None:  # its answer heard this turn: show both
+            try:
+                self.conversation.make_room(self._early[1])
+            except ApiError:
+                await self._discard_early()  # else it would wait unseen for good
+                raise
             (answer, item), self._early = self._early, None
             self.buffer.clear()  # the silence since it started
-            previous = self.conversation.add(item)
+            previous = self.conversation.add(item, checked=False)
             await self.emit(
                 "input_audio_buffer.committed", item_id=item.id, previous_item_id=previous
             )
@@ -221,8 +225,8 @@ class RealtimeSession(SocketSession):
         item = Item("user", [Part("input_audio", pcm=bytes(self.buffer))])
         if item_id is not None:
             item.id = item_id
+        previous = self.conversation.add(item)  # refused: the buffer stays, as it was
         self.buffer.clear()
-        previous = self.conversation.add(item)
         await self.emit("input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
         await self._announce(item, previous)
         self._transcribe(item)
@@ -283,11 +287,7 @@ class RealtimeSession(SocketSession):
 
     async def _on_conversation_item_retrieve(self, event: ItemRetrieveEvent) -> None:
         item = self.conversation.get(event.item_id)
-        shown = item.as_json()
-        for part, json_part in zip(item.parts, shown["content"], strict=True):
-            if part.pcm:
-                json_part["audio"] = base64.b64encode(part.pcm).decode()
-        await self.emit("conversation.item.retrieved", item=shown)
+        await self.emit("conversation.item.retrieved", item=item.as_json(audio=True))
 
     async def _on_conversation_item_truncate(self, event: ItemTruncateEvent) -> None:
         item = self.conversation.get(event.item_id)
@@ -339,6 +339,8 @@ class RealtimeSession(SocketSession):
             raise ApiError(
                 400, message, "response.input" if heard is not self.conversation else None
             )
+        if keep:
+            self.conversation.make_room(Item("assistant", []))
         metadata = options.metadata if options else None
         respond = within_context(
             self.respond, heard, settings.instructions, audio_items, settings.kept_share()

@@ -46,6 +46,7 @@ class Limits:
     # the languages a transcription may name; empty: the deployment does not transcribe
     languages: frozenset[str] = frozenset()
     audio_items: int | None = None  # the most audio items one prompt takes (None: no limit)
+    conversation_bytes: int | None = None  # the most a conversation holds (None: no limit)
 
 
 @dataclass

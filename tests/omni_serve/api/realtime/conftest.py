@@ -6,6 +6,7 @@ prove; the model's answers are the served tests'
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import threading
 import time
@@ -71,6 +72,7 @@ class ScriptedChat:
     # a context this small, a prompt counted one token per character of its messages' text
     context_tokens: int | None = None
     overflows: int = 0  # asks refused as over the context
+    conversation_bytes: int | None = None  # the sessions' Limits.conversation_bytes
 
     async def __call__(self, ask: Ask):
         if self.refuse is not None:
@@ -146,7 +148,7 @@ def realtime_server():
         session = RealtimeSession(
             ws,
             chat,
-            LIMITS,
+            dataclasses.replace(LIMITS, conversation_bytes=chat.conversation_bytes),
             idle_timeout_s=30,
             max_buffer_bytes=2_000_000,
             early_answer_ms=chat.early_answer_ms,

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from omni_serve.api.errors import ApiError
-from omni_serve.api.realtime.conversation import BYTES_PER_MS, Conversation, Item, Part
+from omni_serve.api.realtime.conversation import (
+    BYTES_PER_MS,
+    ITEM_BYTES,
+    Conversation,
+    Item,
+    Part,
+)
 
 
 def test_items_become_the_chat_the_model_answers_in_order():
@@ -75,3 +81,54 @@ def test_past_the_models_audio_items_earlier_turns_are_heard_as_their_transcript
     assert _heard_audio(talk.messages(None, 4)).count("input_audio") == 2
     assert talk.heard_from == "u7"
     assert _heard_audio(talk.messages(None)).count("input_audio") == 8  # no limit
+
+
+def _spoken_answer(n: int) -> Item:
+    return Item("assistant", [Part("output_audio", pcm=bytes(4800), transcript=f"reply {n}")])
+
+
+def test_past_its_bytes_a_conversation_lets_go_of_audio_the_model_no_longer_hears():
+    """A long voice conversation keeps its memory bounded: past ``max_bytes`` the earlier
+    answers' audio goes (the model hears answers as text) and the user's turns before the
+    window heard as audio, oldest first; what the model hears does not change, and a
+    retrieved item shows its transcript without audio."""
+    talk = Conversation(max_bytes=12 * ITEM_BYTES + 6 * 4800)  # 6 clips of 4800 bytes
+    heard = []
+    for n in range(1, 6):
+        talk.add(_spoken(n, transcript=f"turn {n}"))
+        heard.append(talk.messages(None, 4))  # each turn's answer hears it
+        talk.add(_spoken_answer(n))
+    assert talk.heard_from == "u4"  # turn 5 moved the window
+    audio_held = [bool(p.pcm) for item in talk.items for p in item.parts]
+    # items: turn 1, answer 1, ..., turn 5, answer 5. Turn 5 needed room while turns 1-4 were
+    # all heard as audio: answers 1-3 went (answer 4, the newest, kept). Answer 5 then needed
+    # one clip's room, with turns 1-3 now before the window: turn 1, the oldest, went.
+    assert audio_held == [False, False, True, False, True, False, True, True, True, True]
+    now = talk.messages(None, 4)
+    assert now[:-1] == heard[-1] and now[-1]["content"] == "reply 5"  # heard as before
+    assert sum(i.held_bytes() for i in talk.items) <= talk.max_bytes
+    shown = talk.items[0].as_json(audio=True)["content"][0]
+    assert shown == {"type": "input_audio", "transcript": "turn 1"}  # no audio key
+    assert "audio" in talk.items[-1].as_json(audio=True)["content"][0]
+    assert talk.items[0].spoken  # still counts as a spoken turn for the window
+
+
+def test_an_item_the_model_would_still_hear_past_the_bytes_is_refused_and_nothing_changes():
+    talk = Conversation(max_bytes=3 * ITEM_BYTES + 2 * 4800)
+    talk.add(_spoken(1))
+    talk.add(_spoken(2))  # both heard as audio: nothing to let go
+    with pytest.raises(ApiError, match="delete items") as refused:
+        talk.add(_spoken(3))
+    assert refused.value.body["error"]["code"] == "conversation_full"
+    assert [item.id for item in talk.items] == ["u1", "u2"]
+    assert all(p.pcm for item in talk.items for p in item.parts)
+    talk.delete("u1")
+    talk.add(_spoken(3))  # room again
+
+
+def test_a_flood_of_tiny_items_counts_against_the_bytes():
+    talk = Conversation(max_bytes=100 * ITEM_BYTES)
+    with pytest.raises(ApiError, match="conversation_bytes"):
+        for _ in range(1000):
+            talk.add(Item("user", [Part("input_text", text="hi")]))
+    assert 90 <= len(talk.items) < 100
