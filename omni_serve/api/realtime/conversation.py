@@ -199,13 +199,13 @@ class Conversation:
         for it first (``make_room``); an answer's item is checked when the answer starts."""
         if any(i.id == item.id for i in self.items):
             raise ApiError(400, f"an item {item.id!r} is in the conversation already", "item.id")
-        if checked:
-            self.make_room(item)
         at = len(self.items)
         if previous_item_id == "root":  # OpenAI's name for "first"
             at = 0
         elif previous_item_id is not None:
             at = self.index(previous_item_id, "previous_item_id") + 1
+        if checked:
+            self.make_room(item)
         self.items.insert(at, item)
         return self.items[at - 1].id if at else None
 
@@ -254,18 +254,21 @@ class Conversation:
         if self.max_bytes is None:
             return
         over = sum(i.held_bytes() for i in self.items) + item.held_bytes() - self.max_bytes
-        for part in self._unheard_audio():
-            if over <= 0:
-                return
-            over -= len(part.pcm)
-            part.pcm, part.let_go = b"", True
-        if over > 0:
+        if over <= 0:
+            return
+        unheard = self._unheard_audio()
+        if over > sum(len(part.pcm) for part in unheard):  # refused: nothing let go
             message = (
                 f"the conversation would pass {self.max_bytes} bytes of text and audio "
                 "(api.realtime_max_conversation_bytes) with what the model still hears; "
                 "delete items (conversation.item.delete) to make room"
             )
             raise ApiError(400, message, code="conversation_full")
+        for part in unheard:
+            if over <= 0:
+                return
+            over -= len(part.pcm)
+            part.pcm, part.let_go = b"", True
 
     def _unheard_audio(self) -> list[Part]:
         """The audio parts the model does not hear as audio, oldest first: every answer's

@@ -114,16 +114,22 @@ def test_past_its_bytes_a_conversation_lets_go_of_audio_the_model_no_longer_hear
 
 
 def test_an_item_the_model_would_still_hear_past_the_bytes_is_refused_and_nothing_changes():
-    talk = Conversation(max_bytes=3 * ITEM_BYTES + 2 * 4800)
-    talk.add(_spoken(1))
-    talk.add(_spoken(2))  # both heard as audio: nothing to let go
+    talk = Conversation(max_bytes=5 * ITEM_BYTES + 4 * 4800 + 100)
+    for n in (1, 2):  # both turns heard as audio; only answer 1's audio may go
+        talk.add(_spoken(n))
+        talk.add(_spoken_answer(n))
+    long_turn = Item("user", [Part("input_audio", pcm=bytes(2 * 4800))], id="long")
     with pytest.raises(ApiError, match="delete items") as refused:
-        talk.add(_spoken(3))
+        talk.add(long_turn)  # answer 1's audio would not make room enough
     assert refused.value.body["error"]["code"] == "conversation_full"
-    assert [item.id for item in talk.items] == ["u1", "u2"]
-    assert all(p.pcm for item in talk.items for p in item.parts)
+    with pytest.raises(ApiError, match="no item"):
+        talk.add(_spoken(3), previous_item_id="nope")  # answer 1's audio would do, but no
+    assert len(talk.items) == 4 and all(p.pcm for item in talk.items for p in item.parts)
+    talk.add(_spoken(3))  # answer 1's audio makes room
+    assert [bool(p.pcm) for item in talk.items for p in item.parts] == [1, 0, 1, 1, 1]
     talk.delete("u1")
-    talk.add(_spoken(3))  # room again
+    talk.delete("u2")
+    talk.add(long_turn)  # room again
 
 
 def test_a_flood_of_tiny_items_counts_against_the_bytes():
