@@ -8,6 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import httpx
+
 from omni_serve.testing.abuse import wait_for
 from omni_serve.testing.serve_process import ServeProcess, replica_pids
 
@@ -18,6 +20,16 @@ def gone_within(files: set[str], timeout_s: float) -> None:
         timeout_s,
         f"the dead engine's files {sorted(files)} are removed",
     )
+
+
+def health_names(url: str, stage: str) -> None:
+    """/health turns 503 within 30 s and names ``stage`` among the stages that are down."""
+    unhealthy = wait_for(
+        lambda: (r := httpx.get(f"{url}/health", timeout=10)).status_code == 503 and r,
+        30,
+        f"/health reports the {stage}",
+    )
+    assert any(s.startswith(f"{stage}:") for s in unhealthy.json()["stages"]), unhealthy.text
 
 
 def shm_files_mapped(pid: int) -> set[str]:
