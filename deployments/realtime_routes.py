@@ -77,20 +77,11 @@ class RealtimeRoutes:
             await ws.close(POLICY_VIOLATION, "unknown model")
             return
         api = self.config.api
-        limits = Limits(
-            served,
-            frozenset(self.chat.voices),
-            api.max_tokens_limit,
-            min(api.default_max_tokens, api.max_tokens_limit),
-            frozenset(self.transcription.languages),
-            media_limit(self.chat.media_limits, "audio"),
-            api.realtime_max_conversation_bytes,
-        )
         own = _OwnAnswers()
         session = RealtimeSession(
             ws,
             functools.partial(self._realtime_answer, own),
-            limits,
+            self._session_limits(),
             api.ws_idle_timeout_s,
             api.max_audio_bytes,
             api.realtime_early_answer_ms,
@@ -103,6 +94,19 @@ class RealtimeRoutes:
             return
         finally:
             await session.close()
+
+    def _session_limits(self) -> Limits:
+        """What a session's settings and conversation are checked against: this app's."""
+        api = self.config.api
+        return Limits(
+            self.config.served_model_name,
+            frozenset(self.chat.voices),
+            api.max_tokens_limit,
+            min(api.default_max_tokens, api.max_tokens_limit),
+            languages=frozenset(self.transcription.languages),
+            audio_items=media_limit(self.chat.media_limits, "audio"),
+            conversation_bytes=api.realtime_max_conversation_bytes,
+        )
 
     def _start_cushion_s(self, own: _OwnAnswers) -> float:
         """Audio to hold back at an answer's start: ``realtime_start_cushion_ms`` for each

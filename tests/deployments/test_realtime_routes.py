@@ -92,3 +92,22 @@ async def test_a_cushion_of_zero_holds_nothing_under_load():
     served = ingress(0)
     served.chat.speaking_in_flight = 8
     assert served._start_cushion_s(_OwnAnswers()) == 0.0
+
+
+def test_a_sessions_limits_are_the_apps():
+    """The pipeline config's api settings, the Thinker's audio items a prompt and the family's
+    transcription languages reach every Realtime session."""
+    served = ingress(0)
+    served.config = types.SimpleNamespace(
+        served_model_name="qwen3-omni",
+        api=ApiSettings(
+            max_tokens_limit=100, default_max_tokens=300, realtime_max_conversation_bytes=99_999
+        ),
+    )
+    served.chat.voices, served.chat.media_limits = {"ethan"}, {"audio": {"count": 3}}
+    served.transcription = types.SimpleNamespace(languages=["en", "de"])
+    limits = served._session_limits()
+    assert (limits.model, limits.voices) == ("qwen3-omni", frozenset({"ethan"}))
+    assert (limits.max_tokens, limits.default_tokens) == (100, 100)
+    assert limits.languages == frozenset({"en", "de"}) and limits.audio_items == 3
+    assert limits.conversation_bytes == 99_999
