@@ -94,7 +94,7 @@ class Item:
         for part in self.parts:
             if part.type == "input_text" and part.text:
                 content.append({"type": "text", "text": part.text})
-            elif part.has_audio and audio and part.pcm:
+            elif audio and part.pcm:
                 wav = pcm_to_wav_b64(part.pcm)
                 content.append(
                     {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}

@@ -5,14 +5,12 @@ committed as their turn, and another answer; speech before the timeout keeps the
 
 from __future__ import annotations
 
-import base64
-
 import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from omni_serve.testing.realtime_client import until, user_text
-from omni_serve.testing.speech_clip import pcm16, speak
+from omni_serve.testing.realtime_client import send_audio, until, user_text
+from omni_serve.testing.speech_clip import speak
 
 
 def session(idle_timeout_ms: int | None) -> dict:
@@ -47,13 +45,12 @@ async def test_speech_before_the_timeout_keeps_the_turn_the_users(realtime_serve
     base_url, chat = realtime_server
     client = AsyncOpenAI(base_url=base_url, api_key="-")
     silence = np.zeros(24_000, np.float32)
-    pcm = pcm16(np.concatenate([silence[:4800], speak("Wait, one more thing."), silence]))
+    said = np.concatenate([silence[:4800], speak("Wait, one more thing."), silence])
     async with client.realtime.connect(model="omni-test") as conn:
         await conn.session.update(session=session(1500))
         await until(conn, "session.updated")
         await answered(conn)
-        for i in range(0, len(pcm), 4800):
-            await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + 4800]).decode())
+        await send_audio(conn, said)
         events = await until(conn, "response.done", timeout=10)
     kinds = [e.type for e in events]
     assert "input_audio_buffer.timeout_triggered" not in kinds

@@ -14,17 +14,15 @@ import pytest
 from openai import AsyncOpenAI
 
 from omni_serve.api.errors import ApiError
-from omni_serve.testing.realtime_client import until, until_each
-from omni_serve.testing.speech_clip import pcm16, speak
+from omni_serve.testing.realtime_client import send_audio, until, until_each
+from omni_serve.testing.speech_clip import speak
 
 SILENCE = np.zeros(24_000, np.float32)
 TRANSCRIBED = "conversation.item.input_audio_transcription"
 
 
 async def _speak_a_turn(conn, clip: np.ndarray) -> None:
-    pcm = pcm16(np.concatenate([SILENCE, clip, SILENCE]))
-    for i in range(0, len(pcm), 4800):
-        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + 4800]).decode())
+    await send_audio(conn, np.concatenate([SILENCE, clip, SILENCE]))
 
 
 @pytest.mark.parametrize("early_answer_ms", [None, 100])

@@ -14,23 +14,14 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from omni_serve.testing.realtime_client import until, user_text
-from omni_serve.testing.speech_clip import pcm16, speak
+from omni_serve.testing.realtime_client import send_audio, until, user_text
+from omni_serve.testing.speech_clip import speak
 
 SILENCE = np.zeros(24_000, np.float32)
 
 
 def client(base_url: str) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=base_url, api_key="unused")
-
-
-async def stream_audio(conn, samples: np.ndarray, chunk_ms: int = 100, pace: float = 0.0):
-    pcm = pcm16(samples)
-    step = 48 * chunk_ms
-    for i in range(0, len(pcm), step):
-        await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + step]).decode())
-        if pace:
-            await asyncio.sleep(chunk_ms / 1000 * pace)
 
 
 TEXT_ONLY = {
@@ -79,7 +70,7 @@ async def test_server_vad_commits_a_spoken_turn_and_answers_it_in_speech(realtim
     clip = speak("What is the capital of France?")
     async with client(base_url).realtime.connect(model="omni-test") as conn:
         await until(conn, "session.created")
-        await stream_audio(conn, np.concatenate([SILENCE, clip, SILENCE]))
+        await send_audio(conn, np.concatenate([SILENCE, clip, SILENCE]))
         events = await until(conn, "response.done")
     kinds = [e.type for e in events]
     for kind in (
@@ -120,7 +111,7 @@ async def test_speech_during_an_answer_stops_it_and_keeps_only_what_was_played(
         await conn.response.create()
         await until(conn, "response.output_audio.delta")
         await asyncio.sleep(0.5)
-        await stream_audio(conn, speak("Stop, please."), pace=1.0)
+        await send_audio(conn, speak("Stop, please."), real_time=True)
         events = await until(conn, "response.done")
         stopped_at = time.monotonic()
         kinds = [e.type for e in events]
@@ -135,7 +126,7 @@ async def test_speech_during_an_answer_stops_it_and_keeps_only_what_was_played(
         assert 400 <= truncated.audio_end_ms <= 2000  # about what had played, not all it sent
         # the user's turn still ends, commits and gets its own answer
         chat.endless = False
-        await stream_audio(conn, SILENCE)
+        await send_audio(conn, SILENCE)
         second = await until(conn, "response.done")
         assert second[-1].response.status == "completed"
     said = chat.asks[1].messages
@@ -325,7 +316,7 @@ async def test_an_early_answer_starts_in_the_pause_and_shows_only_once_the_turn_
     chat.early_answer_ms = 100
     async with client(base_url).realtime.connect(model="omni-test") as conn:
         await until(conn, "session.created")
-        await stream_audio(conn, np.concatenate([SILENCE, speak("Hello."), SILENCE]), pace=1.0)
+        await send_audio(conn, np.concatenate([SILENCE, speak("Hello."), SILENCE]), real_time=True)
         events = []
         async with asyncio.timeout(20):
             async for event in conn:
@@ -352,7 +343,7 @@ async def test_speech_resuming_after_a_pause_discards_the_early_answer_without_a
     said = np.concatenate([SILENCE, speak("One moment"), pause, speak("please."), SILENCE])
     async with client(base_url).realtime.connect(model="omni-test") as conn:
         await until(conn, "session.created")
-        await stream_audio(conn, said, pace=1.0)
+        await send_audio(conn, said, real_time=True)
         events = await until(conn, "response.done")
     kinds = [e.type for e in events]
     assert kinds.count("input_audio_buffer.speech_started") == 1
@@ -369,7 +360,7 @@ async def test_a_conversation_longer_than_the_models_audio_items_goes_on(realtim
     async with client(base_url).realtime.connect(model="omni-test") as conn:
         await conn.session.update(session=TEXT_ONLY)
         for turn in range(5):
-            await stream_audio(conn, np.full(4800, 0.1 * (turn + 1), np.float32))
+            await send_audio(conn, np.full(4800, 0.1 * (turn + 1), np.float32))
             await conn.input_audio_buffer.commit()
             await conn.response.create()
             done = (await until(conn, "response.done"))[-1].response

@@ -13,8 +13,8 @@ import soundfile as sf
 from openai import AsyncOpenAI
 
 from omni_serve.api.realtime.conversation import ITEM_BYTES
-from omni_serve.testing.realtime_client import until, user_text
-from omni_serve.testing.speech_clip import pcm16, speak
+from omni_serve.testing.realtime_client import send_audio, until, user_text
+from omni_serve.testing.speech_clip import speak
 
 SECOND = 48_000  # bytes: one second of PCM16 at 24 kHz
 MANUAL = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
@@ -82,9 +82,7 @@ async def test_a_spoken_turn_with_no_room_is_an_error_and_the_session_still_answ
     client = AsyncOpenAI(base_url=base_url, api_key="unused")
     async with client.realtime.connect(model="omni-test") as conn:
         await until(conn, "session.created")
-        pcm = pcm16(np.concatenate([np.zeros(24_000, np.float32), clip, np.zeros(24_000)]))
-        for i in range(0, len(pcm), 4800):
-            await conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + 4800]).decode())
+        await send_audio(conn, np.concatenate([np.zeros(24_000), clip, np.zeros(24_000)]))
         events = await until(conn, "error")
         assert events[-1].error.code == "conversation_full"
         assert "input_audio_buffer.speech_stopped" in [e.type for e in events]
